@@ -1,0 +1,70 @@
+# mview: stream joins and incrementally maintained materialized views on Spark, Delta Lake and Redis.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MVIEW := $(VENV)/bin/mview
+REDIS_URL ?= redis://127.0.0.1:6379/0
+export REDIS_URL
+JOB ?= timeline
+VIEW ?= timeline
+KEY ?= u1
+
+.DEFAULT_GOAL := help
+.PHONY: help setup redis test lint fmt demo bench deploy stop status query export replay clean
+
+help: ## list every target with a one-line comment
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@command -v java >/dev/null || { echo "make setup: Java 17+ is needed by Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then (apt-get install -y -qq redis-server >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq redis-server)) ; \
+	  else echo "make setup: redis-server is missing: sudo apt-get install -y redis-server"; exit 1; fi; }
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	$(PY) -m jobs.warmup
+	touch $@
+
+setup: $(VENV)/.installed ## create .venv, install the project and its dependencies, fetch the Delta jars (idempotent)
+
+redis: setup ## start a development redis-server at REDIS_URL unless one answers there
+	@$(PY) -m jobs.devredis
+
+test: setup ## run the test suite (starts its own redis-server on a free port)
+	$(PY) -m pytest -q tests
+
+lint: setup ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: setup ## ruff format and autofix
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+demo: setup redis ## generate a workload, ingest it, run the timeline job, print and verify timelines
+	$(PY) -m timeline_demo
+
+bench: setup ## run the benchmarks and write bench/results.json and the README table
+	$(PY) -m timeline_demo.bench
+
+deploy: setup redis ## start JOB as a background streaming query (make deploy JOB=timeline)
+	$(MVIEW) deploy $(JOB)
+
+stop: setup ## stop the deployed JOB after its batch in flight
+	$(MVIEW) stop $(JOB)
+
+status: setup ## per job: running, generation, lag, counts
+	$(MVIEW) status
+
+query: setup ## one key of a view (make query VIEW=timeline KEY=u1)
+	$(MVIEW) query $(VIEW) $(KEY)
+
+export: setup ## every key of a view as JSON lines (make export VIEW=timeline)
+	$(MVIEW) export $(VIEW)
+
+replay: setup redis ## rebuild JOB's views into a new generation and switch atomically
+	$(MVIEW) replay $(JOB)
+
+clean: ## remove the lake (logs, state, checkpoints) under LAKE_DIR (default ./lake)
+	rm -rf $${LAKE_DIR:-./lake}

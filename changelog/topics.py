@@ -1,0 +1,97 @@
+"""Topics as Delta tables: one append-only table per topic under `LAKE_DIR/topics/<topic>`.
+
+A record's offset is (Delta commit version, index in the commit). Consumers read a topic as a stream from a
+checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batch`). `latest_version` reads the
+Delta log directory directly, so `mview status` can measure lag without starting Spark.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from changelog.errors import UnknownTopic
+from changelog.records import TOPIC_FIELDS
+
+__all__ = [
+    "TOPICS",
+    "topic_path",
+    "topic_columns",
+    "topic_schema",
+    "ensure_topic",
+    "read_stream",
+    "read_batch",
+    "latest_version",
+]
+
+TOPICS: tuple[str, ...] = tuple(TOPIC_FIELDS)
+
+
+def _check(topic: str) -> None:
+    if topic not in TOPIC_FIELDS:
+        raise UnknownTopic(topic, TOPICS)
+
+
+def topic_path(lake_dir: Path, topic: str) -> Path:
+    _check(topic)
+    return Path(lake_dir) / "topics" / topic
+
+
+def topic_columns(topic: str) -> list[tuple[str, str]]:
+    """(name, Spark SQL type) of the topic's table, in a fixed order: op first (if any), then fields."""
+    _check(topic)
+    cols: dict[str, str] = {}
+    ops = TOPIC_FIELDS[topic]
+    if None not in ops:
+        cols["op"] = "string"
+    for fields in ops.values():
+        for name, (kind, _required) in fields.items():
+            cols.setdefault(name, "bigint" if kind == "ts" else "string")
+    return list(cols.items())
+
+
+def topic_schema(topic: str):
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    return StructType(
+        [StructField(n, LongType() if t == "bigint" else StringType(), True) for n, t in topic_columns(topic)]
+    )
+
+
+def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
+    """Create the topic's Delta table (version 0, empty) if it does not exist; return its path."""
+    path = topic_path(lake_dir, topic)
+    if not (path / "_delta_log").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        spark.createDataFrame([], topic_schema(topic)).write.format("delta").mode("ignore").save(str(path))
+    return str(path)
+
+
+def read_stream(spark, lake_dir: Path, topic: str, *, max_files_per_trigger: int | None = None):
+    """The topic as a streaming DataFrame, from the start of the log (the checkpoint decides where to resume)."""
+    path = ensure_topic(spark, lake_dir, topic)
+    reader = spark.readStream.format("delta")
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+    return reader.load(path)
+
+
+def read_batch(spark, lake_dir: Path, topic: str, *, version: int | None = None):
+    """The topic as a batch DataFrame: every record, or every record committed up to `version`."""
+    path = ensure_topic(spark, lake_dir, topic)
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(path)
+
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+
+
+def latest_version(lake_dir: Path, topic: str) -> int:
+    """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
+    log = topic_path(lake_dir, topic) / "_delta_log"
+    if not log.is_dir():
+        return -1
+    versions = [int(m.group(1)) for p in log.iterdir() if (m := _COMMIT.match(p.name))]
+    return max(versions, default=-1)

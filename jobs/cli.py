@@ -1,0 +1,210 @@
+"""`mview`: the command line. Commands that only read Redis or the lake never start Spark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _settings():
+    from jobs.settings import Settings
+
+    try:
+        return Settings.from_env()
+    except ValueError as e:
+        raise SystemExit(f"mview: bad configuration: {e}") from None
+
+
+def _spark(settings, app: str):
+    try:
+        from jobs.spark import get_spark
+    except ImportError as e:  # pragma: no cover - only without `make setup`
+        raise SystemExit(f"mview: missing dependency ({e.name}): run `make setup`") from None
+    return get_spark(settings, app)
+
+
+def _redis(settings):
+    from views.errors import RedisUnavailable
+    from views.redis_io import connect
+
+    try:
+        return connect(settings.redis_url)
+    except RedisUnavailable as e:
+        raise SystemExit(f"mview: {e}") from None
+
+
+def cmd_ingest(args) -> int:
+    from changelog.errors import UnknownTopic
+    from changelog.ingest import deadletter_path, ingest
+    from changelog.topics import TOPICS
+
+    settings = _settings()
+    if args.topic not in TOPICS:
+        raise SystemExit(f"mview: {UnknownTopic(args.topic, TOPICS)}")
+    import jobs.hooks  # noqa: F401  (registers per-topic ingest hooks)
+
+    spark = _spark(settings, f"mview-ingest-{args.topic}")
+    try:
+        result = ingest(
+            spark,
+            settings.lake_dir,
+            args.topic,
+            args.files,
+            progress=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except FileNotFoundError as e:
+        raise SystemExit(f"mview: no such file: {e.filename}") from None
+    for f in result.files:
+        print(
+            f"{args.topic}: {f['file']}: accepted {f['accepted']:,}, rejected {f['rejected']:,} ({f['seconds']}s)"
+        )
+    if result.rejected:
+        print(
+            f"{args.topic}: rejected lines and reasons are in {deadletter_path(settings.lake_dir, args.topic)}"
+        )
+    if args.json:
+        print(json.dumps(result.summary()))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from jobs.registry import job_spec
+
+    spec = job_spec(args.job)
+    settings = _settings()
+    _redis(settings)
+    spark = _spark(settings, f"mview-{spec.name}")
+    totals = spec.run(spark, settings, once=args.once)
+    if args.json:
+        print(json.dumps({"job": spec.name, **totals}))
+    else:
+        print(
+            f"{spec.name}: "
+            + ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.2f}" for k, v in totals.items())
+        )
+    return 0
+
+
+def cmd_query(args) -> int:
+    from jobs.registry import view_job
+    from views.read import query_view
+
+    job = view_job(args.view)
+    result = query_view(_redis(_settings()), args.view, args.key, limit=args.limit, job=job)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from views.read import format_result
+
+        text = format_result(args.view, result)
+        if text:
+            print(text)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from jobs.registry import view_job
+    from views.read import export_view
+
+    job = view_job(args.view)
+    out = sys.stdout
+    for row in export_view(_redis(_settings()), args.view, job=job, settings=_settings()):
+        out.write(json.dumps(row) + "\n")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from jobs.status import job_status
+
+    settings = _settings()
+    status = job_status(settings)
+    if not args.json:
+        for job, s in status.items():
+            print(f"{job}: " + ", ".join(f"{k}={v}" for k, v in s.items()))
+    else:
+        print(json.dumps(status))
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    from jobs.deploy import deploy
+
+    return deploy(_settings(), args.job)
+
+
+def cmd_stop(args) -> int:
+    from jobs.deploy import stop
+
+    return stop(_settings(), args.job)
+
+
+def cmd_replay(args) -> int:
+    from jobs.replay import replay
+
+    settings = _settings()
+    _redis(settings)
+    return replay(_spark(settings, f"mview-replay-{args.job}"), settings, args.job)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mview", description="Stream joins and materialized views on Spark, Delta and Redis"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("ingest", help="append the valid records of FILEs (- = stdin) to TOPIC's log")
+    s.add_argument("topic")
+    s.add_argument("files", nargs="+")
+    s.add_argument("--json", action="store_true", help="end with a JSON summary line")
+    s.set_defaults(func=cmd_ingest)
+
+    s = sub.add_parser("run", help="run JOB; --once processes everything in its logs now and exits")
+    s.add_argument("job")
+    s.add_argument("--once", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("deploy", help="start JOB as a background streaming query")
+    s.add_argument("job")
+    s.set_defaults(func=cmd_deploy)
+
+    s = sub.add_parser("stop", help="stop a deployed JOB after its batch in flight")
+    s.add_argument("job")
+    s.set_defaults(func=cmd_stop)
+
+    s = sub.add_parser("query", help="one KEY of VIEW, from Redis")
+    s.add_argument("view")
+    s.add_argument("key")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_query)
+
+    s = sub.add_parser("export", help="every key of VIEW as JSON lines")
+    s.add_argument("view")
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("replay", help="rebuild JOB's views into a new generation, then switch atomically")
+    s.add_argument("job")
+    s.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("status", help="per job: running, generation, last batch, lag, counts")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""`python -m jobs.devredis`: start a development redis-server at REDIS_URL unless one already answers there."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import redis
+
+from jobs.settings import Settings
+
+
+def main() -> int:
+    s = Settings.from_env()
+    try:
+        redis.Redis.from_url(s.redis_url, socket_connect_timeout=1).ping()
+        print(f"redis answers at {s.redis_url}")
+        return 0
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        pass
+    u = urlparse(s.redis_url)
+    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
+        print(f"nothing answers at {s.redis_url} and it is not local: start that server", file=sys.stderr)
+        return 1
+    exe = shutil.which("redis-server")
+    if exe is None:
+        print(
+            "redis-server is not installed: apt-get install -y redis-server (or run `make setup` as root)",
+            file=sys.stderr,
+        )
+        return 1
+    data = s.lake_dir / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            exe,
+            "--port",
+            str(u.port or 6379),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "yes",
+            "--dir",
+            str(data),
+            "--logfile",
+            str(data / "redis.log"),
+            "--save",
+            "60 1000",
+            "--appendonly",
+            "no",
+        ],
+        check=True,
+    )
+    for _ in range(50):
+        try:
+            redis.Redis.from_url(s.redis_url, socket_connect_timeout=1).ping()
+            print(f"started redis-server at {s.redis_url} (data and log in {data})")
+            return 0
+        except (redis.ConnectionError, OSError):
+            time.sleep(0.1)
+    print(f"redis-server did not answer at {s.redis_url}; see {data / 'redis.log'}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The jobs this service runs, the topics each reads and the views each publishes. One table, read by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+
+__all__ = ["JobSpec", "JOBS", "VIEWS", "job_spec", "view_job"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    topics: tuple[str, ...]
+    views: tuple[str, ...]
+    runner: str  # "module:function" taking (spark, settings, *, once, generation) and returning a dict
+
+    def run(self, spark, settings, **kwargs) -> dict:
+        module, func = self.runner.split(":")
+        return getattr(import_module(module), func)(spark, settings, **kwargs)
+
+
+JOBS: dict[str, JobSpec] = {
+    "timeline": JobSpec("timeline", ("tweets", "follows"), ("timeline",), "jobs.timeline:run_timeline"),
+}
+
+VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in spec.views}
+
+
+def job_spec(name: str) -> JobSpec:
+    if name not in JOBS:
+        raise SystemExit(f"mview: unknown job {name!r}: choose one of {', '.join(JOBS)}")
+    return JOBS[name]
+
+
+def view_job(view: str) -> str:
+    if view not in VIEWS:
+        raise SystemExit(f"mview: unknown view {view!r}: choose one of {', '.join(VIEWS)}")
+    return VIEWS[view]

@@ -1,0 +1,102 @@
+"""What every job shares: where its checkpoint, state and status live, how its streaming query runs and stops."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from jobs.settings import Settings, parse_duration_ms
+
+__all__ = [
+    "job_dir",
+    "checkpoint_dir",
+    "state_dir",
+    "write_status",
+    "read_status",
+    "run_stream",
+    "log",
+    "ensure_delta_table",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def job_dir(settings: Settings, job: str) -> Path:
+    d = settings.lake_dir / "jobs" / job
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def checkpoint_dir(settings: Settings, job: str, generation: int) -> Path:
+    return settings.lake_dir / "checkpoints" / job / f"g{generation}"
+
+
+def state_dir(settings: Settings, job: str, generation: int) -> Path:
+    return settings.lake_dir / "state" / job / f"g{generation}"
+
+
+def write_status(settings: Settings, job: str, **fields) -> None:
+    """Merge `fields` into the job's status file (atomic replace), read by `mview status`."""
+    path = job_dir(settings, job) / "status.json"
+    current = read_status(settings, job)
+    current.update(fields)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(current, sort_keys=True))
+    tmp.replace(path)
+
+
+def read_status(settings: Settings, job: str) -> dict:
+    path = settings.lake_dir / "jobs" / job / "status.json"
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def ensure_delta_table(spark, path: Path, schema: str) -> str:
+    """Create an empty Delta table with `schema` at `path` if none exists; return the path."""
+    if not (path / "_delta_log").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        spark.createDataFrame([], schema).write.format("delta").mode("ignore").save(str(path))
+    return str(path)
+
+
+def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Settings, name: str):
+    """Run `process(batch_df, batch_id)` over `stream_df` with exactly-once checkpointing.
+
+    once: process everything available now (possibly several micro-batches) and return.
+    Otherwise run until SIGTERM/SIGINT, then stop after the micro-batch in flight.
+    """
+    writer = (
+        stream_df.writeStream.queryName(name)
+        .foreachBatch(process)
+        .option("checkpointLocation", str(checkpoint))
+    )
+    if once:
+        q = writer.trigger(availableNow=True).start()
+        q.awaitTermination()
+        return q
+    interval_ms = parse_duration_ms(settings.trigger_interval)
+    q = writer.trigger(processingTime=f"{interval_ms} milliseconds").start()
+    stopping = threading.Event()
+
+    def _stop(signum, _frame):
+        log(f"{name}: signal {signum}, stopping after the batch in flight")
+        stopping.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+    while q.isActive and not stopping.is_set():
+        q.awaitTermination(0.5)
+    if q.isActive:
+        q.stop()
+    if q.exception() is not None:
+        raise RuntimeError(f"{name}: streaming query failed: {q.exception()}")
+    return q

@@ -1,0 +1,49 @@
+"""The SparkSession every job and test uses: Delta enabled, UI off, few shuffle partitions."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from jobs.settings import Settings
+
+__all__ = ["get_spark"]
+
+
+def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None = None):
+    """Return the active SparkSession or build one configured for this project.
+
+    Executors run this interpreter (PYSPARK_PYTHON), so the venv's packages (redis, orjson) are importable.
+    The Delta jars are resolved by `configure_spark_with_delta_pip` from Maven Central into the Ivy cache.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from delta import configure_spark_with_delta_pip
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = (
+        SparkSession.builder.master(master or settings.spark_master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
+        .config("spark.default.parallelism", str(max(2, settings.shuffle_partitions)))
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.databricks.delta.optimizeWrite.enabled", "false")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+        )
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=ERROR")
+    )
+    spark = configure_spark_with_delta_pip(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,16 @@
+"""`python -m jobs.warmup`: start Spark once so the Delta jars are fetched into the Ivy cache at set-up time."""
+
+from __future__ import annotations
+
+import tempfile
+
+from jobs.settings import Settings
+from jobs.spark import get_spark
+
+if __name__ == "__main__":
+    spark = get_spark(Settings.from_env({"SPARK_MASTER": "local[1]"}), "mview-warmup")
+    with tempfile.TemporaryDirectory() as d:
+        spark.range(3).write.format("delta").save(f"{d}/t")
+        assert spark.read.format("delta").load(f"{d}/t").count() == 3
+    spark.stop()
+    print("spark and delta ready")

@@ -1,0 +1,86 @@
+"""The timeline job end to end (real Delta logs, real Spark, real redis-server) against the brute-force
+definition, for several seeds and chunkings, with a small TIMELINE_CAP so that refills happen."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from changelog.ingest import ingest
+from jobs.timeline import run_timeline
+from tests.conftest import make_settings
+from timeline_demo.reference import expected_timelines
+from timeline_demo.workload import generate
+from views.redis_io import connect
+from views.timeline import export_timeline, query_timeline
+
+
+def _write(path, records):
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return str(path)
+
+
+def _chunks(records, n, rng):
+    cuts = sorted(rng.sample(range(1, len(records)), n - 1)) if n > 1 else []
+    bounds = [0, *cuts, len(records)]
+    return [records[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, cap: int, seed: int):
+    settings = make_settings(tmp_path / f"lake{chunks}", redis_url, TIMELINE_CAP=cap)
+    rng = random.Random(seed)
+    tw, fo = _chunks(wl.tweets, chunks, rng), _chunks(wl.follows, chunks, rng)
+    for i in range(chunks):
+        ingest(spark, settings.lake_dir, "tweets", [_write(tmp_path / f"t{chunks}_{i}.jsonl", tw[i])])
+        ingest(spark, settings.lake_dir, "follows", [_write(tmp_path / f"f{chunks}_{i}.jsonl", fo[i])])
+        run_timeline(spark, settings, once=True)
+    client = connect(redis_url)
+    return {row["user_id"]: row["tweet_ids"] for row in export_timeline(client)}
+
+
+@pytest.mark.parametrize("seed, cap", [(1, 5), (2, 800)])
+def test_timelines_equal_the_definition_for_any_chunking(spark, tmp_path, redis_url, rclient, seed, cap):
+    wl = generate(seed=seed, users=200, celebrities=3, follows=1500, tweets=1500)
+    expected = expected_timelines(wl.tweets, wl.follows, cap)
+    assert sum(len(v) for v in expected.values()) > 500
+    results = []
+    for chunks in (1, 3):
+        rclient.flushall()
+        got = _run_chunked(spark, tmp_path, redis_url, wl, chunks, cap, seed)
+        assert got == expected, f"chunks={chunks}: {len(got)} timelines vs {len(expected)} expected"
+        results.append(got)
+    assert results[0] == results[1]
+
+
+def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rclient):
+    """A small table of events with the state before and the expected timeline after each step."""
+    settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=2)
+    steps = [
+        # (tweets, follows, expected timeline of r)
+        ([("post", "t1", "a", 1), ("post", "t2", "a", 2), ("post", "t3", "a", 3)], [("follow", "r", "a", 0)],
+         ["t3", "t2"]),
+        ([("delete", "t3", "a", 9)], [], ["t2", "t1"]),  # delete of a full timeline's entry refills with t1
+        ([("post", "t3", "a", 3)], [], ["t2", "t1"]),  # a repost after the delete stays deleted (tombstone)
+        ([("post", "t4", "b", 4)], [("follow", "r", "b", 5)], ["t4", "t2"]),  # follow backfills
+        ([], [("unfollow", "r", "a", 6)], ["t4"]),  # unfollow retracts
+        ([], [("follow", "r", "a", 5)], ["t4"]),  # older than the unfollow: ignored
+        ([], [("follow", "r", "a", 7)], ["t4", "t2"]),  # re-follow
+        ([("delete", "t9", "b", 1)], [], ["t4", "t2"]),  # delete before its post
+        ([("post", "t9", "b", 99)], [], ["t4", "t2"]),  # ...so the post never shows
+    ]
+    for i, (tw, fo, want) in enumerate(steps):
+        if tw:
+            recs = [{"op": o, "tweet_id": t, "user_id": u, "text": f"{t}!", "ts": ts} for o, t, u, ts in tw]
+            ingest(spark, settings.lake_dir, "tweets", [_write(tmp_path / f"t{i}.jsonl", recs)])
+        if fo:
+            recs = [{"op": o, "follower_id": a, "followee_id": b, "ts": ts} for o, a, b, ts in fo]
+            ingest(spark, settings.lake_dir, "follows", [_write(tmp_path / f"f{i}.jsonl", recs)])
+        run_timeline(spark, settings, once=True)
+        got = query_timeline(connect(redis_url), "r")
+        assert [t["tweet_id"] for t in got["tweets"]] == want, f"step {i}"
+    got = query_timeline(connect(redis_url), "r", limit=1)
+    assert got == {"user_id": "r", "generation": 1,
+                   "tweets": [{"tweet_id": "t4", "user_id": "b", "text": "t4!", "ts": 4}]}
+    assert query_timeline(connect(redis_url), "nobody") == {"user_id": "nobody", "generation": 1, "tweets": []}

@@ -1,0 +1,94 @@
+"""Seeded workload generator for the timeline: users with a power-law follower graph and a few celebrities,
+posts, deletes, follows, unfollows, re-follows, duplicates, out-of-order arrival, both `ts` forms.
+
+`generate(...)` returns the records of both topics as JSON-ready dicts, in *arrival* order (already shuffled
+within `disorder_ms` of event time). Sizes go from a handful to millions of events.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+__all__ = ["Workload", "generate", "to_iso"]
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def to_iso(ms: int) -> str:
+    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class Workload:
+    tweets: list[dict]
+    follows: list[dict]
+
+    @property
+    def events(self) -> int:
+        return len(self.tweets) + len(self.follows)
+
+
+def generate(
+    *,
+    seed: int,
+    users: int = 300,
+    celebrities: int = 3,
+    follows: int = 3000,
+    tweets: int = 3000,
+    delete_ratio: float = 0.08,
+    unfollow_ratio: float = 0.15,
+    duplicate_ratio: float = 0.03,
+    disorder_ms: int = 120_000,
+    span_ms: int = 6 * 3_600_000,
+    iso_ratio: float = 0.5,
+) -> Workload:
+    """A random workload. Event times spread over `span_ms`; arrival order is event order with up to
+    `disorder_ms` of jitter, so records arrive out of order within and across topics."""
+    rng = random.Random(seed)
+    uids = [f"u{i}" for i in range(users)]
+    celebs = uids[:celebrities]
+    # Power-law popularity: followee chosen with weight 1/(rank+1)^1.1, celebrities far ahead.
+    weights = [(50.0 if u in celebs else 1.0) / (i + 1) ** 1.1 for i, u in enumerate(uids)]
+
+    def ts_value(ms: int):
+        return to_iso(ms) if rng.random() < iso_ratio else ms
+
+    def at() -> int:
+        return T0 + rng.randrange(span_ms)
+
+    tw: list[tuple[int, dict]] = []
+    for i in range(tweets):
+        author = rng.choices(uids, weights)[0] if rng.random() < 0.5 else rng.choice(uids)
+        t = at()
+        tid = f"t{i:07d}"
+        tw.append((t, {"op": "post", "tweet_id": tid, "user_id": author, "text": f"tweet {i} by {author}", "ts": ts_value(t)}))
+        if rng.random() < delete_ratio:
+            td = t + rng.randrange(-60_000, 3_600_000)  # sometimes "before" the post: order must not matter
+            tw.append((td, {"op": "delete", "tweet_id": tid, "user_id": author, "ts": ts_value(td)}))
+    fo: list[tuple[int, dict]] = []
+    for _ in range(follows):
+        a = rng.choice(uids)
+        b = rng.choices(uids, weights)[0]
+        if a == b:
+            continue
+        t = at()
+        fo.append((t, {"op": "follow", "follower_id": a, "followee_id": b, "ts": ts_value(t)}))
+        if rng.random() < unfollow_ratio:
+            tu = t + rng.randrange(1, span_ms // 4)
+            fo.append((tu, {"op": "unfollow", "follower_id": a, "followee_id": b, "ts": ts_value(tu)}))
+            if rng.random() < 0.4:  # re-follow
+                tr = tu + rng.randrange(1, span_ms // 4)
+                fo.append((tr, {"op": "follow", "follower_id": a, "followee_id": b, "ts": ts_value(tr)}))
+    for recs in (tw, fo):
+        for _ in range(int(len(recs) * duplicate_ratio)):
+            recs.append(rng.choice(recs))
+
+    def arrival(recs):
+        keyed = [(t + rng.randrange(disorder_ms + 1), i, r) for i, (t, r) in enumerate(recs)]
+        keyed.sort(key=lambda x: (x[0], x[1]))
+        return [r for _, _, r in keyed]
+
+    return Workload(tweets=arrival(tw), follows=arrival(fo))

@@ -1,0 +1,33 @@
+"""The read side of every view: `query_view` (one key, one round trip to Redis) and `export_view` (all keys).
+
+Readers resolve the job's serving generation first, so a replay that switches generations is seen atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from views.timeline import export_timeline, query_timeline
+
+__all__ = ["query_view", "export_view", "format_result"]
+
+
+def query_view(client, view: str, key: str, *, limit: int | None = None, job: str) -> dict:
+    if view == "timeline":
+        return query_timeline(client, key, limit=limit, job=job)
+    raise ValueError(f"view {view!r} has no query")
+
+
+def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]:
+    if view == "timeline":
+        return export_timeline(client, job=job)
+    raise ValueError(f"view {view!r} has no export")
+
+
+def format_result(view: str, result: dict) -> str:
+    """Human-readable form of a query result; empty string for an empty result."""
+    if view == "timeline":
+        return "\n".join(
+            f"{t['ts']}  {t['tweet_id']}  @{t['user_id']}: {t['text']}" for t in result.get("tweets", [])
+        )
+    return "" if not result else str(result)
