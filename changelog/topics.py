@@ -88,10 +88,14 @@ def read_batch(spark, lake_dir: Path, topic: str, *, version: int | None = None)
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
-def latest_version(lake_dir: Path, topic: str) -> int:
-    """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
-    log = topic_path(lake_dir, topic) / "_delta_log"
+def table_version(path: Path | str) -> int:
+    """Latest committed version of the Delta table at `path` (-1 if none), read from its log dir without Spark."""
+    log = Path(path) / "_delta_log"
     if not log.is_dir():
         return -1
-    versions = [int(m.group(1)) for p in log.iterdir() if (m := _COMMIT.match(p.name))]
-    return max(versions, default=-1)
+    return max((int(m.group(1)) for p in log.iterdir() if (m := _COMMIT.match(p.name))), default=-1)
+
+
+def latest_version(lake_dir: Path, topic: str) -> int:
+    """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
+    return table_version(topic_path(lake_dir, topic))

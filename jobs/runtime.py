@@ -59,11 +59,15 @@ def read_status(settings: Settings, job: str) -> dict:
         return {}
 
 
-def ensure_delta_table(spark, path: Path, schema: str) -> str:
-    """Create an empty Delta table with `schema` at `path` if none exists; return the path."""
+def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool = False) -> str:
+    """Create an empty Delta table with `schema` at `path` if none exists; return the path.
+
+    deletion_vectors: a MERGE then marks replaced rows instead of rewriting whole files (state tables).
+    """
     if not (path / "_delta_log").exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        spark.createDataFrame([], schema).write.format("delta").mode("ignore").save(str(path))
+        props = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
+        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({schema}) USING delta{props}")
     return str(path)
 
 

@@ -13,8 +13,9 @@ State (`TimelineState`: one row per tweet id, one per follow pair) is kept by th
 the changes to publish, by the product rule d(T join F) = dT join F' + T' join dF (primes: after the batch):
 - a tweet that becomes live is added to the timeline of every current follower of its author;
 - a follow that becomes current adds the followee's newest `cap` live tweets to the follower;
-- a follower who loses entries (an unfollow, or the delete of a tweet of someone they followed) gets their whole
-  timeline recomputed from the state after the batch (`replace`), which refills a full timeline with the
+- a follower who loses entries (an unfollow, or the delete of a tweet of someone they followed) has them
+  removed; if their timeline was full (the join held more than `cap` rows for them, so Redis did not hold all
+  of them) it is recomputed whole from the state after the batch (`replace`), which refills it with the
   next-newest tweets.
 Duplicate records change no state, so they have one effect. Because state is a function of the *set* of
 records, the published timelines never depend on arrival order or on batch boundaries.
@@ -52,6 +53,7 @@ class TimelineChanges:
     tweet_rows: DataFrame  # changed tweet state rows (upsert into state by tweet_id)
     follow_rows: DataFrame  # changed follow state rows (upsert by follower_id, followee_id)
     adds: DataFrame  # follower_id, tweet_id, ts: entries to add (then trim to cap)
+    removes: DataFrame  # follower_id, tweet_id: entries to remove (before the adds)
     replaces: (
         DataFrame  # follower_id, entries: array<struct<ts, tweet_id>> newest first: the whole new timeline
     )
@@ -60,7 +62,7 @@ class TimelineChanges:
     _cached: tuple = ()
 
     def release(self) -> None:
-        """Free the cached intermediate results once the batch is published and the state committed."""
+        """Free the materialized intermediate results once the batch is published and the state committed."""
         for df in self._cached:
             df.unpersist()
 
@@ -158,8 +160,9 @@ def maintain_timeline(
     `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id, followee_id, ts.
     The returned DataFrames are lazy over `state` (pin it to a table version) and the batch.
     """
-    tc = _tweet_changes(state.tweets, tweets_batch).persist()
-    fc = _follow_changes(state.follows, follows_batch).persist()
+    # Batch-sized intermediate results are materialized once (lineage cut), so the plans below stay small.
+    tc = _tweet_changes(state.tweets, tweets_batch).localCheckpoint(eager=True)
+    fc = _follow_changes(state.follows, follows_batch).localCheckpoint(eager=True)
 
     tweet_rows = tc.select(*[c.split()[0] for c in TWEET_STATE_SCHEMA.split(", ")])
     tweets_after = state.tweets.join(tc.select("tweet_id"), "tweet_id", "left_anti").unionByName(tweet_rows)
@@ -177,15 +180,27 @@ def maintain_timeline(
         "tweet_id", F.col("user_before").alias("user_id"), "live_after"
     )
     gained = fc.where(~F.col("current_before") & F.col("current_after")).select("follower_id", "followee_id")
-    lost = fc.where(F.col("current_before") & ~F.col("current_after")).select("follower_id")
+    lost = fc.where(F.col("current_before") & ~F.col("current_after")).select("follower_id", "followee_id")
 
     # Followers who lose entries: an unfollow, or a delete of a tweet by someone they followed before the batch.
     cur_before = _current(state.follows).select("follower_id", "followee_id")
-    refill = lost.unionByName(
-        cur_before.join(
-            F.broadcast(died.select(F.col("user_id").alias("followee_id")).distinct()), "followee_id"
-        ).select("follower_id")
-    ).distinct()
+    died_authors = F.broadcast(died.select(F.col("user_id").alias("followee_id"), "tweet_id"))
+    rm_deleted = cur_before.join(died_authors, "followee_id").select("follower_id", "tweet_id")
+    rm_unfollowed = lost.join(
+        _live(state.tweets).select(F.col("user_id").alias("followee_id"), "tweet_id"), "followee_id"
+    ).select("follower_id", "tweet_id")
+    removes_all = rm_deleted.unionByName(rm_unfollowed).distinct().localCheckpoint(eager=True)
+    losers = removes_all.select("follower_id").distinct()
+    # A loser whose timeline held every entry of the join (at most `cap`) is exact with ZREM; one that had more
+    # than `cap` (Redis keeps only the newest `cap`) is recomputed whole, which refills it.
+    live_per_author = (
+        _live(state.tweets).groupBy(F.col("user_id").alias("followee_id")).agg(F.count("*").alias("n"))
+    )
+    sizes = cur_before.join(losers, "follower_id").join(live_per_author, "followee_id")
+    refill = (
+        sizes.groupBy("follower_id").agg(F.sum("n").alias("n")).where(F.col("n") > cap).select("follower_id")
+    )
+    removes = removes_all.join(refill, "follower_id", "left_anti")
 
     # dT join F': new live tweets to every current follower of the author.
     add_new_tweets = cur_after.join(
@@ -203,7 +218,7 @@ def maintain_timeline(
         cap,
     )
 
-    # Refill: the whole new timeline of each follower who lost entries (empty array when nothing is left).
+    # Refill: the whole new timeline of each follower recomputed (empty array when nothing is left).
     refill_rows = _top_per(
         cur_after.join(refill, "follower_id")
         .join(live_after.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id")
@@ -226,8 +241,9 @@ def maintain_timeline(
         tweet_rows=tweet_rows,
         follow_rows=follow_rows,
         adds=adds,
+        removes=removes,
         replaces=replaces,
         tweets_live=born,
         tweets_dead=died.where(~F.col("live_after")).select("tweet_id"),
-        _cached=(tc, fc),
+        _cached=(tc, fc, refill, removes_all),
     )

@@ -64,7 +64,18 @@ def generate(
         author = rng.choices(uids, weights)[0] if rng.random() < 0.5 else rng.choice(uids)
         t = at()
         tid = f"t{i:07d}"
-        tw.append((t, {"op": "post", "tweet_id": tid, "user_id": author, "text": f"tweet {i} by {author}", "ts": ts_value(t)}))
+        tw.append(
+            (
+                t,
+                {
+                    "op": "post",
+                    "tweet_id": tid,
+                    "user_id": author,
+                    "text": f"tweet {i} by {author}",
+                    "ts": ts_value(t),
+                },
+            )
+        )
         if rng.random() < delete_ratio:
             td = t + rng.randrange(-60_000, 3_600_000)  # sometimes "before" the post: order must not matter
             tw.append((td, {"op": "delete", "tweet_id": tid, "user_id": author, "ts": ts_value(td)}))

@@ -1,10 +1,11 @@
 """The `timeline` view in Redis: the sink that applies timeline changes, and the read side.
 
 Sink input (one DataFrame per micro-batch, `TIMELINE_OPS_SCHEMA`):
-- `kind="timeline"`, `id=follower`, `mode="add"`: ZADD the entries, then keep the newest `cap`;
-  `mode="replace"`: the entries are the follower's whole new timeline (a refill after a removal).
+- `kind="timeline"`, `id=follower`, `mode="add"`: ZREM the `removes`, ZADD the `entries`, then keep the newest
+  `cap`; `mode="replace"`: the entries are the follower's whole new timeline (a refill after a removal).
 - `kind="tweet"`, `id=tweet_id`: `body` is the tweet's JSON to store, or null to delete it.
-`entries` is a string of `ts<US>tweet_id` pairs joined by the ASCII unit separator (built in the JVM).
+`entries` is a string of `ts<US>tweet_id` pairs and `removes` of tweet ids, joined by the ASCII unit separator
+(built in the JVM, so the Python side only splits strings).
 
 Every operation is idempotent on its key (ZADD of the same members, trim to the same cap, replace with the same
 content, SET/DEL of the same body) and each timeline key is changed in one Lua call, so a micro-batch that Spark
@@ -21,14 +22,20 @@ from views.redis_io import connect, current_generation
 __all__ = ["TIMELINE_OPS_SCHEMA", "SEP", "TimelineSink", "query_timeline", "export_timeline"]
 
 SEP = "\x1f"
-TIMELINE_OPS_SCHEMA = "kind string, id string, mode string, entries string, body string"
+TIMELINE_OPS_SCHEMA = "kind string, id string, mode string, removes string, entries string, body string"
 
 _APPLY_LUA = """
 local key = KEYS[1]
 local cap = tonumber(ARGV[1])
 if ARGV[2] == 'replace' then redis.call('DEL', key) end
+local last_rem = 3 + tonumber(ARGV[3])
+local i = 4
+while i <= last_rem do
+  local j = math.min(i + 999, last_rem)
+  redis.call('ZREM', key, unpack(ARGV, i, j))
+  i = j + 1
+end
 local n = #ARGV
-local i = 3
 while i <= n do
   local j = math.min(i + 999, n)
   redis.call('ZADD', key, unpack(ARGV, i, j))
@@ -41,16 +48,19 @@ return 1
 _PIPELINE_ARGS = 4000  # flush the pipeline after about this many arguments
 
 
-def _apply_partition(rows, url: str, generation: int, cap: int) -> None:
+def _apply_partition(rows, url: str, generation: int, cap: int, counters) -> None:
     client = connect(url)
     sha = client.script_load(_APPLY_LUA)
     pipe = client.pipeline(transaction=False)
-    pending = 0
-    for kind, ident, mode, entries, body in rows:
+    pending = ops = entries_added = 0
+    for kind, ident, mode, removes, entries, body in rows:
         if kind == "timeline":
-            args = entries.split(SEP) if entries else []
-            pipe.evalsha(sha, 1, timeline_key(generation, ident), cap, mode, *args)
-            pending += len(args) + 3
+            rem = removes.split(SEP) if removes else []
+            add = entries.split(SEP) if entries else []
+            pipe.evalsha(sha, 1, timeline_key(generation, ident), cap, mode, len(rem), *rem, *add)
+            pending += len(rem) + len(add) + 4
+            ops += 1
+            entries_added += len(add) // 2
         elif body is None:
             pipe.delete(tweet_key(generation, ident))
             pending += 2
@@ -61,6 +71,9 @@ def _apply_partition(rows, url: str, generation: int, cap: int) -> None:
             pipe.execute()
             pending = 0
     pipe.execute()
+    if counters is not None:
+        counters[0].add(ops)
+        counters[1].add(entries_added)
 
 
 class TimelineSink:
@@ -69,9 +82,13 @@ class TimelineSink:
     def __init__(self, url: str, generation: int, cap: int):
         self.url, self.generation, self.cap = url, generation, cap
 
-    def write(self, ops_df, batch_id: int) -> None:
+    def write(self, ops_df, batch_id: int) -> dict:
+        """Apply `ops_df` (TIMELINE_OPS_SCHEMA); return {"timelines": ops applied, "entries": entries added}."""
         url, generation, cap = self.url, self.generation, self.cap
-        ops_df.foreachPartition(lambda rows: _apply_partition(rows, url, generation, cap))
+        sc = ops_df.sparkSession.sparkContext
+        counters = (sc.accumulator(0), sc.accumulator(0))
+        ops_df.foreachPartition(lambda rows: _apply_partition(rows, url, generation, cap, counters))
+        return {"timelines": counters[0].value, "entries": counters[1].value}
 
 
 def _hydrate(client, generation: int, tweet_ids: list[str]) -> list[dict]:

@@ -59,8 +59,11 @@ def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rcl
     settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=2)
     steps = [
         # (tweets, follows, expected timeline of r)
-        ([("post", "t1", "a", 1), ("post", "t2", "a", 2), ("post", "t3", "a", 3)], [("follow", "r", "a", 0)],
-         ["t3", "t2"]),
+        (
+            [("post", "t1", "a", 1), ("post", "t2", "a", 2), ("post", "t3", "a", 3)],
+            [("follow", "r", "a", 0)],
+            ["t3", "t2"],
+        ),
         ([("delete", "t3", "a", 9)], [], ["t2", "t1"]),  # delete of a full timeline's entry refills with t1
         ([("post", "t3", "a", 3)], [], ["t2", "t1"]),  # a repost after the delete stays deleted (tombstone)
         ([("post", "t4", "b", 4)], [("follow", "r", "b", 5)], ["t4", "t2"]),  # follow backfills
@@ -81,6 +84,13 @@ def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rcl
         got = query_timeline(connect(redis_url), "r")
         assert [t["tweet_id"] for t in got["tweets"]] == want, f"step {i}"
     got = query_timeline(connect(redis_url), "r", limit=1)
-    assert got == {"user_id": "r", "generation": 1,
-                   "tweets": [{"tweet_id": "t4", "user_id": "b", "text": "t4!", "ts": 4}]}
-    assert query_timeline(connect(redis_url), "nobody") == {"user_id": "nobody", "generation": 1, "tweets": []}
+    assert got == {
+        "user_id": "r",
+        "generation": 1,
+        "tweets": [{"tweet_id": "t4", "user_id": "b", "text": "t4!", "ts": 4}],
+    }
+    assert query_timeline(connect(redis_url), "nobody") == {
+        "user_id": "nobody",
+        "generation": 1,
+        "tweets": [],
+    }
