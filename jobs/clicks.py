@@ -225,14 +225,17 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
     try:
         sink.write(_ops(res.left), fence)
         counts = (
-            res.left.select(F.lit("s").alias("side"), "_new", "_closed", "_keep", "_changed")
-            .unionByName(res.right.select(F.lit("c").alias("side"), "_new", "_closed", "_keep", "_changed"))
+            res.left.select(F.lit("s").alias("side"), "_new", "_closed", "_keep", "_changed", "ts")
+            .unionByName(
+                res.right.select(F.lit("c").alias("side"), "_new", "_closed", "_keep", "_changed", "ts")
+            )
             .groupBy("side")
             .agg(
                 F.sum(F.col("_new").cast("int")).alias("new"),
                 F.sum(F.col("_closed").cast("int")).alias("closed"),
                 F.sum(F.col("_keep").cast("int")).alias("keep"),
                 F.sum((F.col("_changed") & ~F.col("_closed")).cast("int")).alias("provisional"),
+                F.min(F.when(F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
             )
             .collect()
         )
@@ -251,6 +254,8 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
             searches_final=meta["searches_final"] + out["closed"],
             held=out["held"],
             state_rows=out["state_rows"],
+            # the earliest window end still open: an idle tick does nothing before the watermark passes it
+            next_close=(s["min_kept_ts"] + WINDOW_MS) if s and s["min_kept_ts"] is not None else None,
             fence=fence,
         )
         store.write(fence, res.left_state, res.right_state, meta)
@@ -315,8 +320,8 @@ def close_idle_windows(
             return {}
         w0 = meta["watermark"]
         w1 = max(w0, meta["max_ts"] - settings.allowed_lateness_ms + (now - last))
-        if w1 <= w0:
-            return {}
+        if w1 <= w0 or meta.get("next_close") is None or w1 <= meta["next_close"]:
+            return {}  # no open window would close: nothing to publish
         s_empty = spark.createDataFrame([], "search_id string, session_id string, query string, ts bigint")
         c_empty = spark.createDataFrame([], "click_id string, session_id string, url string, ts bigint")
         out = _step(
