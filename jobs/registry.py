@@ -22,6 +22,7 @@ class JobSpec:
 
 JOBS: dict[str, JobSpec] = {
     "timeline": JobSpec("timeline", ("tweets", "follows"), ("timeline",), "jobs.timeline:run_timeline"),
+    "clicks": JobSpec("clicks", ("searches", "clicks"), ("search_clicks", "ctr"), "jobs.clicks:run_clicks"),
 }
 
 VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in spec.views}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
 from views.timeline import export_timeline, query_timeline
 
 __all__ = ["query_view", "export_view", "format_result"]
@@ -15,12 +16,20 @@ __all__ = ["query_view", "export_view", "format_result"]
 def query_view(client, view: str, key: str, *, limit: int | None = None, job: str) -> dict:
     if view == "timeline":
         return query_timeline(client, key, limit=limit, job=job)
+    if view == "search_clicks":
+        return query_search_clicks(client, key, job=job)
+    if view == "ctr":
+        return query_ctr(client, key, job=job)
     raise ValueError(f"view {view!r} has no query")
 
 
 def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]:
     if view == "timeline":
         return export_timeline(client, job=job)
+    if view == "search_clicks":
+        return export_search_clicks(client, job=job)
+    if view == "ctr":
+        return export_ctr(client, job=job)
     raise ValueError(f"view {view!r} has no export")
 
 
@@ -30,4 +39,8 @@ def format_result(view: str, result: dict) -> str:
         return "\n".join(
             f"{t['ts']}  {t['tweet_id']}  @{t['user_id']}: {t['text']}" for t in result.get("tweets", [])
         )
+    if view in ("search_clicks", "ctr"):
+        import json
+
+        return json.dumps(result) if result else ""
     return "" if not result else str(result)

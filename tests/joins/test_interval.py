@@ -1,0 +1,139 @@
+"""`joins.interval.interval_join` on small in-memory DataFrames: a semantics table over several micro-batches
+(matches, late rows, duplicates, closing under the watermark, outer rows), a self-join, and the state bound."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from joins.interval import MIN_WATERMARK, JoinSide, interval_join
+
+H = 3_600_000
+L_SCHEMA = "sid string, k string, ts bigint"
+R_SCHEMA = "cid string, k string, ts bigint"
+
+
+def _run(spark, batches, *, how="left", lower=0, upper=H, lateness=10, with_rows=False):
+    """Feed `batches` [(left rows, right rows)] through the join, carrying state and the watermark
+    (max ts seen - lateness) like the clicks job. Returns per batch a dict of what came out."""
+    ls = rs = None
+    w = MIN_WATERMARK
+    max_ts = None
+    out = []
+    for lrows, rrows in batches:
+        ldf = spark.createDataFrame(lrows, L_SCHEMA)
+        rdf = spark.createDataFrame(rrows, R_SCHEMA)
+        ok = [t for *_, t in lrows + rrows if t >= w]
+        if ok:
+            max_ts = max([max_ts or MIN_WATERMARK, *ok])
+        w1 = max(w, max_ts - lateness) if max_ts is not None else w
+        res = interval_join(
+            JoinSide(ldf, ls, "sid"),
+            JoinSide(rdf, rs, "cid"),
+            on="k",
+            lower_ms=lower,
+            upper_ms=upper,
+            how=how,
+            watermark_before=w,
+            watermark_after=w1,
+        )
+        lrows_out, rrows_out = res.left.collect(), res.right.collect()
+        left = {r["sid"]: r for r in lrows_out}
+        late = res.left_late.select("sid").unionByName(res.right_late.select(F.col("cid").alias("sid")))
+        out.append(
+            {
+                "pairs": sorted((r["left"]["sid"], r["right"]["cid"]) for r in res.pairs.collect()),
+                "rows": sorted(
+                    (
+                        (r["left"]["sid"] if r["left"] else "-", r["right"]["cid"] if r["right"] else "-")
+                        for r in res.rows.collect()
+                    )
+                    if with_rows
+                    else []
+                ),
+                "closed": {s: r["_matches"] for s, r in left.items() if r["_closed"]},
+                "changed": {s: r["_matches"] for s, r in left.items() if r["_changed"]},
+                "late": sorted(r["sid"] for r in late.collect()),
+                "state": (sum(r["_keep"] for r in lrows_out), sum(r["_keep"] for r in rrows_out)),
+                "w": w1,
+            }
+        )
+        ls = spark.createDataFrame(
+            [tuple(r[c] for c in res.left_state.columns) for r in lrows_out if r["_keep"]],
+            res.left_state.schema,
+        )
+        rs = spark.createDataFrame(
+            [tuple(r[c] for c in res.right_state.columns) for r in rrows_out if r["_keep"]],
+            res.right_state.schema,
+        )
+        res.release()
+        w = w1
+    return out
+
+
+def test_semantics_table(spark):
+    # lateness 10 ms, window [s, s + 100] so that closing is visible with small numbers.
+    batches = [
+        # search s1 at 0; click c0 before it (no match), c1 inside, c2 on the upper bound (inclusive)
+        ([("s1", "a", 0)], [("c0", "a", -1), ("c1", "a", 50), ("c2", "a", 100)]),
+        # duplicate click c1 and duplicate search s1: no effect; c3 for another session: no match
+        ([("s1", "a", 0)], [("c1", "a", 50), ("c3", "b", 60)]),
+        # s2 arrives after its click c4 (which came in this batch too), watermark moves to 105: s1 (end 100) closes
+        ([("s2", "a", 90)], [("c4", "a", 95), ("c5", "a", 115)]),
+        # c6 at 50 is older than the watermark 105: late, dropped. s3 at 120 never matched.
+        ([("s3", "b", 120)], [("c6", "a", 50)]),
+        # ts 400 moves the watermark to 390: s2 (end 190) and s3 (end 220) close
+        ([], [("c9", "z", 400)]),
+    ]
+    out = _run(spark, batches, upper=100, with_rows=True)
+    assert out[0]["pairs"] == [("s1", "c1"), ("s1", "c2")]
+    assert out[0]["changed"] == {"s1": 2} and out[0]["closed"] == {}
+    assert out[1]["pairs"] == [] and out[1]["changed"] == {}
+    assert out[2]["pairs"] == [("s1", "c4"), ("s2", "c2"), ("s2", "c4"), ("s2", "c5")]
+    assert out[2]["w"] == 105 and out[2]["closed"] == {"s1": 3}
+    assert out[3]["late"] == ["c6"] and out[3]["pairs"] == []
+    assert out[4]["closed"] == {"s2": 3, "s3": 0}
+    assert out[4]["rows"] == [("s3", "-")]  # left join: the unmatched closed search, once
+    assert out[4]["state"] == (0, 1)  # only c9 (ts >= watermark) is kept
+
+
+@pytest.mark.parametrize("how, want", [("inner", []), ("full", [("-", "c0"), ("s1", "-")])])
+def test_outer_rows_by_how(spark, how, want):
+    batches = [([("s1", "a", 0)], [("c0", "b", 5)]), ([], [("cz", "z", 1000)])]
+    out = _run(spark, batches, how=how, upper=100, with_rows=True)
+    assert [r for r in out[1]["rows"] if "-" in r] == want
+
+
+def test_self_join_of_one_stream(spark):
+    """Pairs of events of one stream within 10 ms of each other (the row with itself included)."""
+    rows = [("e1", "a", 0), ("e2", "a", 5), ("e3", "a", 30)]
+    df = spark.createDataFrame(rows, L_SCHEMA)
+    res = interval_join(
+        JoinSide(df, None, "sid"),
+        JoinSide(df, None, "sid"),
+        on="k",
+        lower_ms=0,
+        upper_ms=10,
+        watermark_before=MIN_WATERMARK,
+        watermark_after=MIN_WATERMARK,
+    )
+    got = sorted((r["left"]["sid"], r["right"]["sid"]) for r in res.pairs.collect())
+    assert got == [("e1", "e1"), ("e1", "e2"), ("e2", "e2"), ("e3", "e3")]
+
+
+def test_state_stays_flat_as_event_time_advances(spark):
+    """A steady stream: 20 searches and 20 clicks per batch, 100 ms apart. The state holds only the rows of
+    the last window + lateness, so its size stops growing after the first batches."""
+    batches = []
+    for b in range(5):
+        base = b * 2000
+        batches.append(
+            (
+                [(f"s{b}_{i}", f"k{i % 5}", base + i * 100) for i in range(20)],
+                [(f"c{b}_{i}", f"k{i % 5}", base + i * 100 + 50) for i in range(20)],
+            )
+        )
+    out = _run(spark, batches, upper=1000, lateness=500)
+    sizes = [sum(o["state"]) for o in out]
+    assert max(sizes[2:]) == min(sizes[2:]) == sizes[1]
+    assert sizes[-1] < 40  # far below the 320 rows seen

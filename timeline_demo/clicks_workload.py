@@ -1,0 +1,160 @@
+"""Seeded workload for the `clicks` job and its brute-force reference.
+
+`generate_clicks(...)` makes sessions with several searches each and clicks inside the hour after a search, on
+its bounds (exactly `ts` and `ts + 1 hour`), after it, and before the search; duplicate deliveries of searches
+and clicks; both `ts` forms. Records come back in *arrival* order: event time plus a random delay of at most
+`disorder_ms` (keep it <= ALLOWED_LATENESS so that no record is late, whatever the chunking), so a click often
+arrives before its search, and the two topics interleave.
+
+`expected_clicks(searches, clicks, lateness_ms)` evaluates the contract's definition in plain Python over the
+*set* of records: every search joined with every click of its session with `ts` in `[s.ts, s.ts + 1 hour]`;
+the watermark is the max event time minus the lateness; a search is published when its window has closed under
+the watermark (final) or when it has at least one click; `ctr` counts the closed searches only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+from changelog.records import validate
+from timeline_demo.workload import T0, to_iso
+
+__all__ = ["ClicksWorkload", "generate_clicks", "expected_clicks", "chunk_arrivals", "WINDOW_MS"]
+
+WINDOW_MS = 3_600_000
+_QUERIES = [f"q{i}" for i in range(40)]
+
+
+@dataclass
+class ClicksWorkload:
+    arrivals: list[tuple[str, dict]]  # (topic, record) in arrival order, both topics interleaved
+
+    @property
+    def searches(self) -> list[dict]:
+        return [r for t, r in self.arrivals if t == "searches"]
+
+    @property
+    def clicks(self) -> list[dict]:
+        return [r for t, r in self.arrivals if t == "clicks"]
+
+    @property
+    def events(self) -> int:
+        return len(self.arrivals)
+
+
+def generate_clicks(
+    *,
+    seed: int,
+    sessions: int = 100,
+    searches_per_session: tuple[int, int] = (1, 4),
+    clicks_per_search: tuple[int, int] = (0, 3),
+    duplicate_ratio: float = 0.03,
+    disorder_ms: int = 9 * 60_000,
+    span_ms: int = 8 * 3_600_000,
+    iso_ratio: float = 0.3,
+    session_len_ms: int = 2 * 3_600_000,
+) -> ClicksWorkload:
+    """A random workload (see the module docstring). Sizes scale with `sessions`: about
+    sessions x 2.5 searches x 2.5 events each."""
+    rng = random.Random(seed)
+    out: list[tuple[int, str, dict]] = []  # (event ts, topic, record)
+
+    def ts_value(ms: int):
+        return to_iso(ms) if rng.random() < iso_ratio else ms
+
+    n_search = n_click = 0
+    for s in range(sessions):
+        sid = f"sess{seed}_{s}"
+        start = T0 + rng.randrange(span_ms)
+        for _ in range(rng.randint(*searches_per_session)):
+            t = start + rng.randrange(session_len_ms)
+            n_search += 1
+            q = rng.choice(_QUERIES[: 5 + s % len(_QUERIES)])
+            out.append(
+                (
+                    t,
+                    "searches",
+                    {"search_id": f"s{seed}_{n_search}", "session_id": sid, "query": q, "ts": ts_value(t)},
+                )
+            )
+            for _ in range(rng.randint(*clicks_per_search)):
+                kind = rng.random()
+                if kind < 0.6:
+                    c = t + rng.randrange(WINDOW_MS + 1)  # inside
+                elif kind < 0.7:
+                    c = t + rng.choice((0, WINDOW_MS))  # on a bound (both inclusive)
+                elif kind < 0.85:
+                    c = t + WINDOW_MS + 1 + rng.randrange(WINDOW_MS)  # after the window
+                else:
+                    c = t - 1 - rng.randrange(WINDOW_MS)  # before the search
+                n_click += 1
+                rec = {
+                    "click_id": f"c{seed}_{n_click}",
+                    "session_id": sid,
+                    "url": f"https://x/{n_click}",
+                    "ts": ts_value(c),
+                }
+                if rng.random() < 0.3:
+                    rec["search_id"] = f"s{seed}_{n_search}"  # an optional hint, not used by the join
+                out.append((c, "clicks", rec))
+    for _ in range(int(len(out) * duplicate_ratio)):
+        t, topic, rec = rng.choice(out)
+        out.append((t, topic, dict(rec)))
+    keyed = [(t + rng.randrange(disorder_ms + 1), i, topic, r) for i, (t, topic, r) in enumerate(out)]
+    keyed.sort(key=lambda x: (x[0], x[1]))
+    return ClicksWorkload(arrivals=[(topic, r) for _, _, topic, r in keyed])
+
+
+def chunk_arrivals(
+    arrivals: list[tuple[str, dict]], n: int, rng: random.Random
+) -> list[dict[str, list[dict]]]:
+    """Cut the arrival sequence into `n` consecutive pieces at random points: [{topic: records}]."""
+    cuts = sorted(rng.sample(range(1, len(arrivals)), n - 1)) if n > 1 else []
+    bounds = [0, *cuts, len(arrivals)]
+    out = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        piece: dict[str, list[dict]] = {"searches": [], "clicks": []}
+        for topic, r in arrivals[a:b]:
+            piece[topic].append(r)
+        out.append(piece)
+    return out
+
+
+def expected_clicks(searches: list[dict], clicks: list[dict], lateness_ms: int):
+    """({search_id: export line of search_clicks}, {query: export line of ctr}) per the contract."""
+    s_by_id: dict[str, dict] = {}
+    for raw in searches:
+        r = validate("searches", raw)
+        s_by_id.setdefault(r["search_id"], r)
+    c_by_id: dict[str, dict] = {}
+    for raw in clicks:
+        r = validate("clicks", raw)
+        c_by_id.setdefault(r["click_id"], r)
+    all_ts = [r["ts"] for r in s_by_id.values()] + [r["ts"] for r in c_by_id.values()]
+    if not all_ts:
+        return {}, {}
+    watermark = max(all_ts) - lateness_ms
+    by_session: dict[str, list[int]] = defaultdict(list)
+    for c in c_by_id.values():
+        by_session[c["session_id"]].append(c["ts"])
+    sc: dict[str, dict] = {}
+    ctr: dict[str, dict] = {}
+    for sid, s in s_by_id.items():
+        n = sum(1 for t in by_session.get(s["session_id"], ()) if s["ts"] <= t <= s["ts"] + WINDOW_MS)
+        final = s["ts"] + WINDOW_MS < watermark
+        if final or n > 0:
+            sc[sid] = {
+                "search_id": sid,
+                "session_id": s["session_id"],
+                "query": s["query"],
+                "ts": s["ts"],
+                "clicked": n > 0,
+                "clicks": n,
+            }
+        if final:
+            row = ctr.setdefault(s["query"], {"query": s["query"], "searches": 0, "clicked": 0})
+            row["searches"] += 1
+            row["clicked"] += n > 0
+    return sc, ctr
