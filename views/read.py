@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from views import enrichment as _enrichment
 from views.timeline import export_timeline, query_timeline
 
 __all__ = ["query_view", "export_view", "format_result"]
@@ -15,12 +16,22 @@ __all__ = ["query_view", "export_view", "format_result"]
 def query_view(client, view: str, key: str, *, limit: int | None = None, job: str) -> dict:
     if view == "timeline":
         return query_timeline(client, key, limit=limit, job=job)
+    if view == _enrichment.COUNTRY_VIEW:
+        return _enrichment.query_activity_by_country(client, key, job=job)
+    if view == _enrichment.ENRICHED_VIEW:
+        raise ValueError(
+            "enriched_activity is an output log, not a Redis view: use `mview export enriched_activity`"
+        )
     raise ValueError(f"view {view!r} has no query")
 
 
 def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]:
     if view == "timeline":
         return export_timeline(client, job=job)
+    if view == _enrichment.COUNTRY_VIEW:
+        return _enrichment.export_activity_by_country(client, job=job)
+    if view == _enrichment.ENRICHED_VIEW:
+        return _export_enriched(client, job=job, settings=settings)
     raise ValueError(f"view {view!r} has no export")
 
 
@@ -30,4 +41,17 @@ def format_result(view: str, result: dict) -> str:
         return "\n".join(
             f"{t['ts']}  {t['tweet_id']}  @{t['user_id']}: {t['text']}" for t in result.get("tweets", [])
         )
+    if view == _enrichment.COUNTRY_VIEW:
+        return f"{result['country']}  {result['events']}" if result.get("events") else ""
     return "" if not result else str(result)
+
+
+def _export_enriched(client, *, job: str, settings) -> Iterator[dict]:
+    """The serving generation's output log, read with Spark (the only export that needs it)."""
+    from jobs.settings import Settings
+    from jobs.spark import get_spark  # the one place a view reads with Spark: its data is a Delta log
+    from views.redis_io import current_generation
+
+    settings = settings or Settings.from_env()
+    spark = get_spark(settings, "mview-export-enriched_activity")
+    return _enrichment.export_enriched(spark, settings.lake_dir, current_generation(client, job))
