@@ -23,6 +23,12 @@ class JobSpec:
 JOBS: dict[str, JobSpec] = {
     "timeline": JobSpec("timeline", ("tweets", "follows"), ("timeline",), "jobs.timeline:run_timeline"),
     "clicks": JobSpec("clicks", ("searches", "clicks"), ("search_clicks", "ctr"), "jobs.clicks:run_clicks"),
+    "enrichment": JobSpec(
+        "enrichment",
+        ("activity", "profiles"),
+        ("enriched_activity", "activity_by_country"),
+        "jobs.enrichment:run_enrichment",
+    ),
 }
 
 VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in spec.views}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
+from views import enrichment as _enrichment
 from views.timeline import export_timeline, query_timeline
 
 __all__ = ["query_view", "export_view", "format_result"]
@@ -20,6 +21,12 @@ def query_view(client, view: str, key: str, *, limit: int | None = None, job: st
         return query_search_clicks(client, key, job=job)
     if view == "ctr":
         return query_ctr(client, key, job=job)
+    if view == _enrichment.COUNTRY_VIEW:
+        return _enrichment.query_activity_by_country(client, key, job=job)
+    if view == _enrichment.ENRICHED_VIEW:
+        raise ValueError(
+            "enriched_activity is an output log, not a Redis view: use `mview export enriched_activity`"
+        )
     raise ValueError(f"view {view!r} has no query")
 
 
@@ -30,6 +37,10 @@ def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]
         return export_search_clicks(client, job=job)
     if view == "ctr":
         return export_ctr(client, job=job)
+    if view == _enrichment.COUNTRY_VIEW:
+        return _enrichment.export_activity_by_country(client, job=job)
+    if view == _enrichment.ENRICHED_VIEW:
+        return _export_enriched(client, job=job, settings=settings)
     raise ValueError(f"view {view!r} has no export")
 
 
@@ -43,4 +54,17 @@ def format_result(view: str, result: dict) -> str:
         import json
 
         return json.dumps(result) if result else ""
+    if view == _enrichment.COUNTRY_VIEW:
+        return f"{result['country']}  {result['events']}" if result.get("events") else ""
     return "" if not result else str(result)
+
+
+def _export_enriched(client, *, job: str, settings) -> Iterator[dict]:
+    """The serving generation's output log, read with Spark (the only export that needs it)."""
+    from jobs.settings import Settings
+    from jobs.spark import get_spark  # the one place a view reads with Spark: its data is a Delta log
+    from views.redis_io import current_generation
+
+    settings = settings or Settings.from_env()
+    spark = get_spark(settings, "mview-export-enriched_activity")
+    return _enrichment.export_enriched(spark, settings.lake_dir, current_generation(client, job))

@@ -1,0 +1,251 @@
+"""The `enrichment` job: activity x versioned profiles -> `enriched_activity` (Delta log) and
+`activity_by_country` (Redis). Semantics in `joins.asof`; views in `views.enrichment`.
+
+Sources: the `activity` topic and the `profiles` topic (the raw change log, every change in arrival order), in
+one streaming query. The versioned copy is built from the raw change log, not from the `profiles` table's
+change feed: the table applies changes with `SEQUENCE BY ts`, so a change that arrives after a newer one never
+appears in its feed, and whether a version exists would depend on arrival order (docs/enrichment.md).
+
+State (Delta tables under `LAKE_DIR/state/enrichment/g<g>/`):
+- `versions`: the versioned local copy (SCD type 2), one row per version received (`joins.asof.VERSION_SCHEMA`);
+- `held`: events waiting for the profiles watermark (`joins.asof.EVENT_COLUMNS`).
+
+Per micro-batch, in this order (so that a crash anywhere replays the batch with the same effect):
+1. the batch's new versions are appended to `versions` (idempotent: Delta `txnAppId`/`txnVersion` = batch id);
+2. watermark = max change `ts` in `versions` minus `ALLOWED_LATENESS`;
+3. candidates = held events + the batch's events not already in `enriched_activity` (dedup by `event_id`),
+   joined as of their `ts` (`joins.asof.asof_join`): those the watermark has reached are emitted;
+4. per-country counts go to Redis (fenced by batch id), the emitted rows are appended to `enriched_activity`
+   (idempotent by batch id), and `held` is replaced by the events still waiting (idempotent by batch id).
+Activity events that arrive after the watermark passed their `ts` are still enriched correctly (every change
+they could use is known) and counted as `late_events`; profile changes older than the watermark on arrival are
+kept as versions and counted as `late_changes` (events already emitted do not see them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from pyspark.sql import functions as F
+
+from changelog.topics import latest_version, read_stream
+from jobs.runtime import (
+    checkpoint_dir,
+    ensure_delta_table,
+    log,
+    read_status,
+    run_stream,
+    state_dir,
+    write_status,
+)
+from jobs.settings import Settings
+from joins.asof import (
+    ENRICHED_COLUMNS,
+    EVENT_COLUMNS,
+    VERSION_SCHEMA,
+    asof_join,
+    dedupe_events,
+    profile_versions,
+)
+from views.enrichment import UNKNOWN_COUNTRY, CountrySink, enriched_path
+from views.keys import meta_key
+from views.redis_io import connect, ensure_generation
+
+__all__ = ["run_enrichment", "TOPICS", "JOB"]
+
+JOB = "enrichment"
+TOPICS = ("activity", "profiles")
+_HELD_SCHEMA = "event_id string, user_id string, action string, ts bigint, profile_version string"
+_OUT_SCHEMA = (
+    "event_id string, user_id string, action string, ts bigint, profile_version string, name string, "
+    "country string"
+)
+_SOURCE_COLUMNS = ["event_id", "user_id", "action", "profile_version", "op", "name", "country"]
+
+
+def _source(spark, settings: Settings, *, max_files_per_trigger: int | None = None):
+    def norm(df, topic):
+        cols = set(df.columns)
+        return df.select(
+            F.lit(topic).alias("topic"),
+            *[F.col(c) if c in cols else F.lit(None).cast("string").alias(c) for c in _SOURCE_COLUMNS],
+            F.col("ts"),
+        )
+
+    activity = read_stream(spark, settings.lake_dir, "activity", max_files_per_trigger=max_files_per_trigger)
+    profiles = read_stream(spark, settings.lake_dir, "profiles", max_files_per_trigger=max_files_per_trigger)
+    return norm(activity, "activity").unionByName(norm(profiles, "profiles"))
+
+
+_VERSION_COLUMNS = [c.split()[0] for c in VERSION_SCHEMA.split(", ")]
+
+
+def _read_mark(sdir) -> dict:
+    """The job's progress mark: newest change ts in the versioned copy and the number of held events."""
+    try:
+        return json.loads((sdir / "mark.json").read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _write_mark(sdir, mark: dict) -> None:
+    tmp = sdir / "mark.tmp"
+    tmp.write_text(json.dumps(mark))
+    tmp.replace(sdir / "mark.json")
+
+
+def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
+    """Run the enrichment job into `generation` (default: the serving one). Returns totals of this run."""
+    client = connect(settings.redis_url)
+    gen = generation if generation is not None else ensure_generation(client, JOB)
+    lateness = settings.allowed_lateness_ms
+    sdir = state_dir(settings, JOB, gen)
+    versions_path = ensure_delta_table(spark, sdir / "versions", VERSION_SCHEMA)
+    held_path = ensure_delta_table(spark, sdir / "held", _HELD_SCHEMA)
+    out_path = ensure_delta_table(spark, enriched_path(settings.lake_dir, gen), _OUT_SCHEMA)
+    sink = CountrySink(settings.redis_url, gen)
+    app_id = f"mview-{JOB}-g{gen}"
+    totals = {"batches": 0, "events": 0, "changes": 0, "emitted": 0, "held": 0, "seconds": 0.0}
+
+    def process(batch_df, batch_id: int) -> None:
+        started = time.monotonic()
+        mark = _read_mark(sdir)
+        max_before, held_before_n = mark.get("max_ts"), mark.get("held", 0)
+        wm_before = max_before - lateness if max_before is not None else None
+        batch = batch_df.persist()
+        is_act, is_prof = F.col("topic") == "activity", F.col("topic") == "profiles"
+        late = F.col("ts") < F.lit(wm_before).cast("bigint")
+        s = batch.agg(
+            F.count(F.when(is_act, 1)).alias("events"),
+            F.count(F.when(is_prof, 1)).alias("changes"),
+            F.max(F.when(is_prof, F.col("ts"))).alias("max_ts"),
+            F.count(F.when(is_act & late, 1)).alias("late_events"),
+            F.count(F.when(is_prof & late, 1)).alias("late_changes"),
+        ).first()
+        if s["events"] == 0 and s["changes"] == 0:
+            batch.unpersist()
+            return
+        # 1. New versions into the local copy (a version delivered twice is stored once; a different change
+        #    with the same version id is kept beside it and resolved by profile_versions on read).
+        if s["changes"]:
+            stored = spark.read.format("delta").load(versions_path)
+            new = profile_versions(batch.where(is_prof)).select(*_VERSION_COLUMNS)
+            cond = [new[c] == stored[c] for c in ("user_id", "ts", "deleted")] + [
+                new["name"].eqNullSafe(stored["name"]),
+                new["country"].eqNullSafe(stored["country"]),
+            ]
+            (
+                new.join(stored, cond, "left_anti")
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", f"{app_id}-versions")
+                .option("txnVersion", batch_id)
+                .save(versions_path)
+            )
+        # 2. The profiles watermark after this batch.
+        known = [x for x in (max_before, s["max_ts"]) if x is not None]
+        max_after = max(known) if known else None
+        wm = max_after - lateness if max_after is not None else None
+        n_emitted = hs = unknown = 0
+        if s["events"] or (held_before_n and wm != wm_before):
+            # 3. Candidates: held + new events not yet emitted; the as-of join decides emitted / held.
+            out = spark.read.format("delta").load(out_path)
+            fresh = dedupe_events(batch.where(is_act).select(*EVENT_COLUMNS)).join(
+                out.select("event_id"), "event_id", "left_anti"
+            )
+            candidates = dedupe_events(spark.read.format("delta").load(held_path).unionByName(fresh))
+            versions = profile_versions(spark.read.format("delta").load(versions_path))
+            result = asof_join(candidates, versions, watermark_ms=wm)
+            decided = result.decided.persist()
+            country = F.coalesce("country", F.lit(UNKNOWN_COUNTRY)).alias("country")
+            stats = (
+                decided.groupBy("emit", country)
+                .agg(F.count("*").alias("n"), F.count(F.when(F.col("unknown_version"), 1)).alias("u"))
+                .collect()
+            )
+            counts = [(r["country"], r["n"]) for r in stats if r["emit"]]
+            n_emitted = sum(n for _, n in counts)
+            hs = sum(r["n"] for r in stats if not r["emit"])
+            unknown = sum(r["u"] for r in stats if r["emit"])
+            # 4. Publish: Redis counters (fenced by batch id), then the output log and the held set (both
+            #    idempotent by batch id).
+            if counts:
+                sink.write(
+                    spark.createDataFrame(counts, "country string, events bigint").coalesce(1), batch_id
+                )
+                (
+                    result.emitted.select(*ENRICHED_COLUMNS)
+                    .write.format("delta")
+                    .mode("append")
+                    .option("txnAppId", f"{app_id}-out")
+                    .option("txnVersion", batch_id)
+                    .save(out_path)
+                )
+            if hs or held_before_n:
+                (
+                    result.held.write.format("delta")
+                    .mode("overwrite")
+                    .option("txnAppId", f"{app_id}-held")
+                    .option("txnVersion", batch_id)
+                    .save(held_path)
+                )
+            decided.unpersist()
+        else:
+            hs = held_before_n
+        batch.unpersist()
+        _write_mark(sdir, {"max_ts": max_after, "held": hs})
+        took = time.monotonic() - started
+        totals["batches"] += 1
+        totals["events"] += s["events"]
+        totals["changes"] += s["changes"]
+        totals["emitted"] += n_emitted
+        totals["held"] = hs
+        totals["seconds"] += took
+        now = int(time.time() * 1000)
+        client.hset(
+            meta_key(JOB, gen),
+            mapping={
+                "last_batch_id": batch_id,
+                "last_batch_ms": now,
+                "watermark": wm if wm is not None else "",
+            },
+        )
+        prev = read_status(settings, JOB)
+        same_gen = prev.get("generation") == gen
+
+        def total(key: str, add: int) -> int:
+            return (prev.get(key, 0) if same_gen else 0) + add
+
+        write_status(
+            settings,
+            JOB,
+            generation=gen,
+            last_batch_id=batch_id,
+            last_batch_ms=now,
+            last_batch_seconds=round(took, 3),
+            last_batch_events=s["events"],
+            last_batch_changes=s["changes"],
+            watermark=wm,
+            held=hs,
+            emitted=total("emitted", n_emitted),
+            unknown_versions=total("unknown_versions", unknown),
+            late_events=total("late_events", s["late_events"]),
+            late_changes=total("late_changes", s["late_changes"]),
+        )
+        log(
+            f"enrichment g{gen} batch {batch_id}: {s['events']:,} events, {s['changes']:,} changes -> "
+            f"{n_emitted:,} emitted, {hs:,} held, watermark {wm} in {took:.2f}s"
+        )
+
+    versions_now = {t: latest_version(settings.lake_dir, t) for t in TOPICS}
+    log(f"enrichment g{gen}: reading {', '.join(f'{t}@v{v}' for t, v in versions_now.items())}")
+    run_stream(
+        _source(spark, settings),
+        process,
+        checkpoint=checkpoint_dir(settings, JOB, gen),
+        once=once,
+        settings=settings,
+        name=f"enrichment_g{gen}",
+    )
+    return totals
