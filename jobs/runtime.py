@@ -21,15 +21,11 @@ __all__ = [
     "log",
     "ensure_delta_table",
     "STOP",
-    "RESTART_WHEN",
     "status_file",
 ]
 
-# Hooks of the deployed-job supervisor (`jobs.service`). STOP is set by SIGTERM/SIGINT. A continuous
-# run_stream polls every callable of RESTART_WHEN (e.g. "the generation pointer moved") twice a second and,
-# when one returns True, stops its query between micro-batches and returns.
+# Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`).
 STOP = threading.Event()
-RESTART_WHEN: list = []
 _STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), not the serving job's
 
 
@@ -131,7 +127,7 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-    while q.isActive and not stopping.is_set() and not any(f() for f in RESTART_WHEN):
+    while q.isActive and not stopping.is_set():
         q.awaitTermination(0.5)
     if q.isActive:
         _stop_between_batches(q)

@@ -1,8 +1,12 @@
 """A deployed job's main loop (`python -m jobs run JOB` without `--once`): the job as a long-running service.
 
-- Runs the job's continuous streaming query on the serving generation (`mv:gen:<job>`). When a replay moves the
-  pointer, the query stops between micro-batches and starts again on the new generation's checkpoint and state.
-- SIGTERM/SIGINT: the micro-batch in flight finishes, then the process exits 0.
+- Whenever the job's logs have versions the serving generation's checkpoint has not processed (checked every
+  TRIGGER_INTERVAL from the files, no Spark), runs the job's streaming query with `once=True` (availableNow:
+  everything present, in micro-batches, then the query ends) on the serving generation (`mv:gen:<job>`). A
+  long-lived processingTime query did not see versions appended by other processes (see docs/operations.md).
+  When a replay moves the pointer, the query in flight stops between micro-batches and the next round runs on
+  the new generation's checkpoint and state.
+- SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0.
 - A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
   after a backoff (2, 4, ... 60 s); the batch is replayed and, every sink write being idempotent or fenced, has
   the effect of one application. Restarts are counted in the status.
@@ -27,7 +31,8 @@ import redis
 from jobs import runtime
 from jobs.registry import job_spec
 from jobs.runtime import job_dir, log, write_status
-from jobs.settings import Settings
+from jobs.settings import Settings, parse_duration_ms
+from jobs.status import lag_versions
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation
 
@@ -88,6 +93,24 @@ def _pointer_moved(client: redis.Redis, job: str, generation: int):
     return check
 
 
+class _Guard(threading.Thread):
+    """Stops the job's running query between micro-batches when SIGTERM arrives or the generation pointer moves,
+    so a long catch-up neither delays a stop nor keeps writing to a generation that is no longer current."""
+
+    def __init__(self, spark, job: str, fast: redis.Redis):
+        super().__init__(daemon=True, name="query-guard")
+        self.spark, self.job, self.fast = spark, job, fast
+        self.generation: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            moved = self.generation is not None and _pointer_moved(self.fast, self.job, self.generation)()
+            if runtime.STOP.is_set() or moved:
+                for q in self.spark.streams.active:
+                    runtime._stop_between_batches(q)
+
+
 def serve(spark, settings: Settings, job: str) -> int:
     """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code."""
     spec = job_spec(job)
@@ -114,17 +137,28 @@ def serve(spark, settings: Settings, job: str) -> int:
         scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
     client, fast = connect(settings.redis_url), _fast_client(settings)
     failures = restarts = 0
+    interval_s = parse_duration_ms(settings.trigger_interval) / 1000
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
     )
+    guard = _Guard(spark, job, fast)
+    guard.start()
     try:
+        gen = None
         while not runtime.STOP.is_set():
-            gen = ensure_generation(client, job)
-            write_status(settings, job, generation=gen, state="running")
-            log(f"{job}: serving generation {gen}")
-            runtime.RESTART_WHEN[:] = [_pointer_moved(fast, job, gen)]
+            serving = ensure_generation(client, job)
+            if serving != gen:
+                if gen is not None:
+                    log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
+                gen = serving
+                guard.generation = gen
+                write_status(settings, job, generation=gen, state="running")
+                log(f"{job}: serving generation {gen}")
+            if lag_versions(settings, job, gen) == 0:
+                runtime.STOP.wait(interval_s)
+                continue
             try:
-                spec.run(spark, settings, once=False, generation=gen)
+                spec.run(spark, settings, once=True, generation=gen)
                 failures = 0
             except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
                 failures += 1
@@ -135,11 +169,10 @@ def serve(spark, settings: Settings, job: str) -> int:
                 )
                 write_status(settings, job, restarts=restarts, last_error=str(e)[:1000], state="restarting")
                 runtime.STOP.wait(delay)
-                continue
-            if not runtime.STOP.is_set():
-                log(f"{job}: generation pointer moved from {gen}: restarting on the new generation")
+                if not runtime.STOP.is_set():
+                    write_status(settings, job, state="running")
     finally:
-        runtime.RESTART_WHEN[:] = []
+        guard.done.set()
         watch.done.set()
         if scheduler is not None:
             scheduler.shutdown(wait=True)
