@@ -2,8 +2,8 @@
 
 - Whenever the job's logs have versions the serving generation's checkpoint has not processed (checked every
   TRIGGER_INTERVAL from the files, no Spark), runs the job's streaming query with `once=True` (availableNow:
-  everything present, in micro-batches, then the query ends) on the serving generation (`mv:gen:<job>`). A
-  long-lived processingTime query did not see versions appended by other processes (see docs/operations.md).
+  everything present, in micro-batches, then the query ends) on the serving generation (`mv:gen:<job>`). Idle,
+  it costs no Spark work, and stops and generation switches fall exactly between micro-batches.
   When a replay moves the pointer, the query in flight stops between micro-batches and the next round runs on
   the new generation's checkpoint and state.
 - SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0.

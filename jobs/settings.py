@@ -27,10 +27,13 @@ _UNITS_MS = {
 
 def parse_duration_ms(text: str) -> int:
     """`"10 minutes"`, `"90s"`, `"1 hour"`, `"500 ms"` -> milliseconds. Raises ValueError naming the text."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+?)s?\s*", text)
-    if not m or m.group(2).lower() not in _UNITS_MS:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if unit not in _UNITS_MS and unit.endswith("s"):
+        unit = unit[:-1]  # plural: "minutes", "secs" (but "ms" is milliseconds, not "m" = minutes)
+    if not m or unit not in _UNITS_MS:
         raise ValueError(f"cannot parse duration {text!r}: use e.g. '10 minutes', '30 seconds', '500 ms'")
-    return int(float(m.group(1)) * _UNITS_MS[m.group(2).lower()])
+    return int(float(m.group(1)) * _UNITS_MS[unit])
 
 
 @dataclass(frozen=True)
