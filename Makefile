@@ -10,7 +10,7 @@ VIEW ?= timeline
 KEY ?= u1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis test lint fmt demo bench deploy stop status query export replay clean
+.PHONY: help setup redis test lint fmt demo bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ export: setup ## every key of a view as JSON lines (make export VIEW=timeline)
 
 replay: setup redis ## rebuild JOB's views into a new generation and switch atomically
 	$(MVIEW) replay $(JOB)
+
+maintain: setup redis ## one maintenance round: compact, OPTIMIZE, VACUUM logs and state, drop old generations
+	$(MVIEW) maintain --once
 
 clean: ## remove the lake (logs, state, checkpoints) under LAKE_DIR (default ./lake)
 	rm -rf $${LAKE_DIR:-./lake}

@@ -31,7 +31,7 @@ def _redis(settings):
     from views.redis_io import connect
 
     try:
-        return connect(settings.redis_url)
+        return connect(settings.redis_url, wait=False)
     except RedisUnavailable as e:
         raise SystemExit(f"mview: {e}") from None
 
@@ -75,6 +75,10 @@ def cmd_run(args) -> int:
 
     spec = job_spec(args.job)
     settings = _settings()
+    if not args.once:  # a deployed job: follows replays, restarts on failure, waits for Redis (jobs.service)
+        from jobs.service import serve
+
+        return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
     _redis(settings)
     spark = _spark(settings, f"mview-{spec.name}")
     totals = spec.run(spark, settings, once=args.once)
@@ -149,6 +153,20 @@ def cmd_replay(args) -> int:
     return replay(_spark(settings, f"mview-replay-{args.job}"), settings, args.job)
 
 
+def cmd_maintain(args) -> int:
+    from jobs.maintain import maintain, start_scheduler
+
+    settings = _settings()
+    _redis(settings)
+    spark = _spark(settings, "mview-maintain")
+    if args.once:
+        report = maintain(spark, settings)
+        print(json.dumps(report) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
+        return 0
+    start_scheduler(spark, settings, background=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mview", description="Stream joins and materialized views on Spark, Delta and Redis"
@@ -189,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("replay", help="rebuild JOB's views into a new generation, then switch atomically")
     s.add_argument("job")
     s.set_defaults(func=cmd_replay)
+
+    s = sub.add_parser("maintain", help="OPTIMIZE/VACUUM/compact logs and state, drop old generations")
+    s.add_argument(
+        "--once", action="store_true", help="one round now, then exit (default: every MAINTENANCE_INTERVAL)"
+    )
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_maintain)
 
     s = sub.add_parser("status", help="per job: running, generation, last batch, lag, counts")
     s.add_argument("--json", action="store_true")

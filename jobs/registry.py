@@ -14,6 +14,9 @@ class JobSpec:
     topics: tuple[str, ...]
     views: tuple[str, ...]
     runner: str  # "module:function" taking (spark, settings, *, once, generation) and returning a dict
+    # Redis key kinds the job writes per generation besides its views (`mv:<kind>:<g>:{id}`): replay and
+    # maintenance remove them with the views when a generation is dropped.
+    extra_keys: tuple[str, ...] = ()
 
     def run(self, spark, settings, **kwargs) -> dict:
         module, func = self.runner.split(":")
@@ -21,7 +24,9 @@ class JobSpec:
 
 
 JOBS: dict[str, JobSpec] = {
-    "timeline": JobSpec("timeline", ("tweets", "follows"), ("timeline",), "jobs.timeline:run_timeline"),
+    "timeline": JobSpec(
+        "timeline", ("tweets", "follows"), ("timeline",), "jobs.timeline:run_timeline", ("tweet",)
+    ),
     "clicks": JobSpec("clicks", ("searches", "clicks"), ("search_clicks", "ctr"), "jobs.clicks:run_clicks"),
     "enrichment": JobSpec(
         "enrichment",

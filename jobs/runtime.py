@@ -20,7 +20,13 @@ __all__ = [
     "run_stream",
     "log",
     "ensure_delta_table",
+    "STOP",
+    "status_file",
 ]
+
+# Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`).
+STOP = threading.Event()
+_STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), not the serving job's
 
 
 def log(msg: str) -> None:
@@ -43,7 +49,7 @@ def state_dir(settings: Settings, job: str, generation: int) -> Path:
 
 def write_status(settings: Settings, job: str, **fields) -> None:
     """Merge `fields` into the job's status file (atomic replace), read by `mview status`."""
-    path = job_dir(settings, job) / "status.json"
+    path = job_dir(settings, job) / _STATUS_FILE[0]
     current = read_status(settings, job)
     current.update(fields)
     tmp = path.with_suffix(".tmp")
@@ -51,8 +57,22 @@ def write_status(settings: Settings, job: str, **fields) -> None:
     tmp.replace(path)
 
 
-def read_status(settings: Settings, job: str) -> dict:
-    path = settings.lake_dir / "jobs" / job / "status.json"
+class status_file:
+    """`with status_file("replay.json"):` routes this process's write_status/read_status to another file."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.before = _STATUS_FILE[0]
+        _STATUS_FILE[0] = self.name
+
+    def __exit__(self, *exc):
+        _STATUS_FILE[0] = self.before
+
+
+def read_status(settings: Settings, job: str, name: str | None = None) -> dict:
+    path = settings.lake_dir / "jobs" / job / (name or _STATUS_FILE[0])
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -69,6 +89,20 @@ def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool
         props = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
         spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({schema}) USING delta{props}")
     return str(path)
+
+
+def _stop_between_batches(q, patience_s: float = 600.0) -> None:
+    """Stop `q` once no micro-batch is in flight (waits up to `patience_s`). A batch that starts in the instant
+    between the check and the stop is interrupted and replayed at the next start (its effect is idempotent)."""
+    deadline = time.monotonic() + patience_s
+    while q.isActive and time.monotonic() < deadline:
+        try:
+            if not q.status.get("isTriggerActive", False):
+                break
+        except Exception:  # noqa: BLE001 - the query may end while we ask
+            break
+        time.sleep(0.05)
+    q.stop()
 
 
 def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Settings, name: str):
@@ -88,7 +122,7 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
         return q
     interval_ms = parse_duration_ms(settings.trigger_interval)
     q = writer.trigger(processingTime=f"{interval_ms} milliseconds").start()
-    stopping = threading.Event()
+    stopping = STOP
 
     def _stop(signum, _frame):
         log(f"{name}: signal {signum}, stopping after the batch in flight")
@@ -100,7 +134,7 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
     while q.isActive and not stopping.is_set():
         q.awaitTermination(0.5)
     if q.isActive:
-        q.stop()
+        _stop_between_batches(q)
     if q.exception() is not None:
         raise RuntimeError(f"{name}: streaming query failed: {q.exception()}")
     return q

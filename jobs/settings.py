@@ -27,10 +27,13 @@ _UNITS_MS = {
 
 def parse_duration_ms(text: str) -> int:
     """`"10 minutes"`, `"90s"`, `"1 hour"`, `"500 ms"` -> milliseconds. Raises ValueError naming the text."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+?)s?\s*", text)
-    if not m or m.group(2).lower() not in _UNITS_MS:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if unit not in _UNITS_MS and unit.endswith("s"):
+        unit = unit[:-1]  # plural: "minutes", "secs" (but "ms" is milliseconds, not "m" = minutes)
+    if not m or unit not in _UNITS_MS:
         raise ValueError(f"cannot parse duration {text!r}: use e.g. '10 minutes', '30 seconds', '500 ms'")
-    return int(float(m.group(1)) * _UNITS_MS[m.group(2).lower()])
+    return int(float(m.group(1)) * _UNITS_MS[unit])
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,16 @@ class Settings:
     clicks_idle_timeout: CLICKS_IDLE_TIMEOUT, processing-time idle timeout after which the clicks watermark
         may advance without new events (default empty = off).
     driver_memory: SPARK_DRIVER_MEMORY (default 4g).
+    maintenance_interval: MAINTENANCE_INTERVAL, period of the scheduled maintenance (default "1 hour").
+    maintenance_in_job: MAINTENANCE_IN_JOB, run the maintenance inside each deployed job too (default false).
+    log_retention: LOG_RETENTION, VACUUM keeps files removed from logs and state for this long (default
+        "7 days"); a consumer lagging further behind than this cannot resume (replay it).
+    compact_topics: COMPACT_TOPICS, topics whose logs maintenance compacts to the latest record per key
+        (default "tweets,follows"; empty = none).
+    replay_grace: REPLAY_GRACE, how long a replay waits after the switch before deleting the old generation's
+        keys, so reads that resolved the old pointer finish (default "2 s").
+    stop_timeout: STOP_TIMEOUT, how long `mview stop` waits for the batch in flight before SIGKILL (default
+        "10 minutes").
     """
 
     lake_dir: Path
@@ -58,6 +71,12 @@ class Settings:
     trigger_interval: str
     clicks_idle_timeout: str
     driver_memory: str
+    maintenance_interval: str = "1 hour"
+    maintenance_in_job: bool = False
+    log_retention: str = "7 days"
+    compact_topics: tuple[str, ...] = ("tweets", "follows")
+    replay_grace: str = "2 s"
+    stop_timeout: str = "10 minutes"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -72,10 +91,21 @@ class Settings:
             trigger_interval=e.get("TRIGGER_INTERVAL", "500 ms"),
             clicks_idle_timeout=e.get("CLICKS_IDLE_TIMEOUT", ""),
             driver_memory=e.get("SPARK_DRIVER_MEMORY", "4g"),
+            maintenance_interval=e.get("MAINTENANCE_INTERVAL", "1 hour"),
+            maintenance_in_job=e.get("MAINTENANCE_IN_JOB", "false").strip().lower()
+            in ("1", "true", "yes", "on"),
+            log_retention=e.get("LOG_RETENTION", "7 days"),
+            compact_topics=tuple(
+                t.strip() for t in e.get("COMPACT_TOPICS", "tweets,follows").split(",") if t.strip()
+            ),
+            replay_grace=e.get("REPLAY_GRACE", "2 s"),
+            stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
         )
         if s.timeline_cap < 1:
             raise ValueError(f"TIMELINE_CAP must be >= 1, got {s.timeline_cap}")
         parse_duration_ms(s.allowed_lateness)
+        for d in (s.maintenance_interval, s.log_retention, s.replay_grace, s.stop_timeout):
+            parse_duration_ms(d)
         return s
 
     @property

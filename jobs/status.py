@@ -1,32 +1,57 @@
-"""`mview status`: per job, read from the lake (pid file, status file, checkpoints, Delta logs), no Spark."""
+"""`mview status`: per job, from the lake (pid file, status file, checkpoint, Delta logs, dead letters) and the
+generation pointer in Redis (if Redis does not answer, the last generation the job recorded). Never starts Spark.
+
+Fields: `running`, `pid` (the driver's pid or null), `generation` (serving), `lag_versions` (log versions of the
+job's topics that the serving generation's checkpoint has not fully processed; 0 when caught up), `rejected`
+(dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok" or "waiting for
+Redis at ..."), `replay` (progress of a replay in flight), and whatever counters the job writes (late, held ...).
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+import redis
+
+from changelog.ingest import deadletter_path
 from changelog.topics import latest_version
+from jobs.generations import replay_in_progress
 from jobs.registry import JOBS
 from jobs.runtime import checkpoint_dir, read_status
 from jobs.settings import Settings
+from views.keys import gen_key
 
-__all__ = ["job_status", "pid_of", "processed_versions"]
+__all__ = ["job_status", "pid_of", "processed_versions", "lag_versions"]
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
     """The pid of the deployed job's driver if it is alive, else None."""
-    path = settings.lake_dir / "jobs" / job / "pid"
-    try:
-        pid = int(path.read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+    from jobs.deploy import pid_of as _pid_of
+
+    return _pid_of(settings, job)
+
+
+def _next_version(offset: dict) -> int | None:
+    """The first Delta version a source offset has not fully processed.
+
+    A Delta source offset is (reservoirVersion, index, isStartingVersion): with isStartingVersion the source is
+    reading the snapshot *of* reservoirVersion (versions 0..reservoirVersion at once), which is done only when
+    the offset moves on to (reservoirVersion + 1, -1); otherwise files up to `index` of reservoirVersion are
+    processed, index -1 meaning none of it, and the sentinel index END (Long.MAX_VALUE) all of it.
+    """
+    if "reservoirVersion" not in offset:
         return None
-    return pid
+    v, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
+    if offset.get("isStartingVersion"):
+        return 0
+    if index >= 2**62:  # END_INDEX: the version is complete
+        return v + 1
+    return v
 
 
-def processed_versions(checkpoint: Path) -> list[int]:
-    """Per source of the query, the next Delta version not yet fully processed (from the last committed batch)."""
+def processed_versions(checkpoint: Path) -> list[int | None]:
+    """Per source of the query, the first log version not yet fully processed by the last committed batch."""
     commits, offsets = checkpoint / "commits", checkpoint / "offsets"
     if not commits.is_dir():
         return []
@@ -34,38 +59,72 @@ def processed_versions(checkpoint: Path) -> list[int]:
     if not done:
         return []
     lines = (offsets / str(max(done))).read_text().splitlines()
-    out = []
+    out: list[int | None] = []
     for line in lines[2:]:
         try:
             o = json.loads(line)
         except json.JSONDecodeError:
-            continue
-        if isinstance(o, dict) and "reservoirVersion" in o:
-            # index -1 points at the start of reservoirVersion: everything before it is processed.
-            v = o["reservoirVersion"] if o.get("index", -1) == -1 else o["reservoirVersion"] + 1
-            out.append(v if not o.get("isStartingVersion") or o.get("index", -1) != -1 else v)
-        else:
             out.append(None)
+            continue
+        out.append(_next_version(o) if isinstance(o, dict) else None)
     return out
 
 
+def lag_versions(settings: Settings, job: str, generation: int) -> int:
+    """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up)."""
+    spec = JOBS[job]
+    done = processed_versions(checkpoint_dir(settings, job, generation)) if generation else []
+    lag = 0
+    for i, topic in enumerate(spec.topics):
+        latest = latest_version(settings.lake_dir, topic)
+        nxt = done[i] if i < len(done) and done[i] is not None else 0
+        lag += max(0, latest + 1 - nxt)
+    return lag
+
+
+def _serving_generations(settings: Settings) -> dict[str, int] | None:
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=1, socket_timeout=2)
+        values = client.mget([gen_key(j) for j in JOBS])
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return None
+    return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
+
+
+def _rejected(settings: Settings, topics) -> int:
+    n = 0
+    for topic in topics:
+        try:
+            with open(deadletter_path(settings.lake_dir, topic), "rb") as fh:
+                n += sum(chunk.count(b"\n") for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""))
+        except FileNotFoundError:
+            pass
+    return n
+
+
 def job_status(settings: Settings) -> dict:
+    serving = _serving_generations(settings)
     out = {}
     for name, spec in JOBS.items():
-        s = read_status(settings, name)
-        gen = int(s.get("generation", 0))
-        done = processed_versions(checkpoint_dir(settings, name, gen)) if gen else []
-        lag = 0
-        for i, topic in enumerate(spec.topics):
-            latest = latest_version(settings.lake_dir, topic)
-            nxt = done[i] if i < len(done) and done[i] is not None else 0
-            lag += max(0, latest + 1 - nxt)
+        s = read_status(settings, name, "status.json")
+        if serving is not None:
+            gen = serving.get(name, 0)
+        else:
+            gen = int(s.get("generation", 0))
+            s.setdefault("redis", f"cannot reach Redis at {settings.redis_url}")
         pid = pid_of(settings, name)
-        out[name] = {
+        row = {
             "running": pid is not None,
             "pid": pid,
             "generation": gen,
-            "lag_versions": lag,
-            **{k: v for k, v in s.items() if k != "generation"},
+            "lag_versions": lag_versions(settings, name, gen),
+            "rejected": _rejected(settings, spec.topics),
         }
+        row.update({k: v for k, v in s.items() if k not in row})
+        if pid is None and row.get("state") in ("running", "starting", "restarting"):
+            row["state"] = "dead (killed or crashed: `mview deploy` resumes from the checkpoint)"
+        replay = read_status(settings, name, "replay.json")
+        if replay_in_progress(settings, name) is not None:
+            row["replay"] = {k: replay.get(k) for k in ("building", "processed_versions", "total_versions")}
+        out[name] = row
     return out

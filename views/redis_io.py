@@ -2,16 +2,62 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+import time
+
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from views.errors import RedisUnavailable
 from views.keys import gen_key
 
-__all__ = ["connect", "current_generation", "ensure_generation", "set_generation"]
+__all__ = ["connect", "current_generation", "ensure_generation", "set_generation", "WaitingRetry"]
 
 
-def connect(url: str, *, check: bool = True) -> redis.Redis:
-    """A client for `url`; with `check`, raises `RedisUnavailable` (with what to do) if nothing answers."""
+class WaitingRetry(Retry):
+    """Retry forever on connection errors, with exponential backoff (0.1 s doubling to 5 s), logging
+    `waiting for Redis at URL (attempt n): error` to stderr (the job's log) at each failed attempt.
+
+    Every command and pipeline of a client built with it blocks while Redis is unreachable and goes on when
+    it returns. Sinks may therefore simply repeat a write: every sink write is idempotent or fenced.
+    """
+
+    def __init__(self, url: str):
+        super().__init__(
+            ExponentialBackoff(cap=5.0, base=0.1),
+            -1,
+            (redis.ConnectionError, redis.TimeoutError, socket.timeout, ConnectionRefusedError),
+        )
+        self.url = url
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def logged(error, failures):
+            print(
+                f"[{time.strftime('%H:%M:%S')}] waiting for Redis at {self.url} (attempt {failures}): {error}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return fail(error, failures) if with_failure_count else fail(error)
+
+        return super().call_with_retry(do, logged, is_retryable, with_failure_count=True)
+
+
+def connect(url: str, *, check: bool = True, wait: bool = True) -> redis.Redis:
+    """A client for `url`.
+
+    wait=True (jobs and sinks): every command waits for an unreachable Redis and retries with backoff, forever,
+    saying so on stderr (`WaitingRetry`); `check` then waits until Redis answers.
+    wait=False (interactive reads): with `check`, raises `RedisUnavailable` (with what to do) if nothing answers.
+    """
+    if wait:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=3, socket_keepalive=True, retry=WaitingRetry(url)
+        )
+        if check:
+            client.ping()
+        return client
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_keepalive=True)
     if check:
         try:

@@ -1,0 +1,167 @@
+"""`mview deploy JOB` / `mview stop JOB`: a job as a background process with a pid file and a log.
+
+Layout under `LAKE_DIR/jobs/<job>/`: `pid` (the driver's pid, which is also its process group), `job.log`
+(stdout and stderr of the driver, the Spark JVM and local executors, appended across runs), `status.json`
+(written by the job), `lock` (held by the running job, see `jobs.service`).
+
+- deploy: if the job runs, says so and does nothing (exit 0). Otherwise removes what a killed run may have left
+  (its JVM, its process group), starts `python -m jobs run JOB` in a new session with the settings in its
+  environment, writes the pid file and returns 0 once the process is up (1, with the log's tail, if it died).
+- stop: SIGTERM to the driver, which finishes its micro-batch in flight and exits; waits up to STOP_TIMEOUT,
+  then SIGKILLs the process group (safe: the next start replays the interrupted batch). Not running: says so,
+  exit 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobs.registry import job_spec
+from jobs.runtime import job_dir
+from jobs.settings import Settings, parse_duration_ms
+
+__all__ = ["deploy", "stop", "pid_of", "log_path", "settings_env"]
+
+# Settings fields whose environment variable is not simply the field name in upper case.
+_ENV_NAMES = {"driver_memory": "SPARK_DRIVER_MEMORY"}
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment variables that reproduce `settings` in a child process."""
+    env = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        env[_ENV_NAMES.get(f.name, f.name.upper())] = str(value)
+    return env
+
+
+def log_path(settings: Settings, job: str) -> Path:
+    return job_dir(settings, job) / "job.log"
+
+
+def _pid_file(settings: Settings, job: str) -> Path:
+    return job_dir(settings, job) / "pid"
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of a live process, None if gone. Zombies count as gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    state, pgrp = fields[0], int(fields[2])
+    return None if state in ("Z", "X") else (state, pgrp)
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            st = _proc_stat(int(p.name))
+            if st is not None and st[1] == pgid:
+                out.append(int(p.name))
+    return out
+
+
+def pid_of(settings: Settings, job: str) -> int | None:
+    """The pid of the deployed job's driver if it is alive (and is this job's driver), else None."""
+    try:
+        pid = int(_pid_file(settings, job).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    if _proc_stat(pid) is None:
+        return None
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if b"jobs" in cmd and job.encode() in cmd else None  # a recycled pid is someone else
+
+
+def _reap_group(pgid: int, *, grace_s: float) -> None:
+    """Wait up to `grace_s` for the processes of group `pgid` to exit, then SIGKILL the rest."""
+    deadline = time.monotonic() + grace_s
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_members(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while _group_members(pgid):
+            time.sleep(0.05)
+
+
+def deploy(settings: Settings, job: str) -> int:
+    """Start `job` in the background unless it runs. Returns the exit code."""
+    spec = job_spec(job)
+    d = job_dir(settings, job)
+    with open(d / "deploy.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys at once: the second sees the first's process
+        pid = pid_of(settings, spec.name)
+        if pid is not None:
+            print(f"{spec.name}: already running (pid {pid}); nothing to do")
+            return 0
+        try:  # a killed driver's JVM may outlive it for a moment: it must be gone before a new start
+            old = int(_pid_file(settings, spec.name).read_text().strip())
+            _reap_group(old, grace_s=10)
+        except (FileNotFoundError, ValueError):
+            pass
+        env = {**os.environ, **settings_env(settings)}
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        log = log_path(settings, spec.name)
+        with open(log, "ab") as out:
+            out.write(f"\n==== deploy {spec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jobs", "run", spec.name],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        tmp = _pid_file(settings, spec.name).with_suffix(".tmp")
+        tmp.write_text(f"{proc.pid}\n")
+        tmp.replace(_pid_file(settings, spec.name))
+    time.sleep(1.0)
+    if proc.poll() is not None:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        print(f"{spec.name}: exited at start (code {proc.returncode}); end of {log}:", file=sys.stderr)
+        print("\n".join(tail), file=sys.stderr)
+        return 1
+    print(f"{spec.name}: deployed (pid {proc.pid}); log {log}; `mview status` shows progress")
+    return 0
+
+
+def stop(settings: Settings, job: str) -> int:
+    """Stop the deployed `job` after its micro-batch in flight. Returns the exit code."""
+    spec = job_spec(job)
+    pid = pid_of(settings, spec.name)
+    if pid is None:
+        print(f"{spec.name}: not running; nothing to do")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    print(f"{spec.name}: stopping pid {pid} after the batch in flight ...", flush=True)
+    deadline = time.monotonic() + parse_duration_ms(settings.stop_timeout) / 1000
+    while _proc_stat(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    killed = _proc_stat(pid) is not None
+    if killed:
+        print(f"{spec.name}: still running after {settings.stop_timeout}: SIGKILL", file=sys.stderr)
+    _reap_group(pid, grace_s=0 if killed else 15)
+    _pid_file(settings, spec.name).unlink(missing_ok=True)
+    print(f"{spec.name}: stopped")
+    return 0

@@ -1,0 +1,207 @@
+"""Scheduled maintenance (`mview maintain [--once]`, or inside deployed jobs with MAINTENANCE_IN_JOB=true),
+run by apscheduler every MAINTENANCE_INTERVAL. One round does, in this order:
+
+1. Log compaction of COMPACT_TOPICS: the topic's current snapshot is rewritten keeping, per key, the one
+   record that decides the view (`_COMPACTION`: tweets: per (tweet_id, op) the greatest (ts, user_id, text),
+   so a delete tombstone is never dropped; follows: per pair the greatest ts, unfollow winning ties). The
+   rewrite is committed with `dataChange=false`, like OPTIMIZE: running consumers skip it (they have seen or
+   will see the original records), while a replay, which reads from the log's current snapshot, starts from the
+   compacted snapshot plus the versions after it. Views are unchanged because every job's result depends only
+   on these deciding records. A concurrent append makes the rewrite fail and it is retried next round; the
+   append never fails.
+2. OPTIMIZE (bin-packing small files) of every topic log, and of the state tables of jobs that are not running
+   (a running job's MERGE would conflict); VACUUM of every Delta table under LAKE_DIR except checkpoints,
+   keeping files for LOG_RETENTION. Files older than that, no longer in a table's current version, are gone:
+   time travel and a consumer lagging by more than LOG_RETENTION cannot reach them any more (replay instead).
+3. Removal of generations that are not current: every generation of every job other than the serving one, the
+   one a live replay is building and the one a deployed job still runs on: its Redis keys, checkpoint and state.
+4. Checkpoint and temp clean-up: Spark's temporary files (`.*.tmp`) in checkpoints and leftovers in
+   LAKE_DIR/tmp older than an hour (left by killed processes). Spark itself keeps only the last 100 batches'
+   metadata of a live checkpoint (spark.sql.streaming.minBatchesToRetain).
+
+Each step's failure is reported and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+
+from changelog.topics import topic_path
+from jobs.deploy import pid_of
+from jobs.generations import drop_generation, generations, replay_in_progress
+from jobs.registry import JOBS
+from jobs.runtime import log, read_status
+from jobs.settings import Settings, parse_duration_ms
+from views.redis_io import connect, current_generation
+
+__all__ = ["maintain", "start_scheduler", "compact_topic", "delta_tables"]
+
+# topic -> (key columns, ordering of the record kept per key: the greatest wins)
+_COMPACTION = {
+    "tweets": (("tweet_id", "op"), lambda: (F.col("ts"), F.col("user_id"), F.col("text"))),
+    "follows": (
+        ("follower_id", "followee_id"),
+        lambda: (F.col("ts"), F.when(F.col("op") == "unfollow", 1).otherwise(0)),
+    ),
+}
+
+_LOCK = threading.Lock()  # one round at a time per process
+
+
+def delta_tables(lake_dir: Path) -> list[Path]:
+    """Every Delta table under `lake_dir`, checkpoints excluded."""
+    found = []
+    for root, dirs, _files in os.walk(lake_dir):
+        if Path(root) == lake_dir / "checkpoints":
+            dirs[:] = []
+            continue
+        if "_delta_log" in dirs:
+            found.append(Path(root))
+            dirs[:] = []
+    return sorted(found)
+
+
+def compact_topic(spark, lake_dir: Path, topic: str) -> tuple[int, int]:
+    """Rewrite `topic`'s snapshot to the deciding record per key (dataChange=false). Returns (rows before,
+    rows after); nothing is written when nothing would be removed."""
+    keys, order = _COMPACTION[topic]
+    path = str(topic_path(lake_dir, topic))
+    df = spark.read.format("delta").load(path)
+    w = Window.partitionBy(*keys).orderBy(*[c.desc_nulls_last() for c in order()])
+    kept = df.withColumn("_r", F.row_number().over(w)).where("_r = 1").drop("_r")
+    counts = df.agg(F.count("*").alias("n")).crossJoin(kept.agg(F.count("*").alias("k"))).first()
+    before, after = counts["n"], counts["k"]
+    if after < before:
+        kept.write.format("delta").mode("overwrite").option("dataChange", "false").option(
+            "userMetadata", f"compaction {before}->{after}"
+        ).save(path)
+    return before, after
+
+
+def _running_jobs(settings: Settings) -> set[str]:
+    return {job for job in JOBS if pid_of(settings, job) is not None}
+
+
+def maintain(spark, settings: Settings, *, inside: str | None = None) -> dict:
+    """One maintenance round; returns what was done. `inside`: the job whose deployed process runs it."""
+    from delta.tables import DeltaTable
+
+    with _LOCK:
+        started = time.monotonic()
+        report: dict = {
+            "compacted": {},
+            "optimized": [],
+            "vacuumed": [],
+            "dropped_generations": {},
+            "errors": [],
+        }
+        lake = settings.lake_dir
+        hours = parse_duration_ms(settings.log_retention) / 3_600_000
+        if hours < 168:
+            spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        for topic in settings.compact_topics:
+            if topic in _COMPACTION and (topic_path(lake, topic) / "_delta_log").is_dir():
+                try:
+                    before, after = compact_topic(spark, lake, topic)
+                    report["compacted"][topic] = f"{before}->{after}"
+                except Exception as e:  # noqa: BLE001 - e.g. a concurrent append: retried next round
+                    report["errors"].append(f"compact {topic}: {str(e)[:300]}")
+        running = _running_jobs(settings)  # their state tables get VACUUM only (OPTIMIZE would race a MERGE)
+        for table in delta_tables(lake):
+            rel = table.relative_to(lake)
+            parts = rel.parts
+            is_topic = parts[0] == "topics"
+            is_idle_state = parts[0] == "state" and len(parts) > 1 and parts[1] not in running
+            try:
+                dt = DeltaTable.forPath(spark, str(table))
+                if is_topic or is_idle_state:
+                    dt.optimize().executeCompaction()
+                    report["optimized"].append(str(rel))
+                dt.vacuum(hours)
+                report["vacuumed"].append(str(rel))
+            except Exception as e:  # noqa: BLE001 - report and go on with the next table
+                report["errors"].append(f"{rel}: {str(e)[:300]}")
+        try:
+            client = connect(settings.redis_url)
+            for name, spec in JOBS.items():
+                serving = current_generation(client, name)
+                if serving == 0:
+                    continue
+                keep = {serving, replay_in_progress(settings, name)}
+                if pid_of(settings, name) is not None:
+                    keep.add(read_status(settings, name, "status.json").get("generation"))
+                dropped = []
+                for g in sorted(generations(settings, client, spec)):
+                    if g not in keep:
+                        drop_generation(settings, client, spec, g)
+                        dropped.append(g)
+                if dropped:
+                    report["dropped_generations"][name] = dropped
+        except Exception as e:  # noqa: BLE001
+            report["errors"].append(f"generations: {str(e)[:300]}")
+        report["removed_temp_files"] = _clean_temp(lake)
+        report["seconds"] = round(time.monotonic() - started, 2)
+        log(f"maintenance: {report}")
+        return report
+
+
+def _clean_temp(lake: Path, older_than_s: float = 3600) -> int:
+    cutoff = time.time() - older_than_s
+    removed = 0
+    candidates = list((lake / "tmp").glob("*")) if (lake / "tmp").is_dir() else []
+    if (lake / "checkpoints").is_dir():
+        candidates += [p for p in (lake / "checkpoints").rglob(".*.tmp")]
+    for p in candidates:
+        try:
+            if p.is_file() and p.stat().st_mtime < cutoff:
+                p.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def start_scheduler(spark, settings: Settings, *, background: bool, jobs: tuple[str, ...] = ()):
+    """Run `maintain` every MAINTENANCE_INTERVAL with apscheduler (one round at a time, missed rounds coalesced).
+
+    background=False (`mview maintain`): a first round now, then blocks until SIGTERM/SIGINT.
+    background=True (inside a deployed job): returns the started scheduler; the first round after one interval.
+    """
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    seconds = parse_duration_ms(settings.maintenance_interval) / 1000
+    inside = jobs[0] if background and jobs else None
+    sched = BackgroundScheduler() if background else BlockingScheduler()
+    kwargs = {} if background else {"next_run_time": __import__("datetime").datetime.now()}
+    sched.add_job(
+        lambda: _safe_round(spark, settings, inside),
+        "interval",
+        seconds=seconds,
+        max_instances=1,
+        coalesce=True,
+        id="maintenance",
+        **kwargs,
+    )
+    log(f"maintenance every {settings.maintenance_interval} (LOG_RETENTION {settings.log_retention})")
+    if background:
+        sched.start()
+        return sched
+    try:
+        sched.start()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    return sched
+
+
+def _safe_round(spark, settings: Settings, inside: str | None) -> None:
+    try:
+        maintain(spark, settings, inside=inside)
+    except Exception as e:  # noqa: BLE001 - a failed round must not end the scheduler
+        log(f"maintenance round failed: {e}")

@@ -1,0 +1,174 @@
+"""`mview replay JOB`: rebuild a job's views from its logs into a new generation, then switch atomically.
+
+1. n = the serving generation; the new generation is n+1. Whatever a crashed earlier replay left of n+1 (keys,
+   checkpoint, state) is removed first, so the rebuild starts from a fresh checkpoint.
+2. The job's own runner (same join and sink code as the live job) runs with `once=True, generation=n+1`:
+   every topic is read from the start of its log, i.e. from the log's current snapshot (compacted by
+   `mview maintain` if it ran, see `jobs.maintain`) and every version after it. Generation n keeps
+   serving reads, and a deployed job keeps updating n, meanwhile. A progress bar on stderr shows the log
+   versions processed so far; `mview status` shows it too (`replay` field).
+3. Catch-up: while the logs have versions n+1 has not processed (appended during the rebuild), run again.
+4. Switch: one `SET mv:gen:<job> n+1`. Readers resolve the pointer per read, so each read sees n or n+1, whole.
+5. A deployed job notices the pointer (within half a second), finishes its batch in flight on n and continues
+   on n+1 from n+1's checkpoint, which has everything up to the switch. The replay waits for that
+   (`status.json` generation = n+1), then REPLAY_GRACE for reads still on n, then removes n's Redis keys
+   (SCAN + UNLINK) and its checkpoint and state dirs.
+
+A replay that crashes before the switch leaves n serving, untouched; run it again. One replay per job at a time
+(`LAKE_DIR/jobs/<job>/replay.lock`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import threading
+import time
+
+from changelog.topics import latest_version
+from jobs.generations import drop_generation
+from jobs.registry import job_spec
+from jobs.runtime import checkpoint_dir, job_dir, log, read_status, status_file
+from jobs.settings import Settings, parse_duration_ms
+from jobs.status import processed_versions
+from views.redis_io import connect, ensure_generation, set_generation
+
+__all__ = ["replay", "lag_of"]
+
+_MAX_CATCH_UP_ROUNDS = 5
+
+
+def lag_of(settings: Settings, job: str, generation: int) -> tuple[int, int]:
+    """(versions processed, versions in the logs) of `generation`'s checkpoint, summed over the job's topics."""
+    spec = job_spec(job)
+    done = processed_versions(checkpoint_dir(settings, job, generation))
+    processed = total = 0
+    for i, topic in enumerate(spec.topics):
+        latest = latest_version(settings.lake_dir, topic) + 1
+        nxt = done[i] if i < len(done) and done[i] is not None else 0
+        total += latest
+        processed += min(nxt, latest)
+    return processed, total
+
+
+class _Progress(threading.Thread):
+    """Draws `replay timeline g2 [#####.....] 12/40 log versions 31s` on stderr and records it in replay.json."""
+
+    def __init__(self, settings: Settings, job: str, generation: int, spark):
+        super().__init__(daemon=True, name="replay-progress")
+        self.settings, self.job, self.generation, self.spark = settings, job, generation, spark
+        self.done = threading.Event()
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.last_line = ""
+
+    def draw(self, final: bool = False) -> None:
+        processed, total = lag_of(self.settings, self.job, self.generation)
+        width = 30
+        filled = width if total == 0 else int(width * processed / total)
+        activity = ""
+        try:
+            active = self.spark.streams.active
+            if active and active[0].status.get("isTriggerActive"):
+                activity = " (batch in flight)"
+        except Exception:  # noqa: BLE001 - the query may end while we ask
+            pass
+        line = (
+            f"replay {self.job} g{self.generation} [{'#' * filled}{'.' * (width - filled)}] "
+            f"{processed}/{total} log versions {time.monotonic() - self.started:.0f}s{activity}"
+        )
+        _write_replay(self.settings, self.job, processed_versions=processed, total_versions=total)
+        if self.tty:
+            print(
+                "\r" + line.ljust(len(self.last_line)), end="\n" if final else "", file=sys.stderr, flush=True
+            )
+        elif final or line.split(" (")[0] != self.last_line.split(" (")[0]:
+            print(line, file=sys.stderr, flush=True)
+        self.last_line = line
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            self.draw()
+
+
+def _write_replay(settings: Settings, job: str, **fields) -> None:
+    """Merge `fields` into LAKE_DIR/jobs/<job>/replay.json (atomic replace; safe from any thread)."""
+    path = job_dir(settings, job) / "replay.json"
+    current = read_status(settings, job, "replay.json")
+    current.update(fields)
+    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(current, sort_keys=True))
+    tmp.replace(path)
+
+
+def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: float = 300.0) -> bool:
+    """Wait until a deployed `job` serves `generation` (or is not running). False on timeout."""
+    from jobs.deploy import pid_of
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pid_of(settings, job) is None:
+            return True
+        if int(read_status(settings, job, "status.json").get("generation", -1)) == generation:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def replay(spark, settings: Settings, job: str) -> int:
+    """Rebuild `job` into generation n+1 and switch to it. Returns the exit code (0 on success)."""
+    spec = job_spec(job)
+    guard = open(job_dir(settings, job) / "replay.lock", "w")  # noqa: SIM115 - held until the end
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"mview: a replay of {job} is already running", file=sys.stderr)
+        return 1
+    client = connect(settings.redis_url)
+    old = ensure_generation(client, job)
+    new = old + 1
+    started = time.monotonic()
+    cleared = drop_generation(settings, client, spec, new)
+    if cleared:
+        log(f"replay {job}: removed {cleared:,} keys left by an earlier, unfinished replay of g{new}")
+    (job_dir(settings, job) / "replay.json").unlink(missing_ok=True)
+    _write_replay(
+        settings, job, pid=os.getpid(), building=new, serving=old, started_ms=int(time.time() * 1000)
+    )
+    log(f"replay {job}: building generation {new} from the logs while generation {old} serves")
+    progress = _Progress(settings, job, new, spark)
+    progress.start()
+    try:
+        with status_file("replay.json"):
+            for round_ in range(1, _MAX_CATCH_UP_ROUNDS + 1):
+                totals = spec.run(spark, settings, once=True, generation=new)
+                processed, total = lag_of(settings, job, new)
+                log(f"replay {job}: round {round_}: {totals}; {processed}/{total} log versions")
+                if processed >= total:
+                    break
+        progress.done.set()
+        progress.draw(final=True)
+        build_s = time.monotonic() - started
+        set_generation(client, job, new)  # the one atomic step: readers and the deployed job follow it
+        log(f"replay {job}: generation {new} is current (built in {build_s:.1f}s)")
+        if not _wait_for_job_on(settings, job, new):
+            log(f"replay {job}: the deployed job has not moved to g{new}; leaving g{old} to `mview maintain`")
+            return 0
+        time.sleep(parse_duration_ms(settings.replay_grace) / 1000)
+        removed = drop_generation(settings, client, spec, old)
+        log(f"replay {job}: removed generation {old} ({removed:,} keys)")
+        _write_replay(
+            settings,
+            job,
+            finished=True,
+            generation=new,
+            seconds=round(time.monotonic() - started, 2),
+            build_seconds=round(build_s, 2),
+        )
+        print(f"{job}: replayed into generation {new} in {time.monotonic() - started:.1f}s (was {old})")
+        return 0
+    finally:
+        progress.done.set()
+        _write_replay(settings, job, finished=True)

@@ -1,0 +1,181 @@
+"""A deployed job's main loop (`python -m jobs run JOB` without `--once`): the job as a long-running service.
+
+- Whenever the job's logs have versions the serving generation's checkpoint has not processed (checked every
+  TRIGGER_INTERVAL from the files, no Spark), runs the job's streaming query with `once=True` (availableNow:
+  everything present, in micro-batches, then the query ends) on the serving generation (`mv:gen:<job>`). Idle,
+  it costs no Spark work, and stops and generation switches fall exactly between micro-batches.
+  When a replay moves the pointer, the query in flight stops between micro-batches and the next round runs on
+  the new generation's checkpoint and state.
+- SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0.
+- A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
+  after a backoff (2, 4, ... 60 s); the batch is replayed and, every sink write being idempotent or fenced, has
+  the effect of one application. Restarts are counted in the status.
+- Redis unreachable: every Redis call waits with backoff (`views.redis_io.WaitingRetry`), the log says
+  `waiting for Redis at URL (attempt n)`, and a watcher thread records it in the status (`redis`:
+  `"waiting since ..."`) until Redis answers again; then the job catches up from its checkpoint.
+- Holds an exclusive lock (`LAKE_DIR/jobs/<job>/lock`) for its lifetime, so two copies of a job never run at once
+  even if two deploys race. The kernel releases it on any death, SIGKILL included.
+- Optionally runs the scheduled maintenance (`MAINTENANCE_IN_JOB`, see `jobs.maintain`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import threading
+import time
+
+import redis
+
+from jobs import runtime
+from jobs.registry import job_spec
+from jobs.runtime import job_dir, log, write_status
+from jobs.settings import Settings, parse_duration_ms
+from jobs.status import lag_versions
+from views.keys import gen_key
+from views.redis_io import connect, ensure_generation
+
+__all__ = ["serve"]
+
+
+def _fast_client(settings: Settings) -> redis.Redis:
+    """A client that fails at once (no waiting): for the watcher and the pointer poll, which must not block."""
+    return redis.Redis.from_url(settings.redis_url, socket_connect_timeout=1, socket_timeout=2, retry=None)
+
+
+class _RedisWatch(threading.Thread):
+    """Pings Redis every second; records outages in the status file and the log."""
+
+    def __init__(self, settings: Settings, job: str):
+        super().__init__(daemon=True, name="redis-watch")
+        self.settings, self.job = settings, job
+        self.client = _fast_client(settings)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        down_since, attempt = None, 0
+        while not self.done.wait(1.0):
+            try:
+                self.client.ping()
+                if down_since is not None:
+                    log(
+                        f"{self.job}: Redis at {self.settings.redis_url} answers again after {attempt} attempts"
+                    )
+                    write_status(
+                        self.settings,
+                        self.job,
+                        redis="ok",
+                        redis_outages_s=round(time.time() - down_since, 1),
+                    )
+                    down_since, attempt = None, 0
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                attempt += 1
+                if down_since is None:
+                    down_since = time.time()
+                log(f"{self.job}: waiting for Redis at {self.settings.redis_url} (attempt {attempt}): {e}")
+                write_status(
+                    self.settings,
+                    self.job,
+                    redis=f"waiting for Redis at {self.settings.redis_url} since "
+                    f"{time.strftime('%H:%M:%S', time.localtime(down_since))} (attempt {attempt})",
+                )
+
+
+def _pointer_moved(client: redis.Redis, job: str, generation: int):
+    def check() -> bool:
+        try:
+            value = client.get(gen_key(job))
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return False  # cannot tell: keep going (the sink waits for Redis anyway)
+        return value is not None and int(value) != generation
+
+    return check
+
+
+class _Guard(threading.Thread):
+    """Stops the job's running query between micro-batches when SIGTERM arrives or the generation pointer moves,
+    so a long catch-up neither delays a stop nor keeps writing to a generation that is no longer current."""
+
+    def __init__(self, spark, job: str, fast: redis.Redis):
+        super().__init__(daemon=True, name="query-guard")
+        self.spark, self.job, self.fast = spark, job, fast
+        self.generation: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            moved = self.generation is not None and _pointer_moved(self.fast, self.job, self.generation)()
+            if runtime.STOP.is_set() or moved:
+                for q in self.spark.streams.active:
+                    runtime._stop_between_batches(q)
+
+
+def serve(spark, settings: Settings, job: str) -> int:
+    """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code."""
+    spec = job_spec(job)
+    lock = open(job_dir(settings, job) / "lock", "w")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log(f"{job}: another process of this job holds {lock.name}; exiting")
+        return 1
+    runtime.STOP.clear()
+
+    def _stop(signum, _frame):
+        log(f"{job}: signal {signum}, stopping after the batch in flight")
+        runtime.STOP.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    watch = _RedisWatch(settings, job)
+    watch.start()
+    scheduler = None
+    if settings.maintenance_in_job:
+        from jobs.maintain import start_scheduler
+
+        scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
+    client, fast = connect(settings.redis_url), _fast_client(settings)
+    failures = restarts = 0
+    interval_s = parse_duration_ms(settings.trigger_interval) / 1000
+    write_status(
+        settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
+    )
+    guard = _Guard(spark, job, fast)
+    guard.start()
+    try:
+        gen = None
+        while not runtime.STOP.is_set():
+            serving = ensure_generation(client, job)
+            if serving != gen:
+                if gen is not None:
+                    log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
+                gen = serving
+                guard.generation = gen
+                write_status(settings, job, generation=gen, state="running")
+                log(f"{job}: serving generation {gen}")
+            if lag_versions(settings, job, gen) == 0:
+                runtime.STOP.wait(interval_s)
+                continue
+            try:
+                spec.run(spark, settings, once=True, generation=gen)
+                failures = 0
+            except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
+                failures += 1
+                restarts += 1
+                delay = min(60, 2**failures)
+                log(
+                    f"{job}: query failed, restarting from its checkpoint in {delay}s (failure {failures}): {e}"
+                )
+                write_status(settings, job, restarts=restarts, last_error=str(e)[:1000], state="restarting")
+                runtime.STOP.wait(delay)
+                if not runtime.STOP.is_set():
+                    write_status(settings, job, state="running")
+    finally:
+        guard.done.set()
+        watch.done.set()
+        if scheduler is not None:
+            scheduler.shutdown(wait=True)
+        write_status(settings, job, state="stopped", stopped_ms=int(time.time() * 1000))
+        log(f"{job}: stopped")
+    return 0

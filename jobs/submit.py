@@ -1,0 +1,65 @@
+"""`python -m jobs.submit ARGS...`: run any `mview` command (e.g. `run timeline --once`) under `spark-submit`
+against SPARK_MASTER (`spark://host:7077`, `yarn`, `k8s://...`, `local[*]`).
+
+The command is `spark-submit --master $SPARK_MASTER --packages <Delta jars> --conf spark.pyspark.python=<this
+interpreter> .../jobs/__main__.py ARGS`. The executors must be able to import this project and its
+dependencies with that interpreter (same machine, or the same venv path on every node), and LAKE_DIR must be a
+path every executor sees (a shared file system, or the same machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from jobs.settings import Settings
+
+__all__ = ["delta_packages", "submit_command"]
+
+
+def delta_packages() -> str:
+    """The Maven coordinates `configure_spark_with_delta_pip` would add (io.delta:delta-spark_<v>:<version>)."""
+    from delta import configure_spark_with_delta_pip
+    from pyspark.sql import SparkSession
+
+    return configure_spark_with_delta_pip(SparkSession.builder)._options["spark.jars.packages"]
+
+
+def submit_command(settings: Settings, args: list[str]) -> list[str]:
+    import pyspark
+
+    spark_submit = shutil.which("spark-submit") or str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+    local_bin = Path(sys.executable).parent / "spark-submit"
+    if local_bin.exists():
+        spark_submit = str(local_bin)
+    return [
+        spark_submit,
+        "--master",
+        settings.spark_master,
+        "--packages",
+        delta_packages(),
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+        "--conf",
+        f"spark.pyspark.driver.python={sys.executable}",
+        "--driver-memory",
+        settings.driver_memory,
+        str(Path(__file__).parent / "__main__.py"),
+        *args,
+    ]
+
+
+def main(argv: list[str]) -> int:
+    settings = Settings.from_env()
+    cmd = submit_command(settings, argv)
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.execv(cmd[0], cmd)
+    return 0  # pragma: no cover - execv does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

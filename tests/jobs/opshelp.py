@@ -1,0 +1,123 @@
+"""Helpers of the operations tests: a dedicated redis-server that a test may stop and restart, waiting on
+`mview status`, reading a generation's whole Redis content, writing workload files."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import redis
+
+from jobs.generations import key_kinds
+from jobs.registry import JOBS
+from jobs.settings import Settings
+from jobs.status import job_status
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OwnRedis:
+    """A redis-server on its own port with an fsync-always AOF, so a stop/start keeps every acknowledged write."""
+
+    def __init__(self, data_dir: Path):
+        self.port, self.dir = free_port(), data_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> OwnRedis:
+        self.proc = subprocess.Popen(
+            [
+                shutil.which("redis-server"),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url())
+        for _ in range(200):
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+        self.proc = None
+
+
+def write_jsonl(path: Path, records) -> str:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return str(path)
+
+
+def status_of(settings: Settings, job: str) -> dict:
+    return job_status(settings)[job]
+
+
+def wait_for(predicate, what: str, timeout_s: float = 1200.0, every_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def batch_in_flight(checkpoint: Path) -> bool:
+    """True while the query has planned a micro-batch (offsets/N) it has not committed (no commits/N)."""
+
+    def ids(d: Path) -> list[int]:
+        return [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
+
+    offsets, commits = ids(checkpoint / "offsets"), ids(checkpoint / "commits")
+    return bool(offsets) and max(offsets) > max(commits, default=-1)
+
+
+def redis_content(client: redis.Redis, job: str, generation: int) -> dict:
+    """Every key of `job`'s generation (views and extra keys, not the meta hash) with its full value, keyed by
+    the key with the generation taken out, so two generations or two servers compare exactly."""
+    out = {}
+    for kind in key_kinds(JOBS[job]):
+        for key in client.scan_iter(match=f"mv:{kind}:{generation}:*", count=1000):
+            name = key.decode().replace(f":{generation}:", ":*:", 1)
+            t = client.type(key).decode()
+            if t == "string":
+                out[name] = client.get(key)
+            elif t == "zset":
+                out[name] = client.zrange(key, 0, -1, withscores=True)
+            elif t == "hash":
+                out[name] = client.hgetall(key)
+            elif t == "set":
+                out[name] = sorted(client.smembers(key))
+            elif t == "list":
+                out[name] = client.lrange(key, 0, -1)
+            else:
+                out[name] = (t, client.dump(key))
+    return out
