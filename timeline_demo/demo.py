@@ -34,6 +34,7 @@ class _Progress:
     def __init__(self, spark, settings, every: float):
         self.spark, self.settings, self.every = spark, settings, every
         self.ingested = 0
+        self.query = None  # the streaming query, kept once seen: a stopped query still has its progress
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="demo-progress", daemon=True)
 
@@ -48,7 +49,7 @@ class _Progress:
         gen = gen or current_generation(client, "timeline")
         timelines = sum(1 for _ in client.scan_iter(match=view_pattern("timeline", gen), count=2000))
         events = batches = 0
-        q = _query(self.spark, f"timeline_g{gen}")
+        q = self.query = self.query or _query(self.spark, f"timeline_g{gen}")
         if q is not None:
             for p in q.recentProgress:
                 n = p.get("numInputRows", 0) if isinstance(p, dict) else p.numInputRows
@@ -96,7 +97,7 @@ def _run_job(spark, settings, errors: list) -> None:
         errors.append(e)
 
 
-def _wait_caught_up(spark, settings, job_thread, timeout: float) -> None:
+def _wait_caught_up(spark, settings, job_thread, errors: list, timeout: float) -> None:
     """Until the job has processed every log version and no batch is running."""
     from jobs.status import job_status
 
@@ -108,6 +109,8 @@ def _wait_caught_up(spark, settings, job_thread, timeout: float) -> None:
         if st["lag_versions"] == 0 and not busy:
             return
         time.sleep(0.5)
+    if errors:
+        raise RuntimeError(f"the timeline job failed: {errors[0]}") from errors[0]
     raise TimeoutError(f"the timeline job did not catch up within {timeout:.0f}s")
 
 
@@ -127,6 +130,7 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
     """The whole demo in an existing Spark session; returns the exit code (0 only if every timeline matches)."""
     import jobs.hooks  # noqa: F401  (per-topic ingest hooks, as `mview ingest` does)
     from changelog.ingest import ingest
+    from changelog.topics import ensure_topic
     from timeline_demo.verify import verify_timelines
     from timeline_demo.workload import SIZES, sized, write_chunks
     from views.redis_io import connect
@@ -141,6 +145,8 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
         f"{len(wl.tweets):,} tweet events, {len(wl.follows):,} follow events, in {chunks} chunks"
     )
     _say(f"lake {settings.lake_dir}, redis {settings.redis_url}, TIMELINE_CAP {settings.timeline_cap}")
+    for topic in ("tweets", "follows"):  # before the job starts, so the job and ingest never race to create
+        ensure_topic(spark, settings.lake_dir, topic)
     _say("starting the timeline job (continuous) and ingesting...")
     errors: list = []
     job = threading.Thread(target=_run_job, args=(spark, settings, errors), name="timeline-job", daemon=True)
@@ -153,7 +159,7 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
                 progress.ingested += r.accepted
             if errors:
                 break
-        _wait_caught_up(spark, settings, job, timeout=600)
+        _wait_caught_up(spark, settings, job, errors, timeout=600)
     finally:
         gen_q = [q for q in spark.streams.active if q.name and q.name.startswith("timeline_g")]
         for q in gen_q:

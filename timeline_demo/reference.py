@@ -47,5 +47,7 @@ def expected_timelines(tweets: list[dict], follows: list[dict], cap: int) -> dic
     for follower, followee in pairs:
         out[follower].extend(by_author.get(followee, []))
     return {
-        f: [tid for _, tid in sorted(entries, reverse=True)[:cap]] for f, entries in sorted(out.items()) if entries
+        f: [tid for _, tid in sorted(entries, reverse=True)[:cap]]
+        for f, entries in sorted(out.items())
+        if entries
     }

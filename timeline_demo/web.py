@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.live:
             from timeline_demo.live import run_live
 
-            run_live(settings, every=args.every)
+            run_live(
+                settings, every=args.every, on_ready=lambda u: print(f"watch {url}?user={u}", flush=True)
+            )
         else:
             threading.Event().wait()
     except KeyboardInterrupt:

@@ -8,9 +8,9 @@ within `disorder_ms` of event time). Sizes go from a handful to millions of even
 from __future__ import annotations
 
 import random
-from itertools import accumulate
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import accumulate
 
 __all__ = ["Workload", "generate", "to_iso", "SIZES", "sized", "write_jsonl", "write_chunks"]
 
@@ -66,10 +66,23 @@ def generate(
 
     tw: list[tuple[int, dict]] = []
     for i in range(tweets):
-        author = rng.choices(uids, cum_weights=cum)[0] if rng.random() < popular_author_ratio else rng.choice(uids)
+        author = (
+            rng.choices(uids, cum_weights=cum)[0] if rng.random() < popular_author_ratio else rng.choice(uids)
+        )
         t = at()
         tid = f"t{i:07d}"
-        tw.append((t, {"op": "post", "tweet_id": tid, "user_id": author, "text": f"tweet {i} by {author}", "ts": ts_value(t)}))
+        tw.append(
+            (
+                t,
+                {
+                    "op": "post",
+                    "tweet_id": tid,
+                    "user_id": author,
+                    "text": f"tweet {i} by {author}",
+                    "ts": ts_value(t),
+                },
+            )
+        )
         if rng.random() < delete_ratio:
             td = t + rng.randrange(-60_000, 3_600_000)  # sometimes "before" the post: order must not matter
             tw.append((td, {"op": "delete", "tweet_id": tid, "user_id": author, "ts": ts_value(td)}))
@@ -103,7 +116,7 @@ def generate(
 SIZES: dict[str, dict] = {
     "tiny": {"users": 50, "celebrities": 2, "follows": 300, "tweets": 300},
     "small": {"users": 300, "celebrities": 3, "follows": 3_000, "tweets": 3_000},
-    "demo": {"users": 2_000, "celebrities": 5, "follows": 12_000, "tweets": 12_000},
+    "demo": {"users": 1_000, "celebrities": 4, "follows": 5_000, "tweets": 5_000},
     "medium": {"users": 20_000, "celebrities": 10, "follows": 150_000, "tweets": 100_000},
     "large": {"users": 200_000, "celebrities": 20, "follows": 1_500_000, "tweets": 1_000_000},
     "xlarge": {"users": 1_000_000, "celebrities": 50, "follows": 5_000_000, "tweets": 5_000_000},

@@ -1,10 +1,12 @@
-// Polls /api/timeline every POLL_MS and updates the list in place (no reload): new tweets are highlighted.
+// Polls /api/timeline every POLL_MS and updates the list in place (no reload): tweets that arrived after the
+// first load stay highlighted for NEW_MS.
 "use strict";
 const POLL_MS = 500;
+const NEW_MS = 15000;
 const params = new URLSearchParams(location.search);
 let user = params.get("user") || "u1";
 const limit = params.get("limit") || "50";
-let seen = new Set();
+let seen = new Map(); // tweet_id -> when first shown (ms), 0 for the first load
 let first = true;
 
 document.getElementById("user").value = user;
@@ -12,17 +14,19 @@ document.getElementById("pick").addEventListener("submit", (ev) => {
   ev.preventDefault();
   user = document.getElementById("user").value.trim() || user;
   history.replaceState(null, "", "?user=" + encodeURIComponent(user));
-  seen = new Set();
+  seen = new Map();
   first = true;
   refresh();
 });
 
 function render(data) {
   const ol = document.getElementById("timeline");
+  const now = Date.now();
+  for (const t of data.tweets) if (!seen.has(t.tweet_id)) seen.set(t.tweet_id, first ? 0 : now);
   const items = data.tweets.map((t) => {
     const li = document.createElement("li");
     li.dataset.tweetId = t.tweet_id;
-    if (!first && !seen.has(t.tweet_id)) li.className = "new";
+    if (now - seen.get(t.tweet_id) < NEW_MS) li.className = "new";
     const when = t.ts ? new Date(t.ts).toISOString().replace("T", " ").slice(0, 19) : "";
     li.innerHTML = '<span class="id"></span><span class="who"></span><span class="when"></span><div class="text"></div>';
     li.querySelector(".id").textContent = t.tweet_id;
@@ -32,7 +36,6 @@ function render(data) {
     return li;
   });
   ol.replaceChildren(...items);
-  seen = new Set(data.tweets.map((t) => t.tweet_id));
   first = false;
   document.getElementById("status").textContent =
     `@${data.user_id}: ${data.tweets.length} tweets shown, generation ${data.generation}` +
