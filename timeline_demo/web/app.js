@@ -26,6 +26,7 @@ function render(data) {
   const items = data.tweets.map((t) => {
     const li = document.createElement("li");
     li.dataset.tweetId = t.tweet_id;
+    if (seen.get(t.tweet_id) > 0) li.dataset.arrived = "live"; // came in after the first load
     if (now - seen.get(t.tweet_id) < NEW_MS) li.className = "new";
     const when = t.ts ? new Date(t.ts).toISOString().replace("T", " ").slice(0, 19) : "";
     li.innerHTML = '<span class="id"></span><span class="who"></span><span class="when"></span><div class="text"></div>';
