@@ -652,6 +652,16 @@ def plot(res: dict, path: Path) -> None:
         ax.axhline(5.0, color="red", ls="--", lw=1, label="p99 goal 5 s")
         ax.axhline(1.0, color="orange", ls="--", lw=1, label="p50 goal 1 s")
         ax.legend(fontsize=8)
+    elif fr.get("tweets"):
+        ax.text(
+            0.5,
+            0.5,
+            f"{fr['not_visible_after_60s']}/{fr['tweets']} tweets not in every follower's\n"
+            "timeline within 60 s after the load",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
     ax.set_title("freshness: append -> every follower (s)")
 
     ax = axes[2]
