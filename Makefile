@@ -10,7 +10,7 @@ VIEW ?= timeline
 KEY ?= u1
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis test lint fmt demo bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis test lint fmt demo demo-web bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ fmt: setup ## ruff format and autofix
 
 demo: setup redis ## generate a workload, ingest it, run the timeline job, print and verify timelines
 	$(PY) -m timeline_demo
+
+demo-web: setup redis ## serve the live home-timeline page on :8765 while the job runs and new tweets arrive
+	$(PY) -m timeline_demo.web --live
 
 bench: setup ## run the benchmarks and write bench/results.json and the README table
 	$(PY) -m timeline_demo.bench

@@ -1,0 +1,81 @@
+"""The bench report: table rows with goals and honest marks, the README block replaced between its markers,
+the plot written. (The benchmarks themselves run in `make bench`, not in the test suite.)"""
+
+from __future__ import annotations
+
+from timeline_demo.bench import END, START, markdown_table, plot, table_rows, update_readme
+
+RESULTS = {
+    "meta": {"when": "2026-11-22 05:00 UTC", "machine": "2 cores", "seconds": 600.0},
+    "redis": {"command": "redis-benchmark -t zadd -P 16 -n 1000000 -q", "zadd_per_s": 300000.0},
+    "throughput": {
+        "workload": "52,000 events",
+        "command": "mview run timeline --once",
+        "entries": 1_000_000,
+        "batches": 1,
+        "batch_seconds": 20.0,
+        "entries_per_s": 50000,
+        "ratio": 0.167,
+    },
+    "freshness": {
+        "workload": "w",
+        "command": "c",
+        "tweets": 100,
+        "visible": 100,
+        "not_visible_after_60s": 0,
+        "p50_s": 0.8,
+        "p99_s": 4.0,
+        "max_s": 4.5,
+    },
+    "incrementality": {
+        "workload": "w",
+        "command": "c",
+        "levels": [
+            {
+                "base_events": 4000,
+                "batch_events": 1000,
+                "batch_seconds": 10.0,
+                "entries": 5,
+                "recompute_seconds": 5.0,
+            },
+            {
+                "base_events": 8000,
+                "batch_events": 1000,
+                "batch_seconds": 11.0,
+                "entries": 5,
+                "recompute_seconds": 9.0,
+            },
+        ],
+        "growth_per_doubling": 0.1,
+        "recompute_vs_batch": 0.82,
+    },
+    "clicks": {"available": False, "note": "timeline_demo.bench_clicks not available on this branch"},
+    "enrichment": {"error": "RuntimeError: boom"},
+}
+
+
+def test_rows_carry_ratios_goals_and_honest_marks():
+    rows = {r["figure"]: r for r in table_rows(RESULTS)}
+    assert rows["timeline entries/s"]["ratio"] == "0.167"
+    assert rows["timeline entries/s"]["met"] == "**not met**"  # 0.167 < 0.3
+    assert rows["freshness p50 / p99 (append -> every follower)"]["met"] == "met"
+    assert rows["per-batch time as the state doubles"]["met"] == "met"
+    assert rows["incremental batch vs recomputing the whole SQL"]["met"] == "**not met**"
+    assert rows["clicks"]["met"] == rows["enrichment"]["met"] == "not available"
+
+
+def test_readme_block_is_replaced_between_markers_only(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\nbefore\n{START}\nold table\n{END}\nafter\n")
+    table = markdown_table(RESULTS)
+    assert update_readme(readme, table)
+    text = readme.read_text()
+    assert text.startswith("# x\nbefore\n") and text.endswith(f"{END}\nafter\n")
+    assert "old table" not in text and "| timeline entries/s |" in text
+    assert not update_readme(tmp_path / "none.md", table)
+
+
+def test_plot_writes_a_png(tmp_path):
+    out = tmp_path / "bench.png"
+    plot(RESULTS, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

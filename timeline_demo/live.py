@@ -1,0 +1,86 @@
+"""Live mode of the web page (`make demo-web`): the timeline job runs continuously in this process while a
+trickle of new tweets (by the demo workload's celebrities, so many timelines move) and follows is ingested
+every few seconds. If the tweets log is empty, the demo workload is ingested first."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+__all__ = ["run_live"]
+
+
+def run_live(settings, *, every: float = 3.0, size: str = "demo", seed: int = 7, on_ready=None) -> None:
+    """Run until KeyboardInterrupt. `on_ready(user)` is called with a user worth watching (follows u0)."""
+    import jobs.hooks  # noqa: F401
+    from changelog.ingest import ingest
+    from changelog.topics import ensure_topic, latest_version, read_batch
+    from jobs.spark import get_spark
+    from jobs.timeline import run_timeline
+    from timeline_demo.reference import current_tables
+    from timeline_demo.workload import SIZES, sized, write_chunks, write_jsonl
+
+    spark = get_spark(settings, "mview-demo-web")
+    for topic in ("tweets", "follows"):
+        ensure_topic(spark, settings.lake_dir, topic)
+    wl = sized(size, seed=seed)
+    if (
+        latest_version(settings.lake_dir, "tweets") <= 0
+        or read_batch(spark, settings.lake_dir, "tweets").isEmpty()
+    ):
+        print(f"empty lake: ingesting the {size!r} workload first", flush=True)
+        for tw, fo in write_chunks(wl, settings.lake_dir / "demo" / f"{size}-{seed}"):
+            ingest(spark, settings.lake_dir, "tweets", [tw])
+            ingest(spark, settings.lake_dir, "follows", [fo])
+    _, pairs = current_tables([], wl.follows)
+    fans = sorted({a for a, b in pairs if b == "u0"})
+    if on_ready and fans:
+        on_ready(fans[0])
+    errors: list = []
+
+    def job():
+        try:
+            run_timeline(spark, settings, once=False)
+        except Exception as e:
+            errors.append(e)
+
+    threading.Thread(target=job, name="timeline-job", daemon=True).start()
+    rng = random.Random()
+    celebs = [f"u{i}" for i in range(SIZES[size]["celebrities"])]
+    users = [f"u{i}" for i in range(SIZES[size]["users"])]
+    path = settings.lake_dir / "demo" / "live.jsonl"
+    n = 0
+    try:
+        while not errors:
+            now = int(time.time() * 1000)
+            tweets = []
+            for _ in range(3):
+                author = rng.choice(celebs)
+                tid = f"live{now}-{n}"
+                tweets.append(
+                    {
+                        "op": "post",
+                        "tweet_id": tid,
+                        "user_id": author,
+                        "text": f"live tweet {n} by {author}",
+                        "ts": now,
+                    }
+                )
+                n += 1
+            ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tweets, path)])
+            if rng.random() < 0.3:
+                f = {
+                    "op": "follow",
+                    "follower_id": rng.choice(users),
+                    "followee_id": rng.choice(celebs),
+                    "ts": now,
+                }
+                ingest(spark, settings.lake_dir, "follows", [write_jsonl([f], path)])
+            print(f"ingested {len(tweets)} tweets by {', '.join(t['user_id'] for t in tweets)}", flush=True)
+            time.sleep(every)
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+    if errors:
+        raise errors[0]

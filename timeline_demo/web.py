@@ -1,0 +1,120 @@
+"""A small web page that shows one user's home timeline, read from Redis, updating live (polling, no reload).
+
+`python -m timeline_demo.web [--port 8765] [--live]` (or `make demo-web`) serves:
+- `/` (and `/?user=u1`): the page (`timeline_demo/web/index.html` + `app.js`), which polls the JSON endpoint
+  every 500 ms and updates the list in place, highlighting new entries;
+- `/api/timeline?user=ID[&limit=N]`: `views.timeline.query_timeline` (the same read as `mview query timeline ID
+  --json`) plus the job's `last_batch_id` and `last_batch_ms` from `mv:meta:timeline:<g>`.
+With `--live`, the timeline job also runs continuously in this process and a trickle of new tweets and follows
+(from the demo's workload generator) is ingested every few seconds, so the page moves by itself.
+Only the Python standard library serves HTTP; Redis is read with one client shared by the handler threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from views.keys import meta_key
+from views.redis_io import connect
+from views.timeline import query_timeline
+
+__all__ = ["make_server", "serve_in_thread", "main"]
+
+_STATIC = Path(__file__).with_name("web")
+_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+_MAX_LIMIT = 800
+
+
+def _timeline_payload(client, user: str, limit: int) -> dict:
+    result = query_timeline(client, user, limit=limit)
+    meta = client.hgetall(meta_key("timeline", result["generation"]))
+    result["last_batch_id"] = int(meta[b"last_batch_id"]) if b"last_batch_id" in meta else None
+    result["last_batch_ms"] = int(meta[b"last_batch_ms"]) if b"last_batch_ms" in meta else None
+    return result
+
+
+def make_server(redis_url: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server (not started) for the page and its JSON endpoint; port 0 picks a free port."""
+    client = connect(redis_url)
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            url = urlparse(self.path)
+            if url.path == "/api/timeline":
+                q = parse_qs(url.query)
+                user = (q.get("user") or [""])[0]
+                if not user:
+                    return self._send(400, b'{"error":"give ?user=ID"}', "application/json")
+                try:
+                    limit = max(0, min(_MAX_LIMIT, int((q.get("limit") or ["50"])[0])))
+                except ValueError:
+                    return self._send(400, b'{"error":"limit must be an integer"}', "application/json")
+                try:
+                    payload = _timeline_payload(client, user, limit)
+                except Exception as e:  # Redis down: say so, the page keeps polling
+                    return self._send(503, json.dumps({"error": str(e)}).encode(), "application/json")
+                return self._send(200, json.dumps(payload).encode(), "application/json")
+            name = "index.html" if url.path in ("/", "/index.html") else url.path.lstrip("/")
+            path = _STATIC / name
+            if name not in ("index.html", "app.js") or not path.is_file():
+                return self._send(404, b"not found", "text/plain")
+            return self._send(200, path.read_bytes(), _TYPES[path.suffix])
+
+        def log_message(self, fmt, *args) -> None:  # quiet: the page polls twice a second
+            pass
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def serve_in_thread(redis_url: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """Start `make_server(...)` in a daemon thread; call `.shutdown()` to stop. `.server_port` is the port."""
+    server = make_server(redis_url, host, port)
+    threading.Thread(target=server.serve_forever, name="timeline-web", daemon=True).start()
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jobs.settings import Settings
+
+    p = argparse.ArgumentParser(prog="python -m timeline_demo.web", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--live", action="store_true", help="also run the job and ingest a trickle of new events")
+    p.add_argument("--every", type=float, default=3.0, help="seconds between trickle ingests (--live)")
+    args = p.parse_args(argv)
+    settings = Settings.from_env()
+    server = serve_in_thread(settings.redis_url, args.host, args.port)
+    url = f"http://{args.host}:{server.server_port}/"
+    print(f"timeline page at {url}?user=u1  (reading {settings.redis_url}; Ctrl-C stops)", flush=True)
+    try:
+        if args.live:
+            from timeline_demo.live import run_live
+
+            run_live(
+                settings, every=args.every, on_ready=lambda u: print(f"watch {url}?user={u}", flush=True)
+            )
+        else:
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
