@@ -115,4 +115,5 @@ def ingest(
         )
     return result
 
+
 import changelog.cdc  # noqa: E402,F401  (registers AFTER_APPEND["profiles"]: the profiles table applies changes)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
 from views import enrichment as _enrichment
+from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
 from views.timeline import export_timeline, query_timeline
 
 __all__ = ["query_view", "export_view", "format_result"]
