@@ -37,8 +37,8 @@ import orjson
 from pyspark.sql import functions as F
 
 from changelog.ingest import deadletter_path
-from changelog.topics import latest_version, read_stream
-from jobs.runtime import checkpoint_dir, job_dir, log, run_stream, state_dir, write_status
+from changelog.topics import read_stream
+from jobs.runtime import checkpoint_dir, job_dir, log, log_sources, run_stream, state_dir, write_status
 from jobs.settings import Settings, parse_duration_ms
 from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, interval_join
 from views.clicks import CLICKS_OPS_SCHEMA, ClicksSink
@@ -458,8 +458,7 @@ def run_clicks(
             f"in {took:.2f}s"
         )
 
-    versions = {t: latest_version(settings.lake_dir, t) for t in TOPICS}
-    log(f"clicks g{gen}: reading {', '.join(f'{t}@v{v}' for t, v in versions.items())}")
+    log_sources(settings, JOB, gen, TOPICS)
     stop = threading.Event()
     ticker = None
     if not once and settings.clicks_idle_timeout_ms is not None:

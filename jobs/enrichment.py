@@ -29,11 +29,12 @@ import time
 
 from pyspark.sql import functions as F
 
-from changelog.topics import latest_version, read_stream
+from changelog.topics import read_stream
 from jobs.runtime import (
     checkpoint_dir,
     ensure_delta_table,
     log,
+    log_sources,
     read_status,
     run_stream,
     state_dir,
@@ -238,8 +239,7 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
             f"{n_emitted:,} emitted, {hs:,} held, watermark {wm} in {took:.2f}s"
         )
 
-    versions_now = {t: latest_version(settings.lake_dir, t) for t in TOPICS}
-    log(f"enrichment g{gen}: reading {', '.join(f'{t}@v{v}' for t, v in versions_now.items())}")
+    log_sources(settings, JOB, gen, TOPICS)
     run_stream(
         _source(spark, settings),
         process,

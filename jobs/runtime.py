@@ -19,6 +19,7 @@ __all__ = [
     "read_status",
     "run_stream",
     "log",
+    "log_sources",
     "ensure_delta_table",
     "STOP",
     "status_file",
@@ -31,6 +32,14 @@ _STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def log_sources(settings: Settings, job: str, generation: int, topics) -> None:
+    """Log where a run of `job` starts: each topic's latest Delta version (read without Spark)."""
+    from changelog.topics import latest_version
+
+    versions = ", ".join(f"{t}@v{latest_version(settings.lake_dir, t)}" for t in topics)
+    log(f"{job} g{generation}: reading {versions}")
 
 
 def job_dir(settings: Settings, job: str) -> Path:

@@ -13,8 +13,16 @@ import time
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from changelog.topics import latest_version, read_stream, table_version
-from jobs.runtime import checkpoint_dir, ensure_delta_table, log, run_stream, state_dir, write_status
+from changelog.topics import read_stream, table_version
+from jobs.runtime import (
+    checkpoint_dir,
+    ensure_delta_table,
+    log,
+    log_sources,
+    run_stream,
+    state_dir,
+    write_status,
+)
 from jobs.settings import Settings
 from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState, maintain_timeline
 from views.keys import meta_key
@@ -168,8 +176,7 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
             f"state {t_merge - t_sink:.2f}s)"
         )
 
-    versions = {t: latest_version(settings.lake_dir, t) for t in TOPICS}
-    log(f"timeline g{gen}: reading {', '.join(f'{t}@v{v}' for t, v in versions.items())}")
+    log_sources(settings, JOB, gen, TOPICS)
     run_stream(
         _source(spark, settings),
         process,

@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
@@ -70,6 +71,19 @@ def redis_url(redis_server):
 @pytest.fixture
 def rclient(redis_url):
     return redis.Redis.from_url(redis_url)
+
+
+def write_jsonl(path: Path, records) -> str:
+    """Write `records` as a JSON-lines file (the ingest input format); return its path."""
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return str(path)
+
+
+def split_at_random(records: list, n: int, rng) -> list[list]:
+    """`records` cut into `n` non-empty consecutive chunks at random points (a chunking of one arrival order)."""
+    cuts = sorted(rng.sample(range(1, len(records)), n - 1)) if n > 1 else []
+    bounds = [0, *cuts, len(records)]
+    return [records[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def make_settings(lake_dir: Path, redis_url: str, **over) -> Settings:

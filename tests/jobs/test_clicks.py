@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import random
 
-import orjson
 import pytest
 
 from changelog.ingest import deadletter_path, ingest
 from jobs.clicks import close_idle_windows, run_clicks
 from jobs.runtime import job_dir, read_status
-from tests.conftest import make_settings
+from tests.conftest import make_settings, write_jsonl
 from timeline_demo.clicks_workload import chunk_arrivals, expected_clicks, generate_clicks
 from timeline_demo.workload import T0
 from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
@@ -20,11 +19,6 @@ from views.redis_io import connect
 
 H = 3_600_000
 M = 60_000
-
-
-def _write(path, records):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return str(path)
 
 
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int):
@@ -36,7 +30,7 @@ def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int):
                     spark,
                     settings.lake_dir,
                     topic,
-                    [_write(tmp_path / f"{topic}{seed}_{chunks}_{i}.jsonl", piece[topic])],
+                    [write_jsonl(tmp_path / f"{topic}{seed}_{chunks}_{i}.jsonl", piece[topic])],
                 )
         run_clicks(spark, settings, once=True)
     client = connect(redis_url)
@@ -71,7 +65,7 @@ def test_search_clicks_and_ctr_equal_the_definition_for_any_chunking(
 
 
 def _ingest(spark, settings, tmp_path, topic, records, name):
-    return ingest(spark, settings.lake_dir, topic, [_write(tmp_path / name, records)])
+    return ingest(spark, settings.lake_dir, topic, [write_jsonl(tmp_path / name, records)])
 
 
 def _search(sid, sess, ts, q="shoes"):

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import random
 
-import orjson
 import pytest
 
 from changelog.ingest import ingest
 from changelog.records import validate
 from jobs.enrichment import run_enrichment
 from jobs.runtime import read_status
-from tests.conftest import make_settings
+from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
 from views.enrichment import export_activity_by_country, export_enriched
 from views.redis_io import connect, set_generation
@@ -22,25 +21,17 @@ from views.redis_io import connect, set_generation
 LATENESS = "5 minutes"  # the workload's disorder is 4 minutes
 
 
-def _write(path, records):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return str(path)
-
-
-def _chunks(records, n, rng):
-    cuts = sorted(rng.sample(range(1, len(records)), n - 1)) if n > 1 else []
-    bounds = [0, *cuts, len(records)]
-    return [records[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int, *, check_held: bool = False):
     settings = make_settings(tmp_path / f"lake{chunks}", redis_url, ALLOWED_LATENESS=LATENESS)
-    for i, chunk in enumerate(_chunks(wl.records, chunks, random.Random(seed))):
+    for i, chunk in enumerate(split_at_random(wl.records, chunks, random.Random(seed))):
         for topic in ("profiles", "activity"):
             recs = [r for t, r in chunk if t == topic]
             if recs:
                 ingest(
-                    spark, settings.lake_dir, topic, [_write(tmp_path / f"{topic}{chunks}_{i}.jsonl", recs)]
+                    spark,
+                    settings.lake_dir,
+                    topic,
+                    [write_jsonl(tmp_path / f"{topic}{chunks}_{i}.jsonl", recs)],
                 )
         run_enrichment(spark, settings, once=True)
         if check_held and i == 0:

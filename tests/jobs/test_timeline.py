@@ -5,36 +5,24 @@ from __future__ import annotations
 
 import random
 
-import orjson
 import pytest
 
 from changelog.ingest import ingest
 from jobs.timeline import run_timeline
-from tests.conftest import make_settings
+from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import generate
 from views.redis_io import connect
 from views.timeline import export_timeline, query_timeline
 
 
-def _write(path, records):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return str(path)
-
-
-def _chunks(records, n, rng):
-    cuts = sorted(rng.sample(range(1, len(records)), n - 1)) if n > 1 else []
-    bounds = [0, *cuts, len(records)]
-    return [records[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, cap: int, seed: int):
     settings = make_settings(tmp_path / f"lake{chunks}", redis_url, TIMELINE_CAP=cap)
     rng = random.Random(seed)
-    tw, fo = _chunks(wl.tweets, chunks, rng), _chunks(wl.follows, chunks, rng)
+    tw, fo = split_at_random(wl.tweets, chunks, rng), split_at_random(wl.follows, chunks, rng)
     for i in range(chunks):
-        ingest(spark, settings.lake_dir, "tweets", [_write(tmp_path / f"t{chunks}_{i}.jsonl", tw[i])])
-        ingest(spark, settings.lake_dir, "follows", [_write(tmp_path / f"f{chunks}_{i}.jsonl", fo[i])])
+        ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{chunks}_{i}.jsonl", tw[i])])
+        ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{chunks}_{i}.jsonl", fo[i])])
         run_timeline(spark, settings, once=True)
     client = connect(redis_url)
     return {row["user_id"]: row["tweet_ids"] for row in export_timeline(client)}
@@ -76,10 +64,10 @@ def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rcl
     for i, (tw, fo, want) in enumerate(steps):
         if tw:
             recs = [{"op": o, "tweet_id": t, "user_id": u, "text": f"{t}!", "ts": ts} for o, t, u, ts in tw]
-            ingest(spark, settings.lake_dir, "tweets", [_write(tmp_path / f"t{i}.jsonl", recs)])
+            ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", recs)])
         if fo:
             recs = [{"op": o, "follower_id": a, "followee_id": b, "ts": ts} for o, a, b, ts in fo]
-            ingest(spark, settings.lake_dir, "follows", [_write(tmp_path / f"f{i}.jsonl", recs)])
+            ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", recs)])
         run_timeline(spark, settings, once=True)
         got = query_timeline(connect(redis_url), "r")
         assert [t["tweet_id"] for t in got["tweets"]] == want, f"step {i}"
