@@ -8,9 +8,9 @@ from the logs order-independently:
 - follows: per (follower, followee) the event with the greatest `ts` wins; on equal `ts` an `unfollow` wins
   (the conservative choice, like a tombstone). A pair is current when its winning event is a `follow`.
 
-State (`TimelineState`: one row per tweet id, one per follow pair) is kept by the job (Delta tables).
-`maintain_timeline` takes the state before a micro-batch and the batch, and returns the new state rows and
-the changes to publish, by the product rule d(T join F) = dT join F' + T' join dF (primes: after the batch):
+State (`TimelineState`: one row per tweet id, one per follow pair) is kept by the job. `maintain_timeline`
+takes the state before a micro-batch and the batch, and returns the state after it, the changed state rows
+and the changes to publish, by the product rule d(T join F) = dT join F' + T' join dF (primes: after the batch):
 - a tweet that becomes live is added to the timeline of every current follower of its author;
 - a follow that becomes current adds the followee's newest `cap` live tweets to the follower;
 - a follower who loses entries (an unfollow, or the delete of a tweet of someone they followed) has them
@@ -19,13 +19,17 @@ the changes to publish, by the product rule d(T join F) = dT join F' + T' join d
   next-newest tweets.
 Duplicate records change no state, so they have one effect. Because state is a function of the *set* of
 records, the published timelines never depend on arrival order or on batch boundaries.
+
+Cost: every step is a Spark SQL plan over the batch and the state (no Python per row). Plan branches whose
+input is empty in this batch (no deletes, no unfollows, no new follows, ...) are left out, so a batch of new
+tweets runs a handful of small jobs; the state after the batch is materialized once (O(state) in memory).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 __all__ = [
@@ -34,12 +38,16 @@ __all__ = [
     "maintain_timeline",
     "TWEET_STATE_SCHEMA",
     "FOLLOW_STATE_SCHEMA",
+    "ENTRIES_TYPE",
 ]
 
 TWEET_STATE_SCHEMA = (
     "tweet_id string, user_id string, text string, ts bigint, posted boolean, deleted boolean"
 )
 FOLLOW_STATE_SCHEMA = "follower_id string, followee_id string, op string, ts bigint"
+ENTRIES_TYPE = "array<struct<ts:bigint,tweet_id:string>>"
+_TWEET_COLS = [c.split()[0] for c in TWEET_STATE_SCHEMA.split(", ")]
+_FOLLOW_COLS = [c.split()[0] for c in FOLLOW_STATE_SCHEMA.split(", ")]
 
 
 @dataclass(frozen=True)
@@ -50,19 +58,18 @@ class TimelineState:
 
 @dataclass(frozen=True)
 class TimelineChanges:
-    tweet_rows: DataFrame  # changed tweet state rows (upsert into state by tweet_id)
-    follow_rows: DataFrame  # changed follow state rows (upsert by follower_id, followee_id)
-    adds: DataFrame  # follower_id, tweet_id, ts: entries to add (then trim to cap)
+    after: TimelineState  # the state after the batch (materialized)
+    tweet_rows: DataFrame  # changed tweet state rows (TWEET_STATE_SCHEMA)
+    follow_rows: DataFrame  # changed follow state rows (FOLLOW_STATE_SCHEMA)
+    adds: DataFrame  # follower_id, entries (ENTRIES_TYPE, newest first, at most cap): add, then trim to cap
     removes: DataFrame  # follower_id, tweet_id: entries to remove (before the adds)
-    replaces: (
-        DataFrame  # follower_id, entries: array<struct<ts, tweet_id>> newest first: the whole new timeline
-    )
+    replaces: DataFrame  # follower_id, entries (ENTRIES_TYPE newest first): the whole new timeline
     tweets_live: DataFrame  # tweet_id, user_id, text, ts: tweets that became live
     tweets_dead: DataFrame  # tweet_id: tweets that stopped being live
     _cached: tuple = ()
 
     def release(self) -> None:
-        """Free the materialized intermediate results once the batch is published and the state committed."""
+        """Free the batch-sized intermediate results once the batch is published and the state committed."""
         for df in self._cached:
             df.unpersist()
 
@@ -72,16 +79,29 @@ def _live(t: DataFrame) -> DataFrame:
 
 
 def _current(f: DataFrame) -> DataFrame:
-    return f.where(F.col("op") == "follow")
+    return f.where(F.col("op") == "follow").select("follower_id", "followee_id")
 
 
-def _top_per(df: DataFrame, key: str, cap: int) -> DataFrame:
-    w = Window.partitionBy(key).orderBy(F.col("ts").desc(), F.col("tweet_id").desc())
-    return df.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= cap).drop("_rank")
+def _newest(entries: Column, cap: int | None) -> Column:
+    """The distinct (ts, tweet_id) structs of `entries` newest first (ties by tweet_id descending), at most cap."""
+    ordered = F.sort_array(F.array_distinct(entries), asc=False)
+    return ordered if cap is None else F.slice(ordered, 1, cap)
+
+
+def _timelines(pairs: DataFrame, cap: int) -> DataFrame:
+    """follower_id, entries: the newest `cap` of each follower's (follower_id, tweet_id, ts) rows."""
+    return pairs.groupBy("follower_id").agg(
+        _newest(F.collect_list(F.struct("ts", "tweet_id")), cap).alias("entries")
+    )
+
+
+def _top_per_author(tweets: DataFrame, cap: int) -> DataFrame:
+    w = Window.partitionBy("user_id").orderBy(F.col("ts").desc(), F.col("tweet_id").desc())
+    return tweets.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= cap).drop("_rank")
 
 
 def _tweet_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
-    """Changed tweet rows with `live_before`, `live_after`. Only tweet ids whose state changed are returned."""
+    """Changed tweet rows with `live_before`, `live_after`, `moved`, `user_before`. Unchanged ids are left out."""
     post = F.col("op") == "post"
     reduced = batch.groupBy("tweet_id").agg(
         F.max(F.when(post, F.struct("ts", "user_id", "text"))).alias("p"),
@@ -152,98 +172,120 @@ def _follow_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
     return out.where(F.col("_new") | F.col("_moved")).drop("_new", "_moved")
 
 
+def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: list[str]) -> DataFrame:
+    """`state` with the rows of `changed` (same keys) replaced or inserted, materialized (lineage cut)."""
+    rows = changed.select(*cols)
+    return state.join(changed.select(*keys), keys, "left_anti").unionByName(rows).localCheckpoint(eager=True)
+
+
 def maintain_timeline(
     state: TimelineState, tweets_batch: DataFrame, follows_batch: DataFrame, *, cap: int
 ) -> TimelineChanges:
-    """The state rows and timeline changes caused by one micro-batch. See the module docstring for semantics.
+    """The state after one micro-batch, and the timeline changes it causes. See the module docstring.
 
-    `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id, followee_id, ts.
-    The returned DataFrames are lazy over `state` (pin it to a table version) and the batch.
+    `state` is not modified. `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id,
+    followee_id, ts. Batch-sized intermediates are cached until `release()`; the new state is materialized.
     """
-    # Batch-sized intermediate results are materialized once (lineage cut), so the plans below stay small.
-    tc = _tweet_changes(state.tweets, tweets_batch).localCheckpoint(eager=True)
-    fc = _follow_changes(state.follows, follows_batch).localCheckpoint(eager=True)
+    spark = tweets_batch.sparkSession
+    tc = _tweet_changes(state.tweets, tweets_batch).persist()
+    fc = _follow_changes(state.follows, follows_batch).persist()
+    born_c = F.col("live_after") & (~F.col("live_before") | F.col("moved"))
+    died_c = F.col("live_before") & (~F.col("live_after") | F.col("moved"))
+    n_tc, n_born, n_died = tc.agg(F.count("*"), F.count_if(born_c), F.count_if(died_c)).first()
+    gained_c = ~F.col("current_before") & F.col("current_after")
+    lost_c = F.col("current_before") & ~F.col("current_after")
+    n_fc, n_gained, n_lost = fc.agg(F.count("*"), F.count_if(gained_c), F.count_if(lost_c)).first()
 
-    tweet_rows = tc.select(*[c.split()[0] for c in TWEET_STATE_SCHEMA.split(", ")])
-    tweets_after = state.tweets.join(tc.select("tweet_id"), "tweet_id", "left_anti").unionByName(tweet_rows)
-    follow_rows = fc.drop("current_before", "current_after")
-    follows_after = state.follows.join(
-        fc.select("follower_id", "followee_id"), ["follower_id", "followee_id"], "left_anti"
-    ).unionByName(follow_rows)
+    tweets_after = _replace_rows(state.tweets, tc, ["tweet_id"], _TWEET_COLS) if n_tc else state.tweets
+    follows_after = (
+        _replace_rows(state.follows, fc, ["follower_id", "followee_id"], _FOLLOW_COLS)
+        if n_fc
+        else state.follows
+    )
     live_after = _live(tweets_after)
-    cur_after = _current(follows_after).select("follower_id", "followee_id")
+    cur_after = _current(follows_after)
 
-    born = tc.where(F.col("live_after") & (~F.col("live_before") | F.col("moved"))).select(
-        "tweet_id", "user_id", "text", "ts"
-    )
-    died = tc.where(F.col("live_before") & (~F.col("live_after") | F.col("moved"))).select(
-        "tweet_id", F.col("user_before").alias("user_id"), "live_after"
-    )
-    gained = fc.where(~F.col("current_before") & F.col("current_after")).select("follower_id", "followee_id")
-    lost = fc.where(F.col("current_before") & ~F.col("current_after")).select("follower_id", "followee_id")
+    born = tc.where(born_c).select("tweet_id", "user_id", "text", "ts")
+    died = tc.where(died_c).select("tweet_id", F.col("user_before").alias("user_id"), "live_after")
+    gained = fc.where(gained_c).select("follower_id", "followee_id")
+    lost = fc.where(lost_c).select("follower_id", "followee_id")
+    empty_pairs = spark.createDataFrame([], "follower_id string, tweet_id string")
+    empty_ids = spark.createDataFrame([], "follower_id string")
+    cached = [tc, fc]
 
     # Followers who lose entries: an unfollow, or a delete of a tweet by someone they followed before the batch.
-    cur_before = _current(state.follows).select("follower_id", "followee_id")
-    died_authors = F.broadcast(died.select(F.col("user_id").alias("followee_id"), "tweet_id"))
-    rm_deleted = cur_before.join(died_authors, "followee_id").select("follower_id", "tweet_id")
-    rm_unfollowed = lost.join(
-        _live(state.tweets).select(F.col("user_id").alias("followee_id"), "tweet_id"), "followee_id"
-    ).select("follower_id", "tweet_id")
-    removes_all = rm_deleted.unionByName(rm_unfollowed).distinct().localCheckpoint(eager=True)
-    losers = removes_all.select("follower_id").distinct()
-    # A loser whose timeline held every entry of the join (at most `cap`) is exact with ZREM; one that had more
-    # than `cap` (Redis keeps only the newest `cap`) is recomputed whole, which refills it.
-    live_per_author = (
-        _live(state.tweets).groupBy(F.col("user_id").alias("followee_id")).agg(F.count("*").alias("n"))
-    )
-    sizes = cur_before.join(losers, "follower_id").join(live_per_author, "followee_id")
-    refill = (
-        sizes.groupBy("follower_id").agg(F.sum("n").alias("n")).where(F.col("n") > cap).select("follower_id")
-    )
-    removes = removes_all.join(refill, "follower_id", "left_anti")
+    removes, refill = empty_pairs, empty_ids
+    if n_died or n_lost:
+        cur_before = _current(state.follows)
+        parts = []
+        if n_died:
+            died_authors = died.select(F.col("user_id").alias("followee_id"), "tweet_id")
+            parts.append(cur_before.join(died_authors, "followee_id").select("follower_id", "tweet_id"))
+        if n_lost:
+            lost_tweets = _live(state.tweets).select(F.col("user_id").alias("followee_id"), "tweet_id")
+            parts.append(lost.join(lost_tweets, "followee_id").select("follower_id", "tweet_id"))
+        removes_all = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1]).distinct()
+        removes_all = removes_all.persist()
+        losers = removes_all.select("follower_id").distinct()
+        # A loser whose timeline held every entry of the join (at most `cap`) is exact with ZREM; one that had
+        # more than `cap` (Redis keeps only the newest `cap`) is recomputed whole, which refills it.
+        live_per_author = (
+            _live(state.tweets).groupBy(F.col("user_id").alias("followee_id")).agg(F.count("*").alias("n"))
+        )
+        sizes = cur_before.join(losers, "follower_id").join(live_per_author, "followee_id")
+        refill = (
+            sizes.groupBy("follower_id")
+            .agg(F.sum("n").alias("n"))
+            .where(F.col("n") > cap)
+            .select("follower_id")
+        ).persist()
+        removes = removes_all.join(refill, "follower_id", "left_anti")
+        cached += [removes_all, refill]
 
     # dT join F': new live tweets to every current follower of the author.
-    add_new_tweets = cur_after.join(
-        F.broadcast(born.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts")), "followee_id"
-    ).select("follower_id", "tweet_id", "ts")
-    # T' join dF: a new follow brings the followee's newest `cap` live tweets.
-    authors = gained.select(F.col("followee_id").alias("user_id")).distinct()
-    top_of_authors = _top_per(live_after.join(F.broadcast(authors), "user_id"), "user_id", cap)
-    add_new_follows = gained.join(
-        top_of_authors.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id"
-    ).select("follower_id", "tweet_id", "ts")
-    adds = _top_per(
-        add_new_tweets.unionByName(add_new_follows).distinct().join(refill, "follower_id", "left_anti"),
-        "follower_id",
-        cap,
-    )
+    # T' join dF: a new follow brings the followee's newest `cap` live tweets (dT join dF is in both terms;
+    # array_distinct below makes it count once).
+    candidates = []
+    if n_born:
+        authors = born.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts")
+        candidates.append(cur_after.join(authors, "followee_id").select("follower_id", "tweet_id", "ts"))
+    if n_gained:
+        gained_authors = gained.select(F.col("followee_id").alias("user_id")).distinct()
+        top = _top_per_author(live_after.join(gained_authors, "user_id"), cap)
+        candidates.append(
+            gained.join(
+                top.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id"
+            ).select("follower_id", "tweet_id", "ts")
+        )
+    if candidates:
+        pairs = candidates[0] if len(candidates) == 1 else candidates[0].unionByName(candidates[1])
+        if n_died or n_lost:
+            pairs = pairs.join(refill, "follower_id", "left_anti")
+        adds = _timelines(pairs, cap)
+    else:
+        adds = spark.createDataFrame([], f"follower_id string, entries {ENTRIES_TYPE}")
 
     # Refill: the whole new timeline of each follower recomputed (empty array when nothing is left).
-    refill_rows = _top_per(
-        cur_after.join(refill, "follower_id")
-        .join(live_after.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id")
-        .select("follower_id", "tweet_id", "ts"),
-        "follower_id",
-        cap,
-    )
-    replaces = refill.join(
-        refill_rows.groupBy("follower_id").agg(
-            F.sort_array(F.collect_list(F.struct("ts", "tweet_id")), asc=False).alias("entries")
-        ),
-        "follower_id",
-        "left",
-    ).select(
-        "follower_id",
-        F.coalesce("entries", F.array().cast("array<struct<ts:bigint,tweet_id:string>>")).alias("entries"),
-    )
+    if n_died or n_lost:
+        refill_pairs = (
+            cur_after.join(refill, "follower_id")
+            .join(live_after.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id")
+            .select("follower_id", "tweet_id", "ts")
+        )
+        replaces = refill.join(_timelines(refill_pairs, cap), "follower_id", "left").select(
+            "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
+        )
+    else:
+        replaces = spark.createDataFrame([], f"follower_id string, entries {ENTRIES_TYPE}")
 
     return TimelineChanges(
-        tweet_rows=tweet_rows,
-        follow_rows=follow_rows,
+        after=TimelineState(tweets=tweets_after, follows=follows_after),
+        tweet_rows=tc.select(*_TWEET_COLS),
+        follow_rows=fc.select(*_FOLLOW_COLS),
         adds=adds,
         removes=removes,
         replaces=replaces,
         tweets_live=born,
         tweets_dead=died.where(~F.col("live_after")).select("tweet_id"),
-        _cached=(tc, fc, refill, removes_all),
+        _cached=tuple(cached),
     )
