@@ -1,27 +1,32 @@
 """The `timeline` job: tweets x follows -> home timelines in Redis (see `joins.table_table` for semantics).
 
 State: the join's state (one row per tweet id, one per follow pair) lives in memory across micro-batches
-(materialized DataFrames, local to the job) and is durable as an append-only Delta log of changed rows,
-`LAKE_DIR/state/timeline/g<N>/changes`, one commit per micro-batch tagged with its batch id.
+(materialized DataFrames, local to the job) and is durable as a log of changed rows,
+`LAKE_DIR/state/timeline/g<N>/changes/b<batch id>/` (Parquet, one directory per micro-batch, complete when its
+`_SUCCESS` marker exists). A plain Parquet write is used rather than a Delta commit because each Delta commit
+rebuilt a table snapshot, several Spark jobs for a handful of rows; the directory per batch id gives the same
+idempotence.
 
 Per micro-batch N: the batch is joined with the state, the resulting timeline changes are applied to Redis
-(idempotent per key), the changed state rows are appended to the log (idempotent: Delta `txnAppId` =
-job and generation, `txnVersion` = N) and only then does the in-memory state move on. After a crash, or when
-Spark replays batch N, the state is rebuilt from the log rows of batches < N (the newest row per key), so the
-replayed batch computes the same changes again: Redis operations repeat with the same effect and the append is
-skipped, with no lost and no doubled effect.
+(idempotent per key), the changed state rows are written to `b<N>` (a replay overwrites it with the same
+rows) and only then does the in-memory state move on. When a run starts (after a crash too) the state before its
+first batch N (one past the checkpoint's last committed batch) is rebuilt from the complete directories of
+batches < N (the newest row per key), and so it is whenever Spark replays a batch: the replayed batch computes the
+same changes again, Redis operations repeat with the same effect, with no lost and no doubled effect. Every
+`_SNAPSHOT_EVERY` batches the state is compacted into one snapshot directory.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from pathlib import Path
 
 from pyspark.sql import functions as F
 
 from changelog.topics import read_stream
 from jobs.runtime import (
     checkpoint_dir,
-    ensure_delta_table,
     log,
     log_sources,
     run_stream,
@@ -46,6 +51,7 @@ _LOG_SCHEMA = (
     "batch bigint, kind string, tweet_id string, user_id string, text string, ts bigint, posted boolean, "
     "deleted boolean, follower_id string, followee_id string, op string"
 )
+_SNAPSHOT_EVERY = 100  # batch directories after which the state is compacted into one snapshot
 _LOG_COLUMNS = [tuple(c.split()) for c in _LOG_SCHEMA.split(", ")]
 
 
@@ -63,22 +69,57 @@ def _source(spark, settings: Settings):
     return tweets.unionByName(follows)
 
 
-class _StateStore:
-    """The join state of one generation: in memory after batch `self.batch`, durable in the changes log."""
+def _log_rows(df, batch_id: int, kind: str):
+    """`df` (tweet or follow state rows) as rows of the changes log, tagged with `batch_id`."""
+    have = set(df.columns)
+    return df.select(
+        F.lit(batch_id).cast("bigint").alias("batch"),
+        F.lit(kind).alias("kind"),
+        *[(F.col(c) if c in have else F.lit(None)).cast(t).alias(c) for c, t in _LOG_COLUMNS[2:]],
+    )
 
-    def __init__(self, spark, path: str, app_id: str):
-        self.spark, self.path, self.app_id = spark, path, app_id
+
+def _complete(root: Path, prefix: str, below: int) -> list[tuple[int, Path]]:
+    """(id, dir) of the complete `<prefix><id>` directories under `root` with id < below, by id."""
+    found = []
+    for d in root.glob(f"{prefix}*"):
+        if d.name[1:].isdigit() and int(d.name[1:]) < below and (d / "_SUCCESS").exists():
+            found.append((int(d.name[1:]), d))
+    return sorted(found)
+
+
+class _StateStore:
+    """The join state of one generation: in memory after batch `self.batch`, durable under `path` as
+    `b<id>` (the rows batch `id` changed) and `s<id>` (the whole state after batch `id`, a compaction)."""
+
+    def __init__(self, spark, path: Path):
+        self.spark, self.path = spark, path
         self.state: TimelineState | None = None
         self.batch: int | None = None  # the state in memory is the state after this batch
 
     def before(self, batch_id: int) -> TimelineState:
-        """The state before micro-batch `batch_id`: from memory when it follows the last one, else from the log."""
+        """The state before micro-batch `batch_id`: from memory when it follows the last one, else from the log.
+
+        When `_SNAPSHOT_EVERY` batch directories have accumulated, the state is first written as `s<batch_id-1>`
+        and the directories it covers are removed (batch `batch_id - 1` is committed once `batch_id` starts).
+        """
         if self.state is None or self.batch != batch_id - 1:
-            self.state = self._restore(batch_id)
+            self.state, self.batch = self._restore(batch_id), batch_id - 1
+        snaps = _complete(self.path, "s", batch_id)
+        since = snaps[-1][0] if snaps else -1
+        if len([1 for i, _ in _complete(self.path, "b", batch_id) if i > since]) >= _SNAPSHOT_EVERY:
+            self._snapshot(batch_id - 1)
         return self.state
 
     def _restore(self, batch_id: int) -> TimelineState:
-        rows = self.spark.read.format("delta").load(self.path).where(F.col("batch") < batch_id)
+        snaps = _complete(self.path, "s", batch_id)
+        since = snaps[-1][0] if snaps else -1
+        dirs = [d for _, d in snaps[-1:]] + [d for i, d in _complete(self.path, "b", batch_id) if i > since]
+        rows = (
+            self.spark.read.schema(_LOG_SCHEMA).parquet(*[str(d) for d in dirs])
+            if dirs
+            else self.spark.createDataFrame([], _LOG_SCHEMA)
+        )
 
         def newest(kind: str, keys: list[str], values: list[str]):
             latest = F.max_by(F.struct(*values), "batch").alias("v")
@@ -94,26 +135,18 @@ class _StateStore:
             tweets=newest("t", _TWEET_KEY, _TWEET_VALUES), follows=newest("f", _FOLLOW_KEY, _FOLLOW_VALUES)
         )
 
+    def _write(self, name: str, batch_id: int, tweets, follows) -> None:
+        rows = _log_rows(tweets, batch_id, "t").unionByName(_log_rows(follows, batch_id, "f"))
+        rows.coalesce(1).write.mode("overwrite").parquet(str(self.path / name))
+
+    def _snapshot(self, batch_id: int) -> None:
+        self._write(f"s{batch_id}", batch_id, self.state.tweets, self.state.follows)
+        for _, d in _complete(self.path, "b", batch_id + 1) + _complete(self.path, "s", batch_id):
+            shutil.rmtree(d, ignore_errors=True)
+
     def commit(self, batch_id: int, changes) -> None:
-        """Append the batch's changed rows (skipped by Delta if batch `batch_id` was appended before)."""
-
-        def as_log(df, kind: str):
-            have = set(df.columns)
-            return df.select(
-                F.lit(batch_id).cast("bigint").alias("batch"),
-                F.lit(kind).alias("kind"),
-                *[(F.col(c) if c in have else F.lit(None)).cast(t).alias(c) for c, t in _LOG_COLUMNS[2:]],
-            )
-
-        rows = as_log(changes.tweet_rows, "t").unionByName(as_log(changes.follow_rows, "f"))
-        (
-            rows.coalesce(1)
-            .write.format("delta")
-            .mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", batch_id)
-            .save(self.path)
-        )
+        """Write the batch's changed rows to `b<batch_id>` (replacing a partial or earlier write of it)."""
+        self._write(f"b{batch_id}", batch_id, changes.tweet_rows, changes.follow_rows)
         self.state, self.batch = changes.after, batch_id
 
 
@@ -124,67 +157,87 @@ def _entries(col):
 
 
 def _ops(changes):
+    """The sink's operations (TIMELINE_OPS_SCHEMA) for `changes`; branches with no input are left out of the plan."""
     none = F.lit(None).cast("string")
-    removes = changes.removes.groupBy("follower_id").agg(
-        F.array_join(F.sort_array(F.collect_list("tweet_id")), SEP).alias("removes")
-    )
-    timeline = (
-        changes.adds.select("follower_id", _entries(F.col("entries")).alias("entries"))
-        .join(removes, "follower_id", "full")
-        .select(
-            F.lit("timeline").alias("kind"),
-            F.col("follower_id").alias("id"),
-            F.lit("add").alias("mode"),
-            "removes",
-            "entries",
-            none.alias("body"),
+    n = changes.counts
+    removing, adding = n["died"] or n["lost"], n["born"] or n["gained"]
+
+    def op(df, kind, ident, mode, removes, entries, body):
+        return df.select(
+            F.lit(kind).alias("kind"),
+            F.col(ident).alias("id"),
+            (F.lit(mode) if mode else none).alias("mode"),
+            (removes if removes is not None else none).alias("removes"),
+            (entries if entries is not None else none).alias("entries"),
+            (body if body is not None else none).alias("body"),
         )
-    )
-    replaces = changes.replaces.select(
-        F.lit("timeline").alias("kind"),
-        F.col("follower_id").alias("id"),
-        F.lit("replace").alias("mode"),
-        none.alias("removes"),
-        _entries(F.col("entries")).alias("entries"),
-        none.alias("body"),
-    )
-    born = changes.tweets_live.select(
-        F.lit("tweet").alias("kind"),
-        F.col("tweet_id").alias("id"),
-        none.alias("mode"),
-        none.alias("removes"),
-        none.alias("entries"),
-        F.to_json(F.struct("tweet_id", "user_id", "text", "ts")).alias("body"),
-    )
-    dead = changes.tweets_dead.select(
-        F.lit("tweet").alias("kind"),
-        F.col("tweet_id").alias("id"),
-        none.alias("mode"),
-        none.alias("removes"),
-        none.alias("entries"),
-        none.alias("body"),
-    )
-    return timeline.unionByName(replaces).unionByName(born).unionByName(dead)
+
+    parts = []
+    adds = changes.adds.select("follower_id", _entries(F.col("entries")).alias("entries"))
+    if removing:
+        removes = changes.removes.groupBy("follower_id").agg(
+            F.array_join(F.sort_array(F.collect_list("tweet_id")), SEP).alias("removes")
+        )
+        touched = adds.join(removes, "follower_id", "full") if adding else removes
+        parts.append(
+            op(
+                touched,
+                "timeline",
+                "follower_id",
+                "add",
+                F.col("removes"),
+                F.col("entries") if adding else None,
+                None,
+            )
+        )
+        parts.append(
+            op(changes.replaces, "timeline", "follower_id", "replace", None, _entries(F.col("entries")), None)
+        )
+    elif adding:
+        parts.append(op(adds, "timeline", "follower_id", "add", None, F.col("entries"), None))
+    if n["born"]:
+        body = F.to_json(F.struct("tweet_id", "user_id", "text", "ts"))
+        parts.append(op(changes.tweets_live, "tweet", "tweet_id", None, None, None, body))
+    if n["died"]:
+        parts.append(op(changes.tweets_dead, "tweet", "tweet_id", None, None, None, None))
+    out = parts[0] if parts else op(changes.tweets_dead, "tweet", "tweet_id", None, None, None, None)
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _next_batch_id(checkpoint: Path) -> int:
+    """The id of the next micro-batch the query at `checkpoint` runs: one past its last committed batch."""
+    commits = checkpoint / "commits"
+    done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
+    return max(done, default=-1) + 1
 
 
 def run_timeline(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
     """Run the timeline job into `generation` (default: the serving one). Returns totals of this run."""
     client = connect(settings.redis_url)
     gen = generation if generation is not None else ensure_generation(client, JOB)
-    changes_path = ensure_delta_table(spark, state_dir(settings, JOB, gen) / "changes", _LOG_SCHEMA)
-    store = _StateStore(spark, changes_path, f"{JOB}-g{gen}-state")
+    store = _StateStore(spark, state_dir(settings, JOB, gen) / "changes")
     sink = TimelineSink(settings.redis_url, gen, settings.timeline_cap)
     totals = {"batches": 0, "events": 0, "timeline_ops": 0, "entries": 0, "seconds": 0.0}
 
     def process(batch_df, batch_id: int) -> None:
         started = time.monotonic()
         batch = batch_df.persist()
-        n_events = batch.count()
+        per_topic = dict(batch.groupBy("topic").count().collect())
+        n_events = sum(per_topic.values())
         if n_events == 0:
             batch.unpersist()
             return
-        tweets_b = batch.where(F.col("topic") == "tweets").select("op", "tweet_id", "user_id", "text", "ts")
-        follows_b = batch.where(F.col("topic") == "follows").select("op", "follower_id", "followee_id", "ts")
+        tweets_b = follows_b = None
+        if per_topic.get("tweets"):
+            tweets_b = batch.where(F.col("topic") == "tweets").select(
+                "op", "tweet_id", "user_id", "text", "ts"
+            )
+        if per_topic.get("follows"):
+            follows_b = batch.where(F.col("topic") == "follows").select(
+                "op", "follower_id", "followee_id", "ts"
+            )
         changes = maintain_timeline(store.before(batch_id), tweets_b, follows_b, cap=settings.timeline_cap)
         t_compute = time.monotonic()
         written = sink.write(_ops(changes), batch_id)
@@ -219,6 +272,10 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
         )
 
     log_sources(settings, JOB, gen, TOPICS)
+    started = time.monotonic()
+    first = _next_batch_id(checkpoint_dir(settings, JOB, gen))
+    store.before(first)
+    log(f"timeline g{gen}: state before batch {first} loaded in {time.monotonic() - started:.2f}s")
     run_stream(
         _source(spark, settings),
         process,

@@ -66,6 +66,9 @@ class TimelineChanges:
     replaces: DataFrame  # follower_id, entries (ENTRIES_TYPE newest first): the whole new timeline
     tweets_live: DataFrame  # tweet_id, user_id, text, ts: tweets that became live
     tweets_dead: DataFrame  # tweet_id: tweets that stopped being live
+    counts: dict | None = (
+        None  # born, died, gained, lost: how many tweets/pairs changed which way (0 = empty)
+    )
     _cached: tuple = ()
 
     def release(self) -> None:
@@ -172,29 +175,45 @@ def _follow_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
     return out.where(F.col("_new") | F.col("_moved")).drop("_new", "_moved")
 
 
+_BATCH_SCHEMAS = {
+    _tweet_changes: "op string, tweet_id string, user_id string, text string, ts bigint",
+    _follow_changes: "op string, follower_id string, followee_id string, ts bigint",
+}
+
+
 def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: list[str]) -> DataFrame:
     """`state` with the rows of `changed` (same keys) replaced or inserted, materialized (lineage cut)."""
     rows = changed.select(*cols)
     return state.join(changed.select(*keys), keys, "left_anti").unionByName(rows).localCheckpoint(eager=True)
 
 
+def _materialized(changes, before: DataFrame, batch: DataFrame | None, *conds: Column):
+    """`changes(before, batch)` cached, with its row count and the count of rows meeting each of `conds`
+    (one Spark job); no job at all when there is no batch."""
+    if batch is None:
+        empty = changes(before, before.sparkSession.createDataFrame([], _BATCH_SCHEMAS[changes]))
+        return empty.where(F.lit(False)), (0,) * (len(conds) + 1)
+    df = changes(before, batch).persist()
+    return df, tuple(df.agg(F.count("*"), *[F.count_if(c) for c in conds]).first())
+
+
 def maintain_timeline(
-    state: TimelineState, tweets_batch: DataFrame, follows_batch: DataFrame, *, cap: int
+    state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None, *, cap: int
 ) -> TimelineChanges:
     """The state after one micro-batch, and the timeline changes it causes. See the module docstring.
 
     `state` is not modified. `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id,
-    followee_id, ts. Batch-sized intermediates are cached until `release()`; the new state is materialized.
+    followee_id, ts. Either may be None when the batch has no record of that topic. Batch-sized intermediates are cached until `release()`; the new state is materialized.
     """
-    spark = tweets_batch.sparkSession
-    tc = _tweet_changes(state.tweets, tweets_batch).persist()
-    fc = _follow_changes(state.follows, follows_batch).persist()
+    spark = state.tweets.sparkSession
     born_c = F.col("live_after") & (~F.col("live_before") | F.col("moved"))
     died_c = F.col("live_before") & (~F.col("live_after") | F.col("moved"))
-    n_tc, n_born, n_died = tc.agg(F.count("*"), F.count_if(born_c), F.count_if(died_c)).first()
     gained_c = ~F.col("current_before") & F.col("current_after")
     lost_c = F.col("current_before") & ~F.col("current_after")
-    n_fc, n_gained, n_lost = fc.agg(F.count("*"), F.count_if(gained_c), F.count_if(lost_c)).first()
+    tc, (n_tc, n_born, n_died) = _materialized(_tweet_changes, state.tweets, tweets_batch, born_c, died_c)
+    fc, (n_fc, n_gained, n_lost) = _materialized(
+        _follow_changes, state.follows, follows_batch, gained_c, lost_c
+    )
 
     tweets_after = _replace_rows(state.tweets, tc, ["tweet_id"], _TWEET_COLS) if n_tc else state.tweets
     follows_after = (
@@ -287,5 +306,6 @@ def maintain_timeline(
         replaces=replaces,
         tweets_live=born,
         tweets_dead=died.where(~F.col("live_after")).select("tweet_id"),
+        counts={"born": n_born, "died": n_died, "gained": n_gained, "lost": n_lost},
         _cached=tuple(cached),
     )

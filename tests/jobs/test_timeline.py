@@ -82,3 +82,45 @@ def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rcl
         "generation": 1,
         "tweets": [],
     }
+
+
+def _rows(state) -> tuple[list, list]:
+    return sorted(map(tuple, state.tweets.collect())), sorted(map(tuple, state.follows.collect()))
+
+
+def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(spark, tmp_path, monkeypatch):
+    """The in-memory state equals the state rebuilt from the changes log, before and after compaction, and a
+    store that starts fresh at batch N (a restart, or Spark replaying N) gets the state as it was before N."""
+    from jobs import timeline as job
+    from joins.table_table import maintain_timeline
+
+    monkeypatch.setattr(job, "_SNAPSHOT_EVERY", 2)
+    path = tmp_path / "changes"
+    store = job._StateStore(spark, path)
+    tweets = "op string, tweet_id string, user_id string, text string, ts bigint"
+    follows = "op string, follower_id string, followee_id string, ts bigint"
+    steps = [
+        ([("post", "t1", "a", "x", 1), ("post", "t2", "a", "y", 2)], [("follow", "r", "a", 1)]),
+        ([("delete", "t1", "a", None, 3)], []),
+        ([], [("unfollow", "r", "a", 4), ("follow", "s", "a", 4)]),
+        ([("post", "t3", "b", "z", 5)], [("follow", "r", "b", 5)]),
+        ([("post", "t2", "a", "y2", 6)], [("follow", "r", "a", 3)]),  # a later post moves t2; an older follow
+    ]
+    before = []
+    for i, (tw, fo) in enumerate(steps):
+        state = store.before(i)
+        before.append(_rows(state))
+        batch_t = spark.createDataFrame(tw, tweets) if tw else None
+        batch_f = spark.createDataFrame(fo, follows) if fo else None
+        store.commit(i, maintain_timeline(state, batch_t, batch_f, cap=2))
+    # before(2) and before(4) compacted: s1 covered b0-b1, s3 covered s1 and b2-b3.
+    assert sorted(p.name for p in path.iterdir()) == ["b4", "s3"]
+    assert _rows(job._StateStore(spark, path).before(5)) == _rows(store.state)
+    assert _rows(job._StateStore(spark, path).before(4)) == before[4]
+    tweets_after, follows_after = _rows(store.state)
+    assert [t[:5] for t in tweets_after] == [
+        ("t1", "a", "x", 1, True),
+        ("t2", "a", "y2", 6, True),
+        ("t3", "b", "z", 5, True),
+    ]
+    assert follows_after == [("r", "a", "unfollow", 4), ("r", "b", "follow", 5), ("s", "a", "follow", 4)]
