@@ -110,7 +110,9 @@ def _tweet_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
         F.max(F.when(post, F.struct("ts", "user_id", "text"))).alias("p"),
         F.max(F.when(~post, F.struct("user_id")).otherwise(None)).alias("d"),
     )
-    b = before.alias("b")
+    # The state rows of the batch's ids first (a semi join that streams the state past the small batch), so the
+    # outer join below never hashes or ships the whole state.
+    b = before.join(reduced.select("tweet_id"), "tweet_id", "left_semi").alias("b")
     j = reduced.alias("n").join(b, "tweet_id", "left")
     old_post = F.when(F.col("b.posted"), F.struct(F.col("b.ts"), F.col("b.user_id"), F.col("b.text")))
     new_post = F.greatest(old_post, F.col("n.p"))
@@ -154,7 +156,9 @@ def _follow_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
     reduced = batch.groupBy("follower_id", "followee_id").agg(
         F.max(F.struct("ts", rank.alias("r"), "op")).alias("n")
     )
-    j = reduced.join(before.alias("b"), ["follower_id", "followee_id"], "left")
+    keys = ["follower_id", "followee_id"]
+    b = before.join(reduced.select(*keys), keys, "left_semi").alias("b")  # as in _tweet_changes
+    j = reduced.join(b, keys, "left")
     old = F.when(
         F.col("b.op").isNotNull(),
         F.struct(
