@@ -207,10 +207,12 @@ def apply_retention(spark, lake_dir: Path, *, retain_hours: float = 168.0) -> di
     """Bound the table's raw change feed: set `delta.logRetentionDuration` and
     `delta.deletedFileRetentionDuration` and VACUUM, keeping at least `retain_hours` (default 7 days) and never
     anything newer than the latest compaction (the effective retention is stretched to the compaction's age, so
-    a consumer can always start from the snapshot and read the feed after its version).
+    a consumer can always start from the snapshot and read the feed after its version). The effective
+    retention is rounded *up* to whole hours (VACUUM itself only honours whole hours).
 
     Raises `RuntimeError` if no compaction exists: run `compact_profiles` first. Returns
     `{"retain_hours": effective hours, "compacted_version": V}`."""
+    import math
     import time
 
     from delta.tables import DeltaTable
@@ -231,7 +233,11 @@ def apply_retention(spark, lake_dir: Path, *, retain_hours: float = 168.0) -> di
     hours = max(retain_hours, age_hours + 1 / 60)
     if hours == float("inf"):  # the compacted version's commit is gone already: nothing newer is at risk
         hours = retain_hours
-    interval = f"interval {int(hours * 3600) + 1} seconds"
+    # VACUUM rounds its retention to the *nearest* whole hour (Delta's VacuumCommand: math.round(hours)), so a
+    # stretched retention of, say, 0.02 h became 0 and removed change-data files written after the compaction.
+    # Round up to whole hours instead, for the vacuum and the table properties alike.
+    hours = float(max(math.ceil(hours), 0))
+    interval = f"interval {int(hours * 3600)} seconds"
     spark.sql(
         f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ("
         f"'delta.logRetentionDuration' = '{interval}', 'delta.deletedFileRetentionDuration' = '{interval}')"

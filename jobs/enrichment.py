@@ -7,19 +7,27 @@ change feed: the table applies changes with `SEQUENCE BY ts`, so a change that a
 appears in its feed, and whether a version exists would depend on arrival order (docs/enrichment.md).
 
 State (Delta tables under `LAKE_DIR/state/enrichment/g<g>/`):
-- `versions`: the versioned local copy (SCD type 2), one row per version received (`joins.asof.VERSION_SCHEMA`);
+- `versions`: the versioned local copy (SCD type 2), one row per change received (`joins.asof.VERSION_SCHEMA`;
+  a change delivered twice is stored twice and resolved on read, so the append needs no lookup);
 - `held`: events waiting for the profiles watermark (`joins.asof.EVENT_COLUMNS`).
 
 Per micro-batch, in this order (so that a crash anywhere replays the batch with the same effect):
-1. the batch's new versions are appended to `versions` (idempotent: Delta `txnAppId`/`txnVersion` = batch id);
-2. watermark = max change `ts` in `versions` minus `ALLOWED_LATENESS`;
-3. candidates = held events + the batch's events not already in `enriched_activity` (dedup by `event_id`),
-   joined as of their `ts` (`joins.asof.asof_join`): those the watermark has reached are emitted;
+1. the batch's changes are appended to `versions` (idempotent: Delta `txnAppId`/`txnVersion` = batch id);
+2. watermark = max change `ts` seen minus `ALLOWED_LATENESS`;
+3. candidates = held events + the batch's events not already in `enriched_activity` (dedup by `event_id`;
+   only events the watermark had reached before the batch can be there, and only those are looked up), joined
+   as of their `ts` in one sorted pass (`joins.asof.asof_join`): those the watermark has reached are emitted;
 4. per-country counts go to Redis (fenced by batch id), the emitted rows are appended to `enriched_activity`
-   (idempotent by batch id), and `held` is replaced by the events still waiting (idempotent by batch id).
+   (idempotent by batch id), and `held` is replaced by the events still waiting (idempotent by batch id),
+   only when something was or is held.
+Cost per batch: 5-8 Spark jobs (one scan for the batch's counts, the versions append, the as-of pass, the
+output append; Delta's own), at most 3 Delta commits (versions if changes arrived, output if events were
+emitted, held if events were or are held); no Python on the executors.
 Activity events that arrive after the watermark passed their `ts` are still enriched correctly (every change
 they could use is known) and counted as `late_events`; profile changes older than the watermark on arrival are
 kept as versions and counted as `late_changes` (events already emitted do not see them).
+A record is a duplicate of an emitted one if it has the same `event_id` and its `ts` lies in the range of `ts`
+of this batch's events that the watermark had already reached (a record delivered again has the same `ts`).
 """
 
 from __future__ import annotations
@@ -45,9 +53,10 @@ from joins.asof import (
     ENRICHED_COLUMNS,
     EVENT_COLUMNS,
     VERSION_SCHEMA,
+    AsofResult,
     asof_join,
     dedupe_events,
-    profile_versions,
+    version_rows,
 )
 from views.enrichment import UNKNOWN_COUNTRY, CountrySink, enriched_path
 from views.keys import meta_key
@@ -79,7 +88,8 @@ def _source(spark, settings: Settings, *, max_files_per_trigger: int | None = No
     return norm(activity, "activity").unionByName(norm(profiles, "profiles"))
 
 
-_VERSION_COLUMNS = [c.split()[0] for c in VERSION_SCHEMA.split(", ")]
+# Up to this many candidates, only their users' versions are sorted (broadcast semi-join), not the whole copy.
+_FEW_EVENTS = 20_000
 
 
 def _read_mark(sdir) -> dict:
@@ -114,30 +124,26 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
         mark = _read_mark(sdir)
         max_before, held_before_n = mark.get("max_ts"), mark.get("held", 0)
         wm_before = max_before - lateness if max_before is not None else None
-        batch = batch_df.persist()
+        # The batch is not cached: `topic` is a literal of each side of the union, so every filter on it below
+        # reads only that topic's files (and only the columns used).
         is_act, is_prof = F.col("topic") == "activity", F.col("topic") == "profiles"
         late = F.col("ts") < F.lit(wm_before).cast("bigint")
-        s = batch.agg(
+        seen = is_act & (F.col("ts") <= F.lit(wm_before).cast("bigint"))
+        s = batch_df.agg(
             F.count(F.when(is_act, 1)).alias("events"),
             F.count(F.when(is_prof, 1)).alias("changes"),
             F.max(F.when(is_prof, F.col("ts"))).alias("max_ts"),
             F.count(F.when(is_act & late, 1)).alias("late_events"),
             F.count(F.when(is_prof & late, 1)).alias("late_changes"),
+            F.min(F.when(seen, F.col("ts"))).alias("seen_lo"),
+            F.max(F.when(seen, F.col("ts"))).alias("seen_hi"),
         ).first()
         if s["events"] == 0 and s["changes"] == 0:
-            batch.unpersist()
             return
-        # 1. New versions into the local copy (a version delivered twice is stored once; a different change
-        #    with the same version id is kept beside it and resolved by profile_versions on read).
+        # 1. The batch's changes into the local copy, as they are (duplicates are resolved on read).
         if s["changes"]:
-            stored = spark.read.format("delta").load(versions_path)
-            new = profile_versions(batch.where(is_prof)).select(*_VERSION_COLUMNS)
-            cond = [new[c] == stored[c] for c in ("user_id", "ts", "deleted")] + [
-                new["name"].eqNullSafe(stored["name"]),
-                new["country"].eqNullSafe(stored["country"]),
-            ]
             (
-                new.join(stored, cond, "left_anti")
+                version_rows(batch_df.where(is_prof))
                 .write.format("delta")
                 .mode("append")
                 .option("txnAppId", f"{app_id}-versions")
@@ -150,15 +156,29 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
         wm = max_after - lateness if max_after is not None else None
         n_emitted = hs = unknown = 0
         if s["events"] or (held_before_n and wm != wm_before):
-            # 3. Candidates: held + new events not yet emitted; the as-of join decides emitted / held.
-            out = spark.read.format("delta").load(out_path)
-            fresh = dedupe_events(batch.where(is_act).select(*EVENT_COLUMNS)).join(
-                out.select("event_id"), "event_id", "left_anti"
-            )
-            candidates = dedupe_events(spark.read.format("delta").load(held_path).unionByName(fresh))
-            versions = profile_versions(spark.read.format("delta").load(versions_path))
-            result = asof_join(candidates, versions, watermark_ms=wm)
-            decided = result.decided.persist()
+            # 3. Candidates: held + the batch's events not emitted yet. Only an event whose ts the watermark had
+            #    already reached before this batch can be in the output log (a record delivered again has the
+            #    same ts), so only those are looked up there, in the ts range the output's file statistics skip to.
+            fresh = batch_df.where(is_act).select(*EVENT_COLUMNS)
+            if s["seen_lo"] is not None:
+                emitted_before = (
+                    spark.read.format("delta")
+                    .load(out_path)
+                    .where(F.col("ts").between(s["seen_lo"], s["seen_hi"]))
+                    .select("event_id")
+                )
+                fresh = fresh.join(emitted_before, "event_id", "left_anti")
+            if held_before_n:
+                fresh = spark.read.format("delta").load(held_path).unionByName(fresh)
+            candidates = dedupe_events(fresh)
+            versions = spark.read.format("delta").load(versions_path)
+            few = s["events"] + held_before_n <= _FEW_EVENTS
+            # Materialized once (lineage cut): the stats, the output and the held set are read from it, never
+            # recomputed (a persisted plan was partly recomputed by the Delta writes).
+            decided = asof_join(
+                candidates, versions, watermark_ms=wm, few_users=few
+            ).decided.localCheckpoint()
+            result = AsofResult(decided)
             country = F.coalesce("country", F.lit(UNKNOWN_COUNTRY)).alias("country")
             stats = (
                 decided.groupBy("emit", country)
@@ -169,12 +189,10 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
             n_emitted = sum(n for _, n in counts)
             hs = sum(r["n"] for r in stats if not r["emit"])
             unknown = sum(r["u"] for r in stats if r["emit"])
-            # 4. Publish: Redis counters (fenced by batch id), then the output log and the held set (both
-            #    idempotent by batch id).
+            # 4. Publish: Redis counters (fenced by batch id; a handful of keys, already on the driver), then the
+            #    output log and the held set (both idempotent by batch id).
             if counts:
-                sink.write(
-                    spark.createDataFrame(counts, "country string, events bigint").coalesce(1), batch_id
-                )
+                sink.apply(counts, batch_id)
                 (
                     result.emitted.select(*ENRICHED_COLUMNS)
                     .write.format("delta")
@@ -191,10 +209,9 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
                     .option("txnVersion", batch_id)
                     .save(held_path)
                 )
-            decided.unpersist()
+            del decided, result  # its blocks are freed by Spark's ContextCleaner once unreferenced
         else:
             hs = held_before_n
-        batch.unpersist()
         _write_mark(sdir, {"max_ts": max_after, "held": hs})
         took = time.monotonic() - started
         totals["batches"] += 1

@@ -2,12 +2,13 @@
 
 The dimension is kept as a local, versioned copy (SCD type 2): every change of every user is a version with the
 identifier `"<user_id>@<ts of the change, epoch ms>"`, valid from its `ts` to the next version's `ts`. A delete is
-a version too: profile fields null from its `ts` on. `profile_versions` reduces raw change records to that copy
-(one row per version id; a change delivered twice is one version; two different changes with the same user and
-`ts` resolve as in `changelog.cdc`: a delete wins, then the greater `(name, country)`), so the copy is a
-function of the *set* of changes only.
+a version too: profile fields null from its `ts` on. Two different changes with the same user and `ts` resolve as
+in `changelog.cdc`: a delete wins, then the greater `(name, country)`; a change delivered twice is one version. So
+the copy is a function of the *set* of changes only. `profile_versions` reduces raw change records to that copy
+(one row per version id); `asof_join` also accepts the raw, undeduplicated version rows (`VERSION_SCHEMA`, as the
+job stores them) and applies the same resolution itself.
 
-`asof_join(events, versions, watermark_ms=...)` decides, for each candidate event (deduplicated by `event_id`):
+`asof_join(events, versions, watermark_ms=...)` decides, for each candidate event (one row per `event_id`):
 - emitted only once the profiles watermark (max change `ts` minus the allowed lateness, computed by the caller)
   is >= the event's `ts`; until then it is held (returned in `held`, for the caller to keep durably);
 - with `profile_version` set: exactly that version (`name`, `country` null if it is a delete). A reference to a
@@ -19,6 +20,12 @@ function of the *set* of changes only.
 The decision depends only on the set of changes with `ts <=` the watermark, which are all known once the
 watermark has passed (changes later than the allowed lateness are the producer's error), so the output never
 depends on how the two logs interleave or on batch boundaries.
+
+How (all in the JVM, one shuffle): the events the watermark has reached and the versions are cut into one
+stream keyed by user (a pinned event by the user and `ts` of its reference, any other by its own), sorted by
+`ts` with versions before events at equal `ts` (and, among versions of equal `ts`, by the tie-break above), and
+a running `last(version, ignorenulls)` window carries the version in force to every event. A pinned event found
+its version iff the carried version's `ts` equals the referenced `ts`.
 """
 
 from __future__ import annotations
@@ -34,14 +41,16 @@ __all__ = [
     "VERSION_SCHEMA",
     "AsofResult",
     "profile_versions",
+    "version_rows",
     "dedupe_events",
     "asof_join",
 ]
 
 EVENT_COLUMNS = ["event_id", "user_id", "action", "ts", "profile_version"]
 ENRICHED_COLUMNS = ["event_id", "user_id", "action", "ts", "profile_version", "name", "country"]
-# One row per version of the versioned copy (what the job keeps as state).
+# One row per change received (duplicates allowed: resolved by asof_join / profile_versions on read).
 VERSION_SCHEMA = "user_id string, ts bigint, deleted boolean, name string, country string"
+_VERSION_COLUMNS = ["user_id", "ts", "deleted", "name", "country"]
 
 
 @dataclass(frozen=True)
@@ -60,17 +69,23 @@ class AsofResult:
         return self.decided.where(~F.col("emit")).select(*EVENT_COLUMNS)
 
 
-def profile_versions(changes: DataFrame) -> DataFrame:
-    """Profile change records (`op, user_id, name, country, ts`) or version rows (`deleted` instead of `op`)
-    -> one row per version: `user_id, ts, deleted, name, country, version_id`."""
-    deleted = F.col("op") == "delete" if "op" in changes.columns else F.col("deleted")
-    rows = changes.select(
+def version_rows(changes: DataFrame) -> DataFrame:
+    """Profile change records (`op, user_id, name, country, ts`) -> raw version rows (`VERSION_SCHEMA`): a
+    delete has null profile fields. No deduplication (see `profile_versions`)."""
+    deleted = F.col("op") == "delete"
+    return changes.select(
         "user_id",
         "ts",
         deleted.alias("deleted"),
         F.when(deleted, None).otherwise(F.col("name")).alias("name"),
         F.when(deleted, None).otherwise(F.col("country")).alias("country"),
     )
+
+
+def profile_versions(changes: DataFrame) -> DataFrame:
+    """Profile change records (`op, user_id, name, country, ts`) or version rows (`deleted` instead of `op`)
+    -> one row per version: `user_id, ts, deleted, name, country, version_id`."""
+    rows = version_rows(changes) if "op" in changes.columns else changes.select(*_VERSION_COLUMNS)
     seq = F.struct("deleted", F.coalesce("name", F.lit("")), F.coalesce("country", F.lit("")))
     return (
         rows.groupBy("user_id", "ts")
@@ -105,87 +120,91 @@ def _ref_user(col):
     return F.regexp_extract(col, r"^(.*)@-?\d{1,18}$", 1)
 
 
-def asof_join(events: DataFrame, versions: DataFrame, *, watermark_ms: int | None) -> AsofResult:
+def asof_join(
+    events: DataFrame, versions: DataFrame, *, watermark_ms: int | None, few_users: bool = False
+) -> AsofResult:
     """Enrich candidate `events` (EVENT_COLUMNS, one row per event_id) with `versions` (`profile_versions`
-    output) under the profiles watermark `watermark_ms` (None: no change seen yet, everything is held).
-    See the module docstring for semantics. The results are lazy; the caller persists what it reuses."""
-    wm = F.lit(watermark_ms if watermark_ms is not None else None).cast("bigint")
+    output or raw `VERSION_SCHEMA` rows) under the profiles watermark `watermark_ms` (None: no change seen yet,
+    everything is held). See the module docstring for semantics.
+
+    few_users: the candidates are few (a small micro-batch): only the versions of their users are sorted,
+    selected by a broadcast semi-join. The results are lazy; the caller persists what it reuses."""
+    wm = F.lit(watermark_ms).cast("bigint")
     ev = events.select(*EVENT_COLUMNS)
-    pinned = ev.where(F.col("profile_version").isNotNull())
-    loose = ev.where(F.col("profile_version").isNull())
-
-    # Pinned: look the exact version up.
-    v = versions.select(
-        F.col("user_id").alias("_vu"),
-        F.col("ts").alias("_vts"),
-        F.col("deleted").alias("_vdel"),
-        F.col("name").alias("_vname"),
-        F.col("country").alias("_vcountry"),
-    )
-    p = pinned.withColumn("_rts", _ref_ts("profile_version")).withColumn("_ru", _ref_user("profile_version"))
-    p = p.join(v, (p["_ru"] == v["_vu"]) & (p["_rts"] == v["_vts"]), "left")
-    found = F.col("_vu").isNotNull()
-    p_ready = (wm >= F.col("ts")) & (found | F.col("_rts").isNull() | (wm >= F.col("_rts")))
-    p = p.select(
+    pv = F.col("profile_version")
+    ready = F.coalesce(wm >= F.col("ts"), F.lit(False))
+    now = ev.where(ready)
+    waiting = ev.where(~ready).select(
         *EVENT_COLUMNS,
-        F.coalesce(p_ready, F.lit(False)).alias("emit"),
-        F.when(found & ~F.col("_vdel"), F.col("_vname")).alias("name"),
-        F.when(found & ~F.col("_vdel"), F.col("_vcountry")).alias("country"),
-        (~found).alias("unknown_version"),
+        F.lit(None).cast("string").alias("name"),
+        F.lit(None).cast("string").alias("country"),
+        F.lit(False).alias("unknown_version"),
+        F.lit(False).alias("emit"),
     )
+    if watermark_ms is None:
+        return AsofResult(decided=waiting)
 
-    # Unpinned: the latest version with ts <= event ts, by one ordered pass per user (versions before events
-    # at equal ts), carrying the last version forward.
-    l_ready = F.coalesce(wm >= F.col("ts"), F.lit(False))
-    l_now = loose.where(l_ready)
-    l_wait = loose.where(~l_ready)
-    users = l_now.select("user_id").distinct()
-    vstruct = "struct<version_id:string,deleted:boolean,name:string,country:string>"
-    vrows = versions.join(users, "user_id", "left_semi").select(
-        "user_id",
-        "ts",
-        F.lit(0).alias("_kind"),
-        F.lit(None).cast("string").alias("event_id"),
-        F.lit(None).cast("string").alias("action"),
-        F.struct("version_id", "deleted", "name", "country").alias("_v"),
-    )
-    erows = l_now.select(
-        "user_id",
-        "ts",
+    # One sorted stream per key: events (kind 1) at (reference user, reference ts) if pinned to a well-formed
+    # reference, else at (user, ts); versions (kind 0) at (user, ts), ordered by the tie-break so the winner of
+    # equal (user, ts) comes last.
+    rts = _ref_ts(pv)
+    lookup = pv.isNotNull() & rts.isNotNull()
+    erows = now.select(
+        F.when(lookup, _ref_user(pv)).otherwise(F.col("user_id")).alias("_k"),
+        F.when(lookup, rts).otherwise(F.col("ts")).alias("_s"),
         F.lit(1).alias("_kind"),
-        "event_id",
-        "action",
-        F.lit(None).cast(vstruct).alias("_v"),
+        F.lit(None).cast("struct<d:boolean,n:string,c:string>").alias("_q"),
+        F.lit(None).cast("struct<ts:bigint,deleted:boolean,name:string,country:string>").alias("_v"),
+        *EVENT_COLUMNS,
+    )
+    vers = versions.select(*_VERSION_COLUMNS)
+    if few_users:
+        keys = erows.select(F.col("_k").alias("user_id")).distinct()
+        vers = vers.join(F.broadcast(keys), "user_id", "left_semi")
+    none = F.lit(None).cast("string")
+    vrows = vers.select(
+        F.col("user_id").alias("_k"),
+        F.col("ts").alias("_s"),
+        F.lit(0).alias("_kind"),
+        F.struct(
+            F.col("deleted").alias("d"),
+            F.coalesce("name", F.lit("")).alias("n"),
+            F.coalesce("country", F.lit("")).alias("c"),
+        ).alias("_q"),
+        F.struct("ts", "deleted", "name", "country").alias("_v"),
+        none.alias("event_id"),
+        none.alias("user_id"),
+        none.alias("action"),
+        F.lit(None).cast("bigint").alias("ts"),
+        none.alias("profile_version"),
     )
     w = (
-        Window.partitionBy("user_id")
-        .orderBy("ts", "_kind")
+        Window.partitionBy("_k")
+        .orderBy("_s", "_kind", "_q")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    cur = F.last("_v", ignorenulls=True).over(w)
-    live = ~F.coalesce(F.col("_cur.deleted"), F.lit(True))
-    l_done = (
-        vrows.unionByName(erows)
-        .withColumn("_cur", cur)
+    cur = F.col("_cur")
+    pinned = pv.isNotNull()
+    found = lookup & F.coalesce(cur["ts"] == F.col("_s"), F.lit(False))
+    live = cur.isNotNull() & ~F.coalesce(cur["deleted"], F.lit(True))
+    use = F.when(pinned, found & ~cur["deleted"]).otherwise(live)
+    done = (
+        erows.unionByName(vrows)
+        .withColumn("_cur", F.last("_v", ignorenulls=True).over(w))
         .where(F.col("_kind") == 1)
         .select(
             "event_id",
             "user_id",
             "action",
             "ts",
-            F.when(live, F.col("_cur.version_id")).alias("profile_version"),
-            F.when(live, F.col("_cur.name")).alias("name"),
-            F.when(live, F.col("_cur.country")).alias("country"),
-            F.lit(False).alias("unknown_version"),
-            F.lit(True).alias("emit"),
+            F.when(pinned, pv)
+            .when(live, F.concat_ws("@", "user_id", cur["ts"].cast("string")))
+            .alias("profile_version"),
+            F.when(use, cur["name"]).alias("name"),
+            F.when(use, cur["country"]).alias("country"),
+            (pinned & ~found).alias("unknown_version"),
+            # a pinned reference not found waits until the watermark passes its ts (it may still arrive)
+            (~lookup | found | (wm >= F.col("_s"))).alias("emit"),
         )
     )
-    none = F.lit(None).cast("string")
-    waiting = l_wait.select(
-        *EVENT_COLUMNS,
-        none.alias("name"),
-        none.alias("country"),
-        F.lit(False).alias("unknown_version"),
-        F.lit(False).alias("emit"),
-    )
-    return AsofResult(decided=p.unionByName(l_done).unionByName(waiting))
+    return AsofResult(decided=done.unionByName(waiting))

@@ -71,14 +71,20 @@ def _apply_counts(rows, url: str, generation: int, batch_id: int) -> None:
 
 class CountrySink:
     """Adds a micro-batch's per-country event counts (`country, events`) to generation `generation`, fenced by
-    batch id, from the executors."""
+    batch id: one pipeline of fenced Lua calls (one per country key) per Spark partition or per call."""
 
     def __init__(self, url: str, generation: int):
         self.url, self.generation = url, generation
 
     def write(self, counts_df, batch_id: int) -> None:
+        """From the executors: each partition of `counts_df` (`country, events`) in one pipeline."""
         url, generation = self.url, self.generation
         counts_df.foreachPartition(lambda rows: _apply_counts(rows, url, generation, batch_id))
+
+    def apply(self, counts, batch_id: int) -> None:
+        """From the caller's process: `counts` is an already aggregated, small list of `(country, events)`
+        (one row per country), so one pipeline from here costs one round trip and no Spark job."""
+        _apply_counts(counts, self.url, self.generation, batch_id)
 
 
 def query_activity_by_country(client, country: str, *, job: str = "enrichment") -> dict:

@@ -121,5 +121,12 @@ def test_sequenced_apply_feed_compaction_and_retention(spark, tmp_path):
     assert kept["compacted_version"] == version and kept["retain_hours"] >= 168
     props = spark.sql(f"DESCRIBE DETAIL delta.`{profiles_table_path(lake)}`").first()["properties"]
     assert props["delta.enableChangeDataFeed"] == "true" and "delta.logRetentionDuration" in props
+    # a near-zero requested retention still keeps the feed after the compaction: VACUUM rounds its retention to
+    # the nearest whole hour, so the stretched 0.02 h once became 0 and removed these change-data files
+    cdf_dir = profiles_table_path(lake) / "_change_data"
+    change_files = sorted(p.name for p in cdf_dir.rglob("*.parquet"))
+    assert change_files
+    kept = apply_retention(spark, lake, retain_hours=0)
+    assert kept["retain_hours"] >= 1 and sorted(p.name for p in cdf_dir.rglob("*.parquet")) == change_files
     # a consumer starting after retention still reaches the same copy from the snapshot and the later feed
     assert _consume(spark, lake, tmp_path, "after", starting_version=version + 1, start=start) == table
