@@ -115,10 +115,13 @@ def _stop_between_batches(q, patience_s: float = 600.0) -> None:
 
 
 def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Settings, name: str):
-    """Run `process(batch_df, batch_id)` over `stream_df` with exactly-once checkpointing.
+    """Run `process(batch_df, batch_id)` over `stream_df` with exactly-once checkpointing; the query is `name`.
 
-    once: process everything available now (possibly several micro-batches) and return.
-    Otherwise run until SIGTERM/SIGINT, then stop after the micro-batch in flight.
+    once: process everything available now (possibly several micro-batches, availableNow) and return.
+    Otherwise one long-lived query with a processingTime trigger of TRIGGER_INTERVAL: a commit to a source log
+    is planned at the next trigger, i.e. within one interval after the batch in flight. It runs until
+    SIGTERM/SIGINT (`STOP`), then stops after the micro-batch in flight, or until another thread stops it (the
+    deployed job's guard on a generation switch); both return normally. A failed query raises RuntimeError.
     """
     writer = (
         stream_df.writeStream.queryName(name)

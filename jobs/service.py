@@ -1,15 +1,18 @@
 """A deployed job's main loop (`python -m jobs run JOB` without `--once`): the job as a long-running service.
 
-- Whenever the job's logs have versions the serving generation's checkpoint has not processed (checked every
-  TRIGGER_INTERVAL from the files, no Spark), runs the job's streaming query with `once=True` (availableNow:
-  everything present, in micro-batches, then the query ends) on the serving generation (`mv:gen:<job>`). Idle,
-  it costs no Spark work, and stops and generation switches fall exactly between micro-batches.
-  When a replay moves the pointer, the query in flight stops between micro-batches and the next round runs on
-  the new generation's checkpoint and state.
-- SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0.
+- Runs the job's streaming query as one long-lived query with a processingTime trigger (TRIGGER_INTERVAL,
+  default 500 ms) on the serving generation (`mv:gen:<job>`), from that generation's checkpoint. A Delta commit
+  to one of its topics, by any process, is planned at the next trigger: within one trigger interval (plus the
+  micro-batch in flight, if any). Idle, each trigger only reads the topics' `_delta_log` listings.
+- Follows replays: a guard thread checks the pointer every half second; when it moves, the query stops between
+  micro-batches (the batch in flight finishes on the old generation) and a new query starts on the new
+  generation's checkpoint and state.
+- SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0. A batch that is
+  planned in the instant the stop is decided is interrupted and replayed at the next start (idempotent).
 - A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
-  after a backoff (2, 4, ... 60 s); the batch is replayed and, every sink write being idempotent or fenced, has
-  the effect of one application. Restarts are counted in the status.
+  after a backoff (2, 4, ... 60 s; back to 2 s once a query has run for 5 minutes); the batch is replayed and,
+  every sink write being idempotent or fenced, has the effect of one application. Restarts are counted in the
+  status.
 - Redis unreachable: every Redis call waits with backoff (`views.redis_io.WaitingRetry`), the log says
   `waiting for Redis at URL (attempt n)`, and a watcher thread records it in the status (`redis`:
   `"waiting since ..."`) until Redis answers again; then the job catches up from its checkpoint.
@@ -31,12 +34,14 @@ import redis
 from jobs import runtime
 from jobs.registry import job_spec
 from jobs.runtime import job_dir, log, write_status
-from jobs.settings import Settings, parse_duration_ms
-from jobs.status import lag_versions
+from jobs.settings import Settings
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation
 
 __all__ = ["serve"]
+
+# A query that ran this long before failing was healthy: its failure starts the backoff again at 2 s.
+_HEALTHY_S = 300.0
 
 
 def _fast_client(settings: Settings) -> redis.Redis:
@@ -82,32 +87,35 @@ class _RedisWatch(threading.Thread):
                 )
 
 
-def _pointer_moved(client: redis.Redis, job: str, generation: int):
-    def check() -> bool:
-        try:
-            value = client.get(gen_key(job))
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            return False  # cannot tell: keep going (the sink waits for Redis anyway)
-        return value is not None and int(value) != generation
-
-    return check
+def _serving(client: redis.Redis, job: str) -> int | None:
+    """The serving generation, or None if Redis cannot tell right now (the sink waits for Redis anyway)."""
+    try:
+        value = client.get(gen_key(job))
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return None
+    return None if value is None else int(value)
 
 
 class _Guard(threading.Thread):
-    """Stops the job's running query between micro-batches when SIGTERM arrives or the generation pointer moves,
-    so a long catch-up neither delays a stop nor keeps writing to a generation that is no longer current."""
+    """Stops the job's query between micro-batches when SIGTERM arrives or the generation pointer moves, so
+    a stop waits only for the batch in flight and nothing is written to a generation that is no longer current.
+
+    Queries are named `<job>_g<generation>` (`run_stream`'s name); on a pointer move only queries of another
+    generation are stopped, so the query the supervisor starts on the new generation is never hit by a stale
+    check.
+    """
 
     def __init__(self, spark, job: str, fast: redis.Redis):
         super().__init__(daemon=True, name="query-guard")
         self.spark, self.job, self.fast = spark, job, fast
-        self.generation: int | None = None
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(0.5):
-            moved = self.generation is not None and _pointer_moved(self.fast, self.job, self.generation)()
-            if runtime.STOP.is_set() or moved:
-                for q in self.spark.streams.active:
+            stopping = runtime.STOP.is_set()
+            serving = None if stopping else _serving(self.fast, self.job)
+            for q in self.spark.streams.active:
+                if stopping or (serving is not None and q.name != f"{self.job}_g{serving}"):
                     runtime._stop_between_batches(q)
 
 
@@ -137,7 +145,6 @@ def serve(spark, settings: Settings, job: str) -> int:
         scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
     client, fast = connect(settings.redis_url), _fast_client(settings)
     failures = restarts = 0
-    interval_s = parse_duration_ms(settings.trigger_interval) / 1000
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
     )
@@ -146,21 +153,21 @@ def serve(spark, settings: Settings, job: str) -> int:
     try:
         gen = None
         while not runtime.STOP.is_set():
-            serving = ensure_generation(client, job)
+            serving = ensure_generation(client, job)  # waits for Redis
             if serving != gen:
                 if gen is not None:
                     log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
                 gen = serving
-                guard.generation = gen
                 write_status(settings, job, generation=gen, state="running")
                 log(f"{job}: serving generation {gen}")
-            if lag_versions(settings, job, gen) == 0:
-                runtime.STOP.wait(interval_s)
-                continue
+            started = time.monotonic()
             try:
-                spec.run(spark, settings, once=True, generation=gen)
+                # Returns when the guard stopped the query (SIGTERM, or the pointer moved): loop to follow it.
+                spec.run(spark, settings, once=False, generation=gen)
                 failures = 0
             except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
+                if time.monotonic() - started > _HEALTHY_S:
+                    failures = 0
                 failures += 1
                 restarts += 1
                 delay = min(60, 2**failures)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ SPARK_HOME = Path(pyspark.__file__).parent
 
 
 def _standalone(tmp_path: Path):
+    """Start a master and a worker (in the background: the caller works meanwhile); `_registered` waits."""
     env = {
         **os.environ,
         "SPARK_HOME": str(SPARK_HOME),
@@ -76,17 +78,20 @@ def _standalone(tmp_path: Path):
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 180
+    return f"spark://127.0.0.1:{port}", ui, (master, worker), logs
+
+
+def _registered(tmp_path: Path, ui: int, procs) -> None:
+    """Wait until the worker has registered with the master (its web UI's JSON says so)."""
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
                 if json.load(r).get("aliveworkers", 0) >= 1:
-                    return f"spark://127.0.0.1:{port}", (master, worker), logs
+                    return
         except OSError:
             pass
-        assert master.poll() is None and worker.poll() is None, (tmp_path / "standalone.log").read_text()[
-            -3000:
-        ]
+        assert all(p.poll() is None for p in procs), (tmp_path / "standalone.log").read_text()[-3000:]
         time.sleep(0.5)
     raise AssertionError(
         "the standalone worker did not register: " + (tmp_path / "standalone.log").read_text()[-3000:]
@@ -107,15 +112,15 @@ def _shutdown(procs, logs) -> None:
 
 
 def test_timeline_on_a_standalone_cluster_equals_local(spark, tmp_path, redis_url):
-    wl = generate(seed=5, users=80, celebrities=2, follows=500, tweets=500)
-    files = write_jsonl(tmp_path / "t.jsonl", wl.tweets), write_jsonl(tmp_path / "f.jsonl", wl.follows)
-    local = make_settings(tmp_path / "lake_local", redis_url.replace("/0", "/1"), TIMELINE_CAP=10)
-    ingest(spark, local.lake_dir, "tweets", [files[0]])
-    ingest(spark, local.lake_dir, "follows", [files[1]])
-    run_timeline(spark, local, once=True)
-
-    master_url, procs, logs = _standalone(tmp_path)
+    # The master and worker JVMs start while the local[2] reference runs.
+    master_url, ui, procs, logs = _standalone(tmp_path)
     try:
+        wl = generate(seed=5, users=40, celebrities=2, follows=240, tweets=240)
+        files = write_jsonl(tmp_path / "t.jsonl", wl.tweets), write_jsonl(tmp_path / "f.jsonl", wl.follows)
+        local = make_settings(tmp_path / "lake_local", redis_url.replace("/0", "/1"), TIMELINE_CAP=10)
+        ingest(spark, local.lake_dir, "tweets", [files[0]])
+        ingest(spark, local.lake_dir, "follows", [files[1]])
+        run_timeline(spark, local, once=True)
         cluster = make_settings(
             tmp_path / "lake_cluster",
             redis_url,
@@ -123,14 +128,16 @@ def test_timeline_on_a_standalone_cluster_equals_local(spark, tmp_path, redis_ur
             SPARK_MASTER=master_url,
             SPARK_DRIVER_MEMORY="1g",
         )
-        ingest(spark, cluster.lake_dir, "tweets", [files[0]])
-        ingest(spark, cluster.lake_dir, "follows", [files[1]])
+        shutil.copytree(
+            local.lake_dir / "topics", cluster.lake_dir / "topics"
+        )  # the same logs, commit by commit
         env = {
             **os.environ,
             **settings_env(cluster),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
         }
+        _registered(tmp_path, ui, procs)
         run = subprocess.run(
             [sys.executable, "-m", "jobs.submit", "run", "timeline", "--once", "--json"],
             env=env,

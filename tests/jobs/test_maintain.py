@@ -23,10 +23,10 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
 ):
     settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=10, LOG_RETENTION="0 hours")
     wl = generate(
-        seed=3, users=60, celebrities=2, follows=600, tweets=400, duplicate_ratio=0.1, unfollow_ratio=0.3
+        seed=3, users=30, celebrities=2, follows=240, tweets=160, duplicate_ratio=0.1, unfollow_ratio=0.3
     )
-    half = len(wl.follows) // 2
-    for i, (t, f) in enumerate([(wl.tweets[:200], wl.follows[:half]), (wl.tweets[200:], wl.follows[half:])]):
+    th, half = len(wl.tweets) // 2, len(wl.follows) // 2
+    for i, (t, f) in enumerate([(wl.tweets[:th], wl.follows[:half]), (wl.tweets[th:], wl.follows[half:])]):
         ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", t)])
         ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", f)])
     # Generation 2 serves; generation 1 is a leftover (keys, checkpoint and state dirs) of an earlier replay.

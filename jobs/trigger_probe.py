@@ -1,0 +1,158 @@
+"""`python -m jobs.trigger_probe [--appends N]`: how soon a deployed job sees a new commit.
+
+Runs the deployed-job supervisor (`jobs.service.serve`, exactly as `mview deploy` runs it) on a throw-away
+`probe` job whose foreachBatch does nothing but record, for each row, the time from the Delta commit that
+brought it (the commit file's mtime) to the start of the foreachBatch call that received it. Another process
+(its own SparkSession, `local[1]`) appends one record per commit, one commit a second, to the probe's topic.
+Prints `append->batch-start` p50/p90/max in seconds and the load average, as one JSON line.
+
+Everything lives in a temporary LAKE_DIR and a redis-server of its own on a free port; nothing of a real lake
+or Redis is touched. TRIGGER_INTERVAL is taken from the environment (default 500 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+_SCHEMA = "op string, tweet_id string, user_id string, text string, ts bigint"
+
+
+def _write(table: str, n: int) -> None:
+    """The appending process: n commits of one tweet each, tweet_id = the commit's version, one a second."""
+    from jobs.settings import Settings
+    from jobs.spark import get_spark
+
+    spark = get_spark(
+        Settings.from_env({"SPARK_MASTER": "local[1]", "SPARK_DRIVER_MEMORY": "512m"}), "writer"
+    )
+    version = int(spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").first()["version"])
+    for i in range(version + 1, version + 1 + n):
+        row = [("post", str(i), "u1", "probe", i)]
+        spark.createDataFrame(row, _SCHEMA).write.format("delta").mode("append").save(table)
+        time.sleep(1.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jobs.trigger_probe", description=__doc__.splitlines()[0])
+    p.add_argument("--appends", type=int, default=15)
+    p.add_argument("--write", nargs=2, metavar=("TABLE", "N"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.write:
+        _write(args.write[0], int(args.write[1]))
+        return 0
+
+    import redis
+
+    from changelog.topics import ensure_topic, read_stream, topic_path
+    from jobs import registry, runtime, service
+    from jobs.settings import Settings
+    from jobs.spark import get_spark
+
+    work = Path(tempfile.mkdtemp(prefix="trigger_probe_"))
+    port = _free_port()
+    rs = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+        + ["--save", "", "--appendonly", "no", "--dir", str(work)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        for _ in range(100):
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        env = {**os.environ, "LAKE_DIR": str(work / "lake"), "REDIS_URL": url}
+        env.setdefault("SPARK_MASTER", "local[2]")
+        settings = Settings.from_env(env)
+        spark = get_spark(settings, "trigger-probe")
+        table = topic_path(settings.lake_dir, "tweets")
+        ensure_topic(spark, settings.lake_dir, "tweets")
+        latencies: list[float] = []
+        seen: set[int] = set()
+
+        def run_probe(spark, settings, *, once=True, generation=None):
+            def process(df, batch_id):
+                start = time.time()
+                for r in df.select("tweet_id").collect():
+                    v = int(r["tweet_id"])
+                    latencies.append(start - (table / "_delta_log" / f"{v:020d}.json").stat().st_mtime)
+                    seen.add(v)
+
+            runtime.run_stream(
+                read_stream(spark, settings.lake_dir, "tweets"),
+                process,
+                checkpoint=runtime.checkpoint_dir(settings, "probe", generation),
+                once=once,
+                settings=settings,
+                name=f"probe_g{generation}",
+            )
+            return {}
+
+        sys.modules.setdefault("jobs.trigger_probe", sys.modules[__name__])
+        globals()["run_probe"] = run_probe
+        registry.JOBS["probe"] = registry.JobSpec("probe", ("tweets",), (), "jobs.trigger_probe:run_probe")
+
+        def drive():
+            time.sleep(3.0)  # the supervisor's query is up
+            subprocess.run(
+                [sys.executable, "-m", "jobs.trigger_probe", "--write", str(table), str(args.appends)],
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 120
+            while len(seen) < args.appends and time.monotonic() < deadline:
+                time.sleep(0.2)
+            runtime.STOP.set()
+
+        threading.Thread(target=drive, daemon=True).start()
+        service.serve(spark, settings, "probe")
+        lat = sorted(latencies)
+        k = len(lat)
+
+        def q(f):
+            return round(lat[min(k - 1, int(f * k))], 2) if k else None
+
+        print(
+            json.dumps(
+                {
+                    "appends": args.appends,
+                    "seen": len(seen),
+                    "trigger_interval": settings.trigger_interval,
+                    "append_to_batch_start_s": {"p50": q(0.5), "p90": q(0.9), "max": q(1.0)},
+                    "all_s": [round(x, 2) for x in lat],
+                    "load1": round(os.getloadavg()[0], 1),
+                }
+            ),
+            flush=True,
+        )
+        return 0 if len(seen) == args.appends else 1
+    finally:
+        rs.terminate()
+        rs.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
