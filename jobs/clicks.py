@@ -224,30 +224,27 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
     )
     try:
         sink.write(_ops(res.left), fence)
-        counts = (
-            res.left.select(F.lit("s").alias("side"), "_new", "_closed", "_keep", "_changed", "ts")
-            .unionByName(
-                res.right.select(F.lit("c").alias("side"), "_new", "_closed", "_keep", "_changed", "ts")
-            )
-            .groupBy("side")
-            .agg(
-                F.sum(F.col("_new").cast("int")).alias("new"),
-                F.sum(F.col("_closed").cast("int")).alias("closed"),
-                F.sum(F.col("_keep").cast("int")).alias("keep"),
-                F.sum((F.col("_changed") & ~F.col("_closed")).cast("int")).alias("provisional"),
-                F.min(F.when(F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
-            )
-            .collect()
-        )
-        by = {r["side"]: r for r in counts}
-        s, c = by.get("s"), by.get("c")
+        # One job over the cached join state: every count the status needs.
+        flags = res.left.select(
+            F.lit(True).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"
+        ).unionByName(res.right.select(F.lit(False).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"))
+
+        def n(cond):
+            return F.sum(cond.cast("bigint"))
+
+        s_ = F.col("s")
+        c = flags.agg(
+            n(s_ & F.col("_new")).alias("new_searches"),
+            n(~s_ & F.col("_new")).alias("new_clicks"),
+            n(s_ & F.col("_closed")).alias("closed"),
+            n(s_ & F.col("_changed") & ~F.col("_closed")).alias("provisional"),
+            n(s_ & F.col("_keep")).alias("held"),
+            n(F.col("_keep")).alias("state_rows"),
+            F.min(F.when(s_ & F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
+        ).first()
         out = {
-            "new_searches": (s["new"] or 0) if s else 0,
-            "new_clicks": (c["new"] or 0) if c else 0,
-            "closed": (s["closed"] or 0) if s else 0,
-            "provisional": (s["provisional"] or 0) if s else 0,
-            "held": (s["keep"] or 0) if s else 0,
-            "state_rows": ((s["keep"] or 0) if s else 0) + ((c["keep"] or 0) if c else 0),
+            k: int(c[k] or 0)
+            for k in ("new_searches", "new_clicks", "closed", "provisional", "held", "state_rows")
         }
         meta.update(
             watermark=w1,
@@ -255,7 +252,7 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
             held=out["held"],
             state_rows=out["state_rows"],
             # the earliest window end still open: an idle tick does nothing before the watermark passes it
-            next_close=(s["min_kept_ts"] + WINDOW_MS) if s and s["min_kept_ts"] is not None else None,
+            next_close=(c["min_kept_ts"] + WINDOW_MS) if c["min_kept_ts"] is not None else None,
             fence=fence,
         )
         store.write(fence, res.left_state, res.right_state, meta)
