@@ -28,6 +28,7 @@ interval; `run --once` checks once at the end. Off by default: then "not clicked
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -40,7 +41,7 @@ from changelog.ingest import deadletter_path
 from changelog.topics import read_stream
 from jobs.runtime import checkpoint_dir, job_dir, log, log_sources, run_stream, state_dir, write_status
 from jobs.settings import Settings, parse_duration_ms
-from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, interval_join
+from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, batch_constant, interval_join
 from views.clicks import CLICKS_OPS_SCHEMA, ClicksSink
 from views.keys import meta_key
 from views.redis_io import connect, ensure_generation
@@ -64,6 +65,45 @@ _INITIAL_META = {
     "held": 0,
     "state_rows": 0,
 }
+
+
+class _Phases:
+    """Wall time and JVM CPU time (driver + local executors; local mode only) of the phases of one step, and the
+    number of generated-code compilations, for the batch log line."""
+
+    def __init__(self, spark):
+        self._cpu = lambda: float("nan")
+        # local mode: the JVM started by this driver runs the executors too
+        proc = getattr(spark.sparkContext._gateway, "proc", None)
+        if proc is not None:
+            stat, tick = f"/proc/{proc.pid}/stat", os.sysconf("SC_CLK_TCK")
+
+            def cpu() -> float:
+                try:
+                    with open(stat) as fh:
+                        f = fh.read().rsplit(")", 1)[1].split()
+                    return (int(f[11]) + int(f[12])) / tick
+                except (OSError, IndexError, ValueError):
+                    return float("nan")
+
+            self._cpu = cpu
+        try:
+            hist = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+            self._compiles = hist.getCount
+            self._compiles()
+        except Exception:  # noqa: BLE001
+            self._compiles = lambda: 0
+        self.marks: list[tuple[str, float, float]] = []
+        self._t, self._c, self._n = time.monotonic(), self._cpu(), self._compiles()
+
+    def mark(self, name: str) -> None:
+        t, c = time.monotonic(), self._cpu()
+        self.marks.append((name, t - self._t, c - self._c))
+        self._t, self._c = t, c
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{n} {w:.2f}s/{c:.2f}cpu" for n, w, c in self.marks)
+        return f"{parts}; {self._compiles() - self._n} code compilations"
 
 
 class _Store:
@@ -209,8 +249,11 @@ def _ops(left):
     return records.unionByName(ctr).select(*[c.split()[0] for c in CLICKS_OPS_SCHEMA.split(", ")])
 
 
-def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches, clicks, w0, w1) -> dict:
+def _step(
+    spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches, clicks, w0, w1, phases=None
+) -> dict:
     """Join, publish, commit the new state version. Returns the step's counts."""
+    phases = phases or _Phases(spark)
     s_state, c_state = store.read(spark, base)
     res = interval_join(
         JoinSide(searches, s_state, "search_id"),
@@ -224,6 +267,7 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
     )
     try:
         sink.write(_ops(res.left), fence)
+        phases.mark("join+publish")
         # One job over the cached join state: every count the status needs.
         flags = res.left.select(
             F.lit(True).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"
@@ -242,6 +286,7 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
             n(F.col("_keep")).alias("state_rows"),
             F.min(F.when(s_ & F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
         ).first()
+        phases.mark("counts")
         out = {
             k: int(c[k] or 0)
             for k in ("new_searches", "new_clicks", "closed", "provisional", "held", "state_rows")
@@ -256,6 +301,7 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
             fence=fence,
         )
         store.write(fence, res.left_state, res.right_state, meta)
+        phases.mark("state")
     finally:
         res.release()
     return out
@@ -370,11 +416,12 @@ def run_clicks(
 
     def _process(batch_df, batch_id: int) -> None:
         started = time.monotonic()
+        phases = _Phases(batch_df.sparkSession)
         fence = batch_id * FENCE_STEP
         base, meta = store.latest(below=fence)
         w0 = int(meta["watermark"])
         batch = batch_df.persist()
-        ok = F.col("ts") >= F.lit(w0)
+        ok = F.col("ts") >= batch_constant(w0)
         st = batch.agg(
             F.count("*").alias("n"),
             F.sum((~ok).cast("int")).alias("late"),
@@ -382,6 +429,7 @@ def run_clicks(
             F.sum((ok & (F.col("topic") == "searches")).cast("int")).alias("ok_searches"),
             F.sum((ok & (F.col("topic") == "clicks")).cast("int")).alias("ok_clicks"),
         ).first()
+        phases.mark("read+stats")
         n = st["n"]
         if not n:
             batch.unpersist()
@@ -426,6 +474,7 @@ def run_clicks(
             clicks=clicks,
             w0=w0,
             w1=w1,
+            phases=phases,
         )
         batch.unpersist()
         n_dups = dups - out["new_searches"] - out["new_clicks"]
@@ -452,7 +501,7 @@ def run_clicks(
         log(
             f"clicks g{gen} batch {batch_id}: {n:,} events ({n_late:,} late, {n_dups:,} duplicate), watermark {w1}: "
             f"{out['closed']:,} searches final, {out['provisional']:,} clicked so far, {out['state_rows']:,} state rows "
-            f"in {took:.2f}s"
+            f"in {took:.2f}s ({phases})"
         )
 
     log_sources(settings, JOB, gen, TOPICS)

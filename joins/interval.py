@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
@@ -59,6 +59,7 @@ __all__ = [
     "state_schema",
     "MATCHES",
     "MIN_WATERMARK",
+    "batch_constant",
 ]
 
 JoinHow = Literal["inner", "left", "right", "full"]
@@ -115,6 +116,18 @@ class IntervalJoinResult:
             df.unpersist()
 
 
+def batch_constant(value: int) -> Column:
+    """`value` (a bigint that changes every micro-batch, e.g. a watermark) as a column whose value is not written
+    into generated code.
+
+    Spark inlines a primitive literal into the Java source it generates and compiles per stage, and caches the
+    compiled classes by their source: a `F.lit(watermark)` would make every micro-batch compile all its stages
+    anew (tens of compilations, most of a small batch's CPU). A string literal is passed to the generated code
+    by reference instead; the cast to bigint is evaluated per row (it is not folded into a long literal because
+    the expression includes a nondeterministic zero)."""
+    return F.lit(str(int(value))).cast("bigint") + (F.spark_partition_id() * F.lit(0)).cast("bigint")
+
+
 def state_schema(schema: StructType) -> StructType:
     """The state schema of a side whose new rows have `schema`: the same columns plus `_matches`."""
     return StructType([*schema.fields, StructField(MATCHES, LongType(), False)])
@@ -131,11 +144,12 @@ def _prepare(side: JoinSide, w_before: int, name: str):
         if c not in cols:
             raise ValueError(f"{name} side has no column {c!r} (columns: {', '.join(cols)})")
     ts = F.col(side.ts)
-    late = side.new.where(ts < F.lit(w_before)).withColumn(
+    w0 = batch_constant(w_before)
+    late = side.new.where(ts < w0).withColumn(
         "reason",
-        F.format_string("late: ts %d is older than the watermark %d at arrival", ts, F.lit(w_before)),
+        F.format_string("late: ts %d is older than the watermark %d at arrival", ts, w0),
     )
-    fresh = side.new.where(ts >= F.lit(w_before)).select(
+    fresh = side.new.where(ts >= w0).select(
         *cols, F.lit(0).cast("bigint").alias(MATCHES), F.lit(True).alias("_new")
     )
     both = fresh
@@ -238,17 +252,17 @@ def interval_join(
         "ls",
         "l_inc",
         lcols,
-        lts + F.lit(upper_ms) < F.lit(w1),
-        lts + F.lit(upper_ms) < F.lit(w0),
-        lts + F.lit(max(upper_ms, 0)) >= F.lit(w1),
+        lts < batch_constant(w1 - upper_ms),
+        lts < batch_constant(w0 - upper_ms),
+        lts >= batch_constant(w1 - max(upper_ms, 0)),
     )
     r_out = out(
         "rs",
         "r_inc",
         rcols,
-        rts - F.lit(lower_ms) < F.lit(w1),
-        rts - F.lit(lower_ms) < F.lit(w0),
-        rts >= F.lit(w1 + min(lower_ms, 0)),
+        rts < batch_constant(w1 + lower_ms),
+        rts < batch_constant(w0 + lower_ms),
+        rts >= batch_constant(w1 + min(lower_ms, 0)),
     )
     pairs = (
         grouped.select(*kn, "rs", F.explode("ls").alias("lr"))

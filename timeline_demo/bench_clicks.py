@@ -183,7 +183,9 @@ def _latency_once(spark, settings, generation: int, samples: int, far: int) -> l
         started = time.monotonic()
         sid = _append(spark, settings.lake_dir, i, far + i * 60_000)
         run_clicks(spark, settings, once=True, generation=generation)
-        got = _wait_clicked(client, search_clicks_key(generation, sid), started, 5)
+        got = _wait_clicked(
+            client, search_clicks_key(generation, sid), started, time.monotonic() - started + 5
+        )
         out.append(got)
     return out
 
