@@ -124,7 +124,8 @@ def batch_constant(value: int) -> Column:
     compiled classes by their source: a `F.lit(watermark)` would make every micro-batch compile all its stages
     anew (tens of compilations, most of a small batch's CPU). A string literal is passed to the generated code
     by reference instead; the cast to bigint is evaluated per row (it is not folded into a long literal because
-    the expression includes a nondeterministic zero)."""
+    the expression includes a nondeterministic zero). For the same reason the analyzer rejects it inside an
+    aggregate function's arguments: compute it in a projection first."""
     return F.lit(str(int(value))).cast("bigint") + (F.spark_partition_id() * F.lit(0)).cast("bigint")
 
 
