@@ -408,6 +408,7 @@ def run_clicks(
         "closed": 0,
         "provisional": 0,
         "seconds": 0.0,
+        "state_rows": [],  # after each micro-batch of this run: flat while event time advances
     }
 
     def process(batch_df, batch_id: int) -> None:
@@ -491,6 +492,7 @@ def run_clicks(
         totals["closed"] += out["closed"]
         totals["provisional"] += out["provisional"]
         totals["seconds"] += took
+        totals["state_rows"].append(out["state_rows"])
         _status(
             settings,
             gen,

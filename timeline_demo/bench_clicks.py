@@ -304,7 +304,7 @@ def run(
         "late": status.get("late"),
         "duplicates": status.get("duplicates"),
         "searches_final": status.get("searches_final"),
-        "state_rows_after_run": status.get("state_rows"),
+        "state_rows_after_each_batch": totals["state_rows"],
         "verified": verified,
         "latency_once_s": [round(x, 3) if x is not None else None for x in once_lat],
         "latency_once_median_s": round(statistics.median(once_seen), 3) if once_seen else None,
