@@ -28,6 +28,7 @@ interval; `run --once` checks once at the end. Off by default: then "not clicked
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -40,7 +41,7 @@ from changelog.ingest import deadletter_path
 from changelog.topics import read_stream
 from jobs.runtime import checkpoint_dir, job_dir, log, log_sources, run_stream, state_dir, write_status
 from jobs.settings import Settings, parse_duration_ms
-from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, interval_join
+from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, batch_constant, interval_join
 from views.clicks import CLICKS_OPS_SCHEMA, ClicksSink
 from views.keys import meta_key
 from views.redis_io import connect, ensure_generation
@@ -64,6 +65,45 @@ _INITIAL_META = {
     "held": 0,
     "state_rows": 0,
 }
+
+
+class _Phases:
+    """Wall time and JVM CPU time (driver + local executors; local mode only) of the phases of one step, and the
+    number of generated-code compilations, for the batch log line."""
+
+    def __init__(self, spark):
+        self._cpu = lambda: float("nan")
+        # local mode: the JVM started by this driver runs the executors too
+        proc = getattr(spark.sparkContext._gateway, "proc", None)
+        if proc is not None:
+            stat, tick = f"/proc/{proc.pid}/stat", os.sysconf("SC_CLK_TCK")
+
+            def cpu() -> float:
+                try:
+                    with open(stat) as fh:
+                        f = fh.read().rsplit(")", 1)[1].split()
+                    return (int(f[11]) + int(f[12])) / tick
+                except (OSError, IndexError, ValueError):
+                    return float("nan")
+
+            self._cpu = cpu
+        try:
+            hist = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+            self._compiles = hist.getCount
+            self._compiles()
+        except Exception:  # noqa: BLE001
+            self._compiles = lambda: 0
+        self.marks: list[tuple[str, float, float]] = []
+        self._t, self._c, self._n = time.monotonic(), self._cpu(), self._compiles()
+
+    def mark(self, name: str) -> None:
+        t, c = time.monotonic(), self._cpu()
+        self.marks.append((name, t - self._t, c - self._c))
+        self._t, self._c = t, c
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{n} {w:.2f}s/{c:.2f}cpu" for n, w, c in self.marks)
+        return f"{parts}; {self._compiles() - self._n} code compilations"
 
 
 class _Store:
@@ -209,8 +249,11 @@ def _ops(left):
     return records.unionByName(ctr).select(*[c.split()[0] for c in CLICKS_OPS_SCHEMA.split(", ")])
 
 
-def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches, clicks, w0, w1) -> dict:
+def _step(
+    spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches, clicks, w0, w1, phases=None
+) -> dict:
     """Join, publish, commit the new state version. Returns the step's counts."""
+    phases = phases or _Phases(spark)
     s_state, c_state = store.read(spark, base)
     res = interval_join(
         JoinSide(searches, s_state, "search_id"),
@@ -224,30 +267,29 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
     )
     try:
         sink.write(_ops(res.left), fence)
-        counts = (
-            res.left.select(F.lit("s").alias("side"), "_new", "_closed", "_keep", "_changed", "ts")
-            .unionByName(
-                res.right.select(F.lit("c").alias("side"), "_new", "_closed", "_keep", "_changed", "ts")
-            )
-            .groupBy("side")
-            .agg(
-                F.sum(F.col("_new").cast("int")).alias("new"),
-                F.sum(F.col("_closed").cast("int")).alias("closed"),
-                F.sum(F.col("_keep").cast("int")).alias("keep"),
-                F.sum((F.col("_changed") & ~F.col("_closed")).cast("int")).alias("provisional"),
-                F.min(F.when(F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
-            )
-            .collect()
-        )
-        by = {r["side"]: r for r in counts}
-        s, c = by.get("s"), by.get("c")
+        phases.mark("join+publish")
+        # One job over the cached join state: every count the status needs.
+        flags = res.left.select(
+            F.lit(True).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"
+        ).unionByName(res.right.select(F.lit(False).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"))
+
+        def n(cond):
+            return F.sum(cond.cast("bigint"))
+
+        s_ = F.col("s")
+        c = flags.agg(
+            n(s_ & F.col("_new")).alias("new_searches"),
+            n(~s_ & F.col("_new")).alias("new_clicks"),
+            n(s_ & F.col("_closed")).alias("closed"),
+            n(s_ & F.col("_changed") & ~F.col("_closed")).alias("provisional"),
+            n(s_ & F.col("_keep")).alias("held"),
+            n(F.col("_keep")).alias("state_rows"),
+            F.min(F.when(s_ & F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
+        ).first()
+        phases.mark("counts")
         out = {
-            "new_searches": (s["new"] or 0) if s else 0,
-            "new_clicks": (c["new"] or 0) if c else 0,
-            "closed": (s["closed"] or 0) if s else 0,
-            "provisional": (s["provisional"] or 0) if s else 0,
-            "held": (s["keep"] or 0) if s else 0,
-            "state_rows": ((s["keep"] or 0) if s else 0) + ((c["keep"] or 0) if c else 0),
+            k: int(c[k] or 0)
+            for k in ("new_searches", "new_clicks", "closed", "provisional", "held", "state_rows")
         }
         meta.update(
             watermark=w1,
@@ -255,10 +297,11 @@ def _step(spark, store: _Store, sink: ClicksSink, *, fence, base, meta, searches
             held=out["held"],
             state_rows=out["state_rows"],
             # the earliest window end still open: an idle tick does nothing before the watermark passes it
-            next_close=(s["min_kept_ts"] + WINDOW_MS) if s and s["min_kept_ts"] is not None else None,
+            next_close=(c["min_kept_ts"] + WINDOW_MS) if c["min_kept_ts"] is not None else None,
             fence=fence,
         )
         store.write(fence, res.left_state, res.right_state, meta)
+        phases.mark("state")
     finally:
         res.release()
     return out
@@ -365,6 +408,7 @@ def run_clicks(
         "closed": 0,
         "provisional": 0,
         "seconds": 0.0,
+        "state_rows": [],  # after each micro-batch of this run: flat while event time advances
     }
 
     def process(batch_df, batch_id: int) -> None:
@@ -373,11 +417,14 @@ def run_clicks(
 
     def _process(batch_df, batch_id: int) -> None:
         started = time.monotonic()
+        phases = _Phases(batch_df.sparkSession)
         fence = batch_id * FENCE_STEP
         base, meta = store.latest(below=fence)
         w0 = int(meta["watermark"])
-        batch = batch_df.persist()
-        ok = F.col("ts") >= F.lit(w0)
+        # `_ok` in a projection: the batch constant is nondeterministic for the analyzer, so it may not appear
+        # inside an aggregate function's arguments.
+        batch = batch_df.select("*", (F.col("ts") >= batch_constant(w0)).alias("_ok")).persist()
+        ok = F.col("_ok")
         st = batch.agg(
             F.count("*").alias("n"),
             F.sum((~ok).cast("int")).alias("late"),
@@ -385,6 +432,7 @@ def run_clicks(
             F.sum((ok & (F.col("topic") == "searches")).cast("int")).alias("ok_searches"),
             F.sum((ok & (F.col("topic") == "clicks")).cast("int")).alias("ok_clicks"),
         ).first()
+        phases.mark("read+stats")
         n = st["n"]
         if not n:
             batch.unpersist()
@@ -429,6 +477,7 @@ def run_clicks(
             clicks=clicks,
             w0=w0,
             w1=w1,
+            phases=phases,
         )
         batch.unpersist()
         n_dups = dups - out["new_searches"] - out["new_clicks"]
@@ -443,6 +492,7 @@ def run_clicks(
         totals["closed"] += out["closed"]
         totals["provisional"] += out["provisional"]
         totals["seconds"] += took
+        totals["state_rows"].append(out["state_rows"])
         _status(
             settings,
             gen,
@@ -455,7 +505,7 @@ def run_clicks(
         log(
             f"clicks g{gen} batch {batch_id}: {n:,} events ({n_late:,} late, {n_dups:,} duplicate), watermark {w1}: "
             f"{out['closed']:,} searches final, {out['provisional']:,} clicked so far, {out['state_rows']:,} state rows "
-            f"in {took:.2f}s"
+            f"in {took:.2f}s ({phases})"
         )
 
     log_sources(settings, JOB, gen, TOPICS)

@@ -32,6 +32,12 @@ one after it (>= before). Semantics, per micro-batch:
   duplicate of it would not be late); a right row while `r.ts >= watermark_after + min(lower_ms, 0)`. Rows older than that are dropped, so the state holds only the
   rows of the last `upper_ms - lower_ms + lateness` of event time: it stays flat as event time advances.
 
+Execution: two aggregations, all in the JVM. Each side's state and new rows are reduced to one row per id (one
+shuffle by id), then both sides are grouped by the join keys (one shuffle) and each row's matches are counted
+with Spark SQL array functions over its key's rows (`filter`/`transform`, no Python, no self-join); every
+output DataFrame is a projection of that one persisted grouping. Work per key is |left rows| x |right rows| of
+the key within the state's time span, as for any interval join on an equi-key.
+
 The result is a function of the state and the batch only; the caller persists `left_state`/`right_state` and
 feeds them back as the next batch's state. Nothing here depends on arrival order within the lateness bound.
 """
@@ -41,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
@@ -53,6 +59,7 @@ __all__ = [
     "state_schema",
     "MATCHES",
     "MIN_WATERMARK",
+    "batch_constant",
 ]
 
 JoinHow = Literal["inner", "left", "right", "full"]
@@ -82,8 +89,8 @@ class JoinSide:
 
 @dataclass(frozen=True)
 class IntervalJoinResult:
-    """What one micro-batch produced. All DataFrames are lazy over the inputs; `left`, `right` and `pairs` are
-    persisted (call `release()` when done).
+    """What one micro-batch produced. All DataFrames are lazy over one persisted grouping of both sides by the
+    join keys (computed by the first action, shared by the others; call `release()` when done).
 
     rows: the join's output this batch: `left` and `right` struct columns (one null for an unmatched outer row).
     pairs: the new matched pairs, `left` and `right` structs.
@@ -109,56 +116,56 @@ class IntervalJoinResult:
             df.unpersist()
 
 
+def batch_constant(value: int) -> Column:
+    """`value` (a bigint that changes every micro-batch, e.g. a watermark) as a column whose value is not written
+    into generated code.
+
+    Spark inlines a primitive literal into the Java source it generates and compiles per stage, and caches the
+    compiled classes by their source: a `F.lit(watermark)` would make every micro-batch compile all its stages
+    anew (tens of compilations, most of a small batch's CPU). A string literal is passed to the generated code
+    by reference instead; the cast to bigint is evaluated per row (it is not folded into a long literal because
+    the expression includes a nondeterministic zero). For the same reason the analyzer rejects it inside an
+    aggregate function's arguments: compute it in a projection first."""
+    return F.lit(str(int(value))).cast("bigint") + (F.spark_partition_id() * F.lit(0)).cast("bigint")
+
+
 def state_schema(schema: StructType) -> StructType:
     """The state schema of a side whose new rows have `schema`: the same columns plus `_matches`."""
     return StructType([*schema.fields, StructField(MATCHES, LongType(), False)])
 
 
-def _dedup(df: DataFrame, id_col: str, ts: str) -> DataFrame:
-    """One row per id: the smallest (ts, other columns), so the choice does not depend on arrival order."""
-    others = [c for c in df.columns if c not in (id_col, ts)]
-    return df.groupBy(id_col).agg(F.min(F.struct(ts, *others)).alias("_r")).select(id_col, "_r.*")
-
-
 def _prepare(side: JoinSide, w_before: int, name: str):
+    """(columns, late rows, every row of the side after dedup with `_matches` and `_new`).
+
+    State rows and this batch's non-late rows are unioned and reduced to one row per id in one aggregation:
+    a row already in the state wins (`_new` false sorts first), else the smallest (ts, other columns) of the
+    batch's copies, so the choice does not depend on arrival order."""
     cols = side.new.columns
     for c in (side.id, side.ts):
         if c not in cols:
             raise ValueError(f"{name} side has no column {c!r} (columns: {', '.join(cols)})")
     ts = F.col(side.ts)
-    late = side.new.where(ts < F.lit(w_before)).withColumn(
+    w0 = batch_constant(w_before)
+    late = side.new.where(ts < w0).withColumn(
         "reason",
-        F.format_string("late: ts %d is older than the watermark %d at arrival", ts, F.lit(w_before)),
+        F.format_string("late: ts %d is older than the watermark %d at arrival", ts, w0),
     )
-    spark = side.new.sparkSession
-    state = side.state
-    if state is None:
-        state = spark.createDataFrame([], state_schema(side.new.schema))
-    state = state.select(*cols, MATCHES)
-    fresh = _dedup(side.new.where(ts >= F.lit(w_before)), side.id, side.ts).select(*cols)
-    fresh = fresh.join(state.select(side.id), side.id, "left_anti")
-    old = state.withColumn("_new", F.lit(False))
-    new = fresh.withColumn(MATCHES, F.lit(0).cast("bigint")).withColumn("_new", F.lit(True))
-    return cols, late, old, new
-
-
-def _prefixed(df: DataFrame, cols: list[str], p: str) -> DataFrame:
-    return df.select(*[F.col(c).alias(p + c) for c in cols])
-
-
-def _apply(
-    all_rows: DataFrame, inc: DataFrame, id_col: str, closed, closed_before, keep, cols: list[str]
-) -> DataFrame:
-    j = all_rows.join(inc, id_col, "left")
-    inc_n = F.coalesce(F.col("_inc"), F.lit(0).cast("bigint"))
-    return j.select(
-        *cols,
-        (F.col(MATCHES) + inc_n).alias(MATCHES),
-        "_new",
-        (inc_n > 0).alias("_changed"),
-        (closed & (F.col("_new") | ~closed_before)).alias("_closed"),
-        keep.alias("_keep"),
+    fresh = side.new.where(ts >= w0).select(
+        *cols, F.lit(0).cast("bigint").alias(MATCHES), F.lit(True).alias("_new")
     )
+    both = fresh
+    if side.state is not None:
+        both = side.state.select(
+            *cols, F.col(MATCHES).cast("bigint"), F.lit(False).alias("_new")
+        ).unionByName(fresh)
+    others = [c for c in cols if c not in (side.id, side.ts)]
+    rows = (
+        both.groupBy(side.id)
+        .agg(F.min(F.struct("_new", side.ts, *others, MATCHES)).alias("_r"))
+        .select(side.id, "_r.*")
+        .select(*cols, MATCHES, "_new")
+    )
+    return cols, late, rows
 
 
 def interval_join(
@@ -181,42 +188,91 @@ def interval_join(
         raise ValueError(f"the watermark cannot go back: {watermark_before} -> {watermark_after}")
     keys = [on] if isinstance(on, str) else list(on)
     w0, w1 = int(watermark_before), int(watermark_after)
-    lcols, l_late, l_old, l_new = _prepare(left, w0, "left")
-    rcols, r_late, r_old, r_new = _prepare(right, w0, "right")
+    lcols, l_late, l_rows = _prepare(left, w0, "left")
+    rcols, r_late, r_rows = _prepare(right, w0, "right")
     for k in keys:
         if k not in lcols or k not in rcols:
             raise ValueError(f"join key {k!r} must be a column of both sides")
 
-    def cond(lp: DataFrame, rp: DataFrame):
-        c = (F.col("r_" + right.ts) >= F.col("l_" + left.ts) + F.lit(lower_ms)) & (
-            F.col("r_" + right.ts) <= F.col("l_" + left.ts) + F.lit(upper_ms)
+    # One shuffle by the join keys: every key's left rows and right rows (state and new) side by side; matches
+    # are counted with array functions inside the JVM. A pair counts once, in the batch of its later row.
+    kn = [f"_k{i}" for i in range(len(keys))]
+    l_type, r_type = (
+        l_rows.select(F.struct("*").alias("x")).schema["x"].dataType,
+        r_rows.select(F.struct("*").alias("x")).schema["x"].dataType,
+    )
+    tagged = l_rows.select(
+        *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
+        F.struct(*l_rows.columns).alias("l"),
+        F.lit(None).cast(r_type).alias("r"),
+    ).unionByName(
+        r_rows.select(
+            *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
+            F.lit(None).cast(l_type).alias("l"),
+            F.struct(*r_rows.columns).alias("r"),
         )
-        for k in keys:
-            c = c & (F.col("l_" + k) == F.col("r_" + k))
-        return c
+    )
+    key_ok = F.lit(True)
+    for n in kn:
+        key_ok = key_ok & F.col(n).isNotNull()
 
-    l_all = l_old.unionByName(l_new)
-    r_all = r_old.unionByName(r_new)
-    lp_all, lp_new = _prefixed(l_all, lcols, "l_"), _prefixed(l_new, lcols, "l_")
-    rp_new, rp_old = _prefixed(r_new, rcols, "r_"), _prefixed(r_old, rcols, "r_")
-    # Each pair once: (every left row x new right rows) + (new left rows x right rows kept from before).
-    found = lp_all.join(rp_new, cond(lp_all, rp_new)).unionByName(lp_new.join(rp_old, cond(lp_new, rp_old)))
-    pairs = found.select(
-        F.struct(*[F.col("l_" + c).alias(c) for c in lcols]).alias("left"),
-        F.struct(*[F.col("r_" + c).alias(c) for c in rcols]).alias("right"),
+    def match(lr, rr):
+        return (
+            key_ok
+            & (rr[right.ts] >= lr[left.ts] + F.lit(lower_ms))
+            & (rr[right.ts] <= lr[left.ts] + F.lit(upper_ms))
+            & (lr["_new"] | rr["_new"])
+        )
+
+    grouped = tagged.groupBy(*kn).agg(F.collect_list("l").alias("ls"), F.collect_list("r").alias("rs"))
+    grouped = grouped.select(
+        *kn,
+        "ls",
+        "rs",
+        F.transform("ls", lambda lr: F.size(F.filter("rs", lambda rr: match(lr, rr)))).alias("l_inc"),
+        F.transform("rs", lambda rr: F.size(F.filter("ls", lambda lr: match(lr, rr)))).alias("r_inc"),
     ).persist()
-    inc_l = pairs.groupBy(F.col("left")[left.id].alias(left.id)).agg(F.count("*").alias("_inc"))
-    inc_r = pairs.groupBy(F.col("right")[right.id].alias(right.id)).agg(F.count("*").alias("_inc"))
+
+    def out(side_col: str, inc_col: str, cols, closed, closed_before, keep) -> DataFrame:
+        x = grouped.select(F.explode(F.arrays_zip(side_col, inc_col)).alias("z")).select(
+            F.col("z")[side_col].alias("x"), F.col("z")[inc_col].cast("bigint").alias("_inc")
+        )
+        return x.select(
+            *[F.col("x")[c].alias(c) for c in cols],
+            (F.col("x")[MATCHES] + F.col("_inc")).alias(MATCHES),
+            F.col("x")["_new"].alias("_new"),
+            (F.col("_inc") > 0).alias("_changed"),
+        ).select(
+            "*",
+            (closed & (F.col("_new") | ~closed_before)).alias("_closed"),
+            keep.alias("_keep"),
+        )
 
     lts, rts = F.col(left.ts), F.col(right.ts)
-    l_closed = lts + F.lit(upper_ms) < F.lit(w1)
-    l_closed_before = lts + F.lit(upper_ms) < F.lit(w0)
-    l_keep = lts + F.lit(max(upper_ms, 0)) >= F.lit(w1)
-    r_closed = rts - F.lit(lower_ms) < F.lit(w1)
-    r_closed_before = rts - F.lit(lower_ms) < F.lit(w0)
-    r_keep = rts >= F.lit(w1 + min(lower_ms, 0))
-    l_out = _apply(l_all, inc_l, left.id, l_closed, l_closed_before, l_keep, lcols).persist()
-    r_out = _apply(r_all, inc_r, right.id, r_closed, r_closed_before, r_keep, rcols).persist()
+    l_out = out(
+        "ls",
+        "l_inc",
+        lcols,
+        lts < batch_constant(w1 - upper_ms),
+        lts < batch_constant(w0 - upper_ms),
+        lts >= batch_constant(w1 - max(upper_ms, 0)),
+    )
+    r_out = out(
+        "rs",
+        "r_inc",
+        rcols,
+        rts < batch_constant(w1 + lower_ms),
+        rts < batch_constant(w0 + lower_ms),
+        rts >= batch_constant(w1 + min(lower_ms, 0)),
+    )
+    pairs = (
+        grouped.select(*kn, "rs", F.explode("ls").alias("lr"))
+        .select(F.col("lr"), F.explode(F.filter("rs", lambda rr: match(F.col("lr"), rr))).alias("rr"))
+        .select(
+            F.struct(*[F.col("lr")[c].alias(c) for c in lcols]).alias("left"),
+            F.struct(*[F.col("rr")[c].alias(c) for c in rcols]).alias("right"),
+        )
+    )
 
     rows = pairs
     if how in ("left", "full"):
@@ -244,5 +300,5 @@ def interval_join(
         right_state=r_out.where("_keep").select(*rcols, MATCHES),
         left_late=l_late,
         right_late=r_late,
-        _cached=(pairs, l_out, r_out),
+        _cached=(grouped,),
     )

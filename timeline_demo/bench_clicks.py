@@ -1,16 +1,25 @@
 """Benchmark of the `clicks` job: join throughput on about `events` input events, state size per batch, and the
 micro-batch latency from an append to the outcome in Redis.
 
-Runs in its own lake (`<LAKE_DIR>/bench_clicks`) and its own view generation (cleaned up afterwards), so it
+Runs in its own lake (`<LAKE_DIR>/bench_clicks`) and a throw-away view generation (deleted afterwards), so it
 never touches the serving views. `python -m timeline_demo.bench_clicks --events N` runs it alone.
 
-Throughput: the workload (sessions with several searches, clicks inside/outside/before the window, duplicates,
-arrival shuffled within the lateness) is ingested in `chunks` pieces; after each, `run_clicks(once=True)`
-processes it. Reported: input events / seconds of the job (`run_clicks` wall time, query start included), per
-core (`spark.default.parallelism` cores of local[*]), against Flink's published Nexmark q8 figure of about
-146,000 events/s per core. Latency: the job runs as a continuous query (trigger `TRIGGER_INTERVAL`); a search and
-a matching click are appended; the time from the click's append (its Delta commit) to `clicked: true` in
-Redis is measured a few times.
+Workload: `timeline_demo.clicks_workload.write_clicks_topics` builds it in Spark (sessions with 1-4 searches;
+clicks inside, on the bounds of, after and before the window; 3% duplicate deliveries; arrival = event time + up
+to 9 minutes) and appends it straight to the topic logs, one Delta commit per topic and arrival chunk (ingest's
+JSON validation is not what this measures).
+
+Throughput: one `run_clicks(once=True, max_files_per_trigger=1)` processes the `chunks` commits as `chunks`
+micro-batches. Reported: input events per second per core (core = one Spark task slot) over the micro-batch
+time (`events_per_s_per_core`), over the whole run including the streaming query's start
+(`events_per_s_per_core_run`), and per CPU second of the whole process tree (JVM, Python driver and workers:
+`events_per_cpu_s`), beside Flink's published Nexmark q8 figure of about 146,000 events/s per core. The result is
+checked against a plain Spark SQL evaluation of the contract over the same logs (`verified`).
+
+Latency: a search and a matching click are appended (Delta commits) and the time until `clicked: true` is in
+Redis is measured, (a) through a continuous query (`run_clicks(once=False)`, trigger `TRIGGER_INTERVAL`),
+giving up after `latency_timeout_s`, and (b) through `run_clicks(once=True)` started right after the append
+(query start + one micro-batch: what `mview run clicks --once` costs).
 """
 
 from __future__ import annotations
@@ -20,38 +29,53 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import statistics
 import threading
 import time
-
-import orjson
 
 __all__ = ["run", "NEXMARK_Q8_PER_CORE"]
 
 NEXMARK_Q8_PER_CORE = 146_000  # Flink, Nexmark q8 (windowed join), events/s per core, published figure
 
 
-def _write(path, records) -> str:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return str(path)
-
-
-def _even_pieces(arrivals, chunks: int) -> list[dict[str, list[dict]]]:
-    """Cut the arrival order into `chunks` consecutive pieces of equal size: [{topic: records}]."""
-    size = -(-len(arrivals) // chunks)
-    out = []
-    for i in range(0, len(arrivals), size):
-        piece: dict[str, list[dict]] = {"searches": [], "clicks": []}
-        for topic, r in arrivals[i : i + size]:
-            piece[topic].append(r)
-        out.append(piece)
-    return out
+def _cpu_seconds(spark) -> float:
+    """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = sum(os.times()[:2])
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    if proc is None:
+        return total
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    f = fh.read().rsplit(")", 1)[1].split()
+                kids.setdefault(int(f[1]), []).append(int(d))
+            except OSError:
+                pass
+    todo = [proc.pid]
+    while todo:
+        p = todo.pop()
+        todo += kids.get(p, [])
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in f[11:15]) / tick  # utime, stime, cutime, cstime
+        except OSError:
+            pass
+    return total
 
 
 def _cleanup(client, generation: int) -> None:
-    for view in ("search_clicks", "ctr"):
+    for pattern in (
+        f"mv:search_clicks:{generation}:*",
+        f"mv:ctr:{generation}:*",
+        f"mv:meta:clicks:{generation}",
+    ):
         batch = []
-        for k in client.scan_iter(match=f"mv:{view}:{generation}:*", count=5000):
+        for k in client.scan_iter(match=pattern, count=5000):
             batch.append(k)
             if len(batch) >= 5000:
                 client.delete(*batch)
@@ -60,16 +84,58 @@ def _cleanup(client, generation: int) -> None:
             client.delete(*batch)
 
 
-def _latency(spark, settings, generation: int, samples: int) -> list[float]:
-    from changelog.ingest import ingest
+def _reference(spark, lake, lateness_ms: int) -> dict:
+    """The contract over the whole logs in plain Spark SQL: closed searches and closed clicked searches."""
+    from pyspark.sql import functions as F
+
+    from changelog.topics import read_batch
+    from timeline_demo.clicks_workload import WINDOW_MS
+
+    s = read_batch(spark, lake, "searches").dropDuplicates(["search_id"])
+    c = read_batch(spark, lake, "clicks").dropDuplicates(["click_id"])
+    w = s.select("ts").unionByName(c.select("ts")).agg(F.max("ts")).first()[0] - lateness_ms
+    closed = s.where(F.col("ts") + WINDOW_MS < w).alias("s")
+    hit = closed.join(
+        c.alias("c"),
+        (F.col("s.session_id") == F.col("c.session_id"))
+        & F.col("c.ts").between(F.col("s.ts"), F.col("s.ts") + WINDOW_MS),
+        "left_semi",
+    ).count()
+    return {"searches": closed.count(), "clicked": hit}
+
+
+def _append(spark, lake, i: int, ts: int) -> str:
+    from changelog.topics import topic_path
+
+    sid, sess = f"lat_s{i}", f"lat_sess{i}"
+    spark.createDataFrame(
+        [(sid, sess, "latency", ts)], "search_id string, session_id string, query string, ts bigint"
+    ).write.format("delta").mode("append").save(str(topic_path(lake, "searches")))
+    spark.createDataFrame(
+        [(f"lat_c{i}", sess, "https://x/lat", ts + 1000, None)],
+        "click_id string, session_id string, url string, ts bigint, search_id string",
+    ).write.format("delta").mode("append").save(str(topic_path(lake, "clicks")))
+    return sid
+
+
+def _wait_clicked(client, key: str, started: float, timeout_s: float) -> float | None:
+    import orjson
+
+    while time.monotonic() - started < timeout_s:
+        v = client.hget(key, "v")
+        if v is not None and orjson.loads(v)["clicked"]:
+            return time.monotonic() - started
+        time.sleep(0.01)
+    return None
+
+
+def _latency_continuous(spark, settings, generation: int, samples: int, timeout_s: float, far: int) -> list:
+    """Append -> `clicked: true` in Redis with the job running as a continuous query; None = not seen in time."""
     from jobs.clicks import run_clicks
-    from timeline_demo.workload import T0
     from views.clicks import search_clicks_key
     from views.redis_io import connect
 
     client = connect(settings.redis_url)
-    tmp = settings.lake_dir / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
     errors: list[BaseException] = []
 
     def _job():
@@ -80,33 +146,21 @@ def _latency(spark, settings, generation: int, samples: int) -> list[float]:
 
     t = threading.Thread(target=_job, name="bench-clicks-stream", daemon=True)
     t.start()
-    # Wait until the query runs (its first trigger has reported progress) before appending.
     name = f"clicks_g{generation}"
-    ready = time.monotonic() + 600
+    ready = time.monotonic() + 120
     while time.monotonic() < ready and not errors:
         q = next((q for q in spark.streams.active if q.name == name), None)
         if q is not None and q.lastProgress is not None:
             break
-        time.sleep(0.2)
-    out = []
-    far = T0 + 400 * 24 * 3_600_000  # later than every workload event: never late
+        time.sleep(0.1)
+    out: list = []
     try:
         for i in range(samples):
-            ts = far + i * 60_000
-            sid, sess = f"lat_s{i}", f"lat_sess{i}"
-            s = {"search_id": sid, "session_id": sess, "query": "latency", "ts": ts}
-            c = {"click_id": f"lat_c{i}", "session_id": sess, "url": "https://x/lat", "ts": ts + 1000}
-            ingest(spark, settings.lake_dir, "searches", [_write(tmp / f"lat_s{i}.jsonl", [s])])
-            ingest(spark, settings.lake_dir, "clicks", [_write(tmp / f"lat_c{i}.jsonl", [c])])
-            appended = time.monotonic()
-            key = search_clicks_key(generation, sid)
-            deadline = appended + 600
-            while time.monotonic() < deadline and not errors:
-                v = client.hget(key, "v")
-                if v is not None and orjson.loads(v)["clicked"]:
-                    out.append(time.monotonic() - appended)
-                    break
-                time.sleep(0.01)
+            sid = _append(spark, settings.lake_dir, 100 + i, far + i * 60_000)
+            got = _wait_clicked(client, search_clicks_key(generation, sid), time.monotonic(), timeout_s)
+            out.append(got)
+            if got is None:
+                break  # the query does not see new commits: do not wait again
     finally:
         for q in spark.streams.active:
             if q.name == name:
@@ -117,74 +171,150 @@ def _latency(spark, settings, generation: int, samples: int) -> list[float]:
     return out
 
 
-def run(events: int = 1_000_000, *, settings, chunks: int = 4, latency_samples: int = 3) -> dict:
+def _latency_once(spark, settings, generation: int, samples: int, far: int) -> list[float]:
+    """Append -> `clicked: true` in Redis through `run_clicks(once=True)` started right after the append."""
+    from jobs.clicks import run_clicks
+    from views.clicks import search_clicks_key
+    from views.redis_io import connect
+
+    client = connect(settings.redis_url)
+    out = []
+    for i in range(samples):
+        started = time.monotonic()
+        sid = _append(spark, settings.lake_dir, i, far + i * 60_000)
+        run_clicks(spark, settings, once=True, generation=generation)
+        got = _wait_clicked(
+            client, search_clicks_key(generation, sid), started, time.monotonic() - started + 5
+        )
+        out.append(got)
+    return out
+
+
+def run(
+    events: int = 1_000_000,
+    *,
+    settings,
+    chunks: int = 4,
+    latency_samples: int = 3,
+    latency_timeout_s: float = 30.0,
+    verify: bool = True,
+) -> dict:
     """Measure the clicks job on about `events` events (see the module docstring). Returns the figures."""
-    from changelog.ingest import ingest
     from jobs.clicks import run_clicks
     from jobs.runtime import read_status
     from jobs.spark import get_spark
-    from timeline_demo.clicks_workload import generate_clicks
-    from views.redis_io import connect
+    from timeline_demo.clicks_workload import T0, write_clicks_topics
+    from views.clicks import export_ctr
+    from views.redis_io import connect, set_generation
 
     lake = settings.lake_dir / "bench_clicks"
-    if lake.exists():
-        import shutil
-
-        shutil.rmtree(lake)
+    shutil.rmtree(lake, ignore_errors=True)
     settings = dataclasses.replace(settings, lake_dir=lake)
-    (lake / "tmp").mkdir(parents=True, exist_ok=True)
     spark = get_spark(settings, "mview-bench-clicks")
     cores = int(spark.sparkContext.defaultParallelism) or os.cpu_count() or 1
     client = connect(settings.redis_url)
     generation = 900_000 + random.randrange(99_999)
+    load_before = os.getloadavg()
 
-    started = time.monotonic()
-    sessions = max(1, int(events / 6.6))
-    wl = generate_clicks(seed=42, sessions=sessions, span_ms=max(6, sessions // 2_000) * 3_600_000)
-    gen_s = time.monotonic() - started
-    pieces = _even_pieces(wl.arrivals, chunks)
-    ingest_s = job_s = batch_s = 0.0
-    state_rows, per_chunk = [], []
+    t0 = time.monotonic()
+    wl = write_clicks_topics(spark, lake, events=events, chunks=chunks)
+    write_s = time.monotonic() - t0
     try:
-        for i, piece in enumerate(pieces):
-            t0 = time.monotonic()
-            for topic in ("searches", "clicks"):
-                if piece[topic]:
-                    ingest(spark, lake, topic, [_write(lake / "tmp" / f"{topic}_{i}.jsonl", piece[topic])])
-            t1 = time.monotonic()
-            totals = run_clicks(spark, settings, once=True, generation=generation)
-            t2 = time.monotonic()
-            ingest_s += t1 - t0
-            job_s += t2 - t1
-            batch_s += totals["seconds"]
-            st = read_status(settings, "clicks")
-            state_rows.append(st.get("state_rows"))
-            per_chunk.append({"events": totals["events"], "job_seconds": round(t2 - t1, 2)})
-        latencies = _latency(spark, settings, generation, latency_samples) if latency_samples else []
+        cpu0, t1 = _cpu_seconds(spark), time.monotonic()
+        totals = run_clicks(spark, settings, once=True, generation=generation, max_files_per_trigger=1)
+        run_s, cpu_s = time.monotonic() - t1, _cpu_seconds(spark) - cpu0
+        status = read_status(settings, "clicks")
+        n, batch_s = totals["events"], totals["seconds"]
+        verified = None
+        if verify:
+            ref = _reference(spark, lake, settings.allowed_lateness_ms)
+            real = client.get("mv:gen:clicks")
+            set_generation(client, "clicks", generation)  # export_ctr reads the pointed-to generation
+            try:
+                rows = list(export_ctr(client))
+            finally:
+                if real is None:
+                    client.delete("mv:gen:clicks")
+                else:
+                    client.set("mv:gen:clicks", real)
+            got = {"searches": sum(r["searches"] for r in rows), "clicked": sum(r["clicked"] for r in rows)}
+            verified = {"reference": ref, "redis_ctr": got, "equal": ref == got}
+        far = T0 + 400 * 24 * 3_600_000  # later than every workload event: never late
+        once_lat = _latency_once(spark, settings, generation, latency_samples, far) if latency_samples else []
+        cont_lat = (
+            _latency_continuous(
+                spark, settings, generation, latency_samples, latency_timeout_s, far + 3_600_000
+            )
+            if latency_samples
+            else []
+        )
     finally:
         _cleanup(client, generation)
-    n = wl.events
-    eps = n / job_s if job_s else 0.0
-    result = {
+    eps_core = n / batch_s / cores if batch_s else 0.0
+    seen = [x for x in cont_lat if x is not None]
+    once_seen = [x for x in once_lat if x is not None]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    command = f"python -m timeline_demo.bench_clicks --events {events} --chunks {chunks}"
+    workload = f"{n:,} events (searches + clicks, 3% duplicates), {totals['batches']} micro-batches"
+    rows = [
+        {
+            "figure": "clicks join events/s per core (micro-batch time)",
+            "workload": workload,
+            "command": command,
+            "measured": f"{eps_core:,.0f}/s/core ({batch_s:.1f}s of batches, {cpu_s:.0f} CPU s; load {load})",
+            "reference": f"Flink Nexmark q8 {NEXMARK_Q8_PER_CORE:,}/s/core",
+            "ratio": f"{eps_core / NEXMARK_Q8_PER_CORE:.3f}",
+            "goal": ">= 0.1",
+            "met": "met" if eps_core / NEXMARK_Q8_PER_CORE >= 0.1 else "**not met**",
+        },
+        {
+            "figure": "clicks latency append -> Redis (continuous query)",
+            "workload": "1 search + 1 click appended to a running job",
+            "command": command,
+            "measured": f"median {statistics.median(seen):.2f}s of {len(seen)}"
+            if seen
+            else f"not seen within {latency_timeout_s:.0f}s",
+            "reference": f"`run --once` after the append: {statistics.median(once_seen):.2f}s"
+            if once_seen
+            else "",
+            "ratio": "",
+            "goal": "(none set)",
+            "met": "n/a",
+        },
+    ]
+    return {
+        "rows": rows,
         "events": n,
+        "generated_events": wl["events"],
         "chunks": chunks,
+        "batches": totals["batches"],
         "cores": cores,
-        "generate_seconds": round(gen_s, 2),
-        "ingest_seconds": round(ingest_s, 2),
-        "job_seconds": round(job_s, 2),
+        "load_average_before": [round(x, 1) for x in load_before],
+        "load_average_after": [round(x, 1) for x in os.getloadavg()],
+        "write_topics_seconds": round(write_s, 2),
+        "run_seconds": round(run_s, 2),
         "batch_seconds": round(batch_s, 2),
-        "events_per_s": round(eps),
-        "events_per_s_per_core": round(eps / cores),
-        "events_per_s_per_core_batches_only": round(n / batch_s / cores) if batch_s else 0,
+        "cpu_seconds": round(cpu_s, 1),
+        "events_per_s": round(n / batch_s) if batch_s else 0,
+        "events_per_s_per_core": round(eps_core),
+        "events_per_s_per_core_run": round(n / run_s / cores) if run_s else 0,
+        "events_per_cpu_s": round(n / cpu_s) if cpu_s else 0,
         "nexmark_q8_per_core": NEXMARK_Q8_PER_CORE,
-        "ratio_to_nexmark_q8": round(eps / cores / NEXMARK_Q8_PER_CORE, 3),
-        "state_rows_after_each_chunk": state_rows,
-        "per_chunk": per_chunk,
-        "latency_append_to_redis_s": [round(x, 3) for x in latencies],
-        "latency_median_s": round(statistics.median(latencies), 3) if latencies else None,
+        "ratio_to_nexmark_q8": round(eps_core / NEXMARK_Q8_PER_CORE, 3),
+        "late": status.get("late"),
+        "duplicates": status.get("duplicates"),
+        "searches_final": status.get("searches_final"),
+        "state_rows_after_each_batch": totals["state_rows"],
+        "verified": verified,
+        "latency_once_s": [round(x, 3) if x is not None else None for x in once_lat],
+        "latency_once_median_s": round(statistics.median(once_seen), 3) if once_seen else None,
+        "latency_append_to_redis_s": [round(x, 3) if x is not None else None for x in cont_lat],
+        "latency_median_s": round(statistics.median(seen), 3) if seen else None,
+        "latency_note": None
+        if seen
+        else f"the continuous query did not publish an appended click within {latency_timeout_s:.0f} s",
         "trigger_interval": settings.trigger_interval,
     }
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--latency-samples", type=int, default=3)
+    p.add_argument("--latency-timeout", type=float, default=30.0)
+    p.add_argument("--no-verify", action="store_true")
     args = p.parse_args(argv)
     print(
         json.dumps(
@@ -204,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                 settings=Settings.from_env(),
                 chunks=args.chunks,
                 latency_samples=args.latency_samples,
+                latency_timeout_s=args.latency_timeout,
+                verify=not args.no_verify,
             ),
             indent=2,
         )

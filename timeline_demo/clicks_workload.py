@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from changelog.records import validate
 from timeline_demo.workload import T0, to_iso
 
-__all__ = ["ClicksWorkload", "generate_clicks", "expected_clicks", "chunk_arrivals", "WINDOW_MS"]
+__all__ = [
+    "ClicksWorkload",
+    "generate_clicks",
+    "expected_clicks",
+    "chunk_arrivals",
+    "write_clicks_topics",
+    "WINDOW_MS",
+]
 
 WINDOW_MS = 3_600_000
 _QUERIES = [f"q{i}" for i in range(40)]
@@ -158,3 +165,99 @@ def expected_clicks(searches: list[dict], clicks: list[dict], lateness_ms: int):
             row["searches"] += 1
             row["clicked"] += n > 0
     return sc, ctr
+
+
+def write_clicks_topics(
+    spark, lake_dir, *, events: int, chunks: int = 4, seed: int = 42, disorder_ms: int = 9 * 60_000
+) -> dict:
+    """Append about `events` records (searches, clicks, 3% duplicate deliveries) to the topic logs under
+    `lake_dir`, in `chunks` Delta commits per topic cut by arrival time (event time + a delay of at most
+    `disorder_ms`), so commit i of `searches` and of `clicks` together are the i-th piece of the arrival order.
+    Same shape as `generate_clicks` (about 6.6 events per session; sessions spread over `sessions / 2000` hours).
+    Returns `{"events", "searches", "clicks", "span_ms"}`.
+    """
+    from pyspark.sql import functions as F
+
+    from changelog.topics import ensure_topic, topic_path
+
+    sessions = max(1, int(events / 6.6))
+    span = max(6, sessions // 2_000) * 3_600_000
+
+    def h(*cols, k: int, mod: int):
+        return F.pmod(F.xxhash64(F.lit(seed), F.lit(k), *cols), F.lit(mod))
+
+    sess = spark.range(sessions).select(
+        F.col("id").alias("s"),
+        (F.lit(T0) + h("id", k=1, mod=span)).alias("start"),
+        (h("id", k=2, mod=4) + 1).alias("n_searches"),
+    )
+    searches = sess.select(
+        "s", "start", F.explode(F.sequence(F.lit(1), F.col("n_searches").cast("int"))).alias("j")
+    ).select(
+        F.format_string("s%d_%d_%d", F.lit(seed), "s", "j").alias("search_id"),
+        F.format_string("sess%d_%d", F.lit(seed), "s").alias("session_id"),
+        F.concat(F.lit("q"), h("s", "j", k=3, mod=40).cast("string")).alias("query"),
+        (F.col("start") + h("s", "j", k=4, mod=2 * WINDOW_MS)).alias("ts"),
+        "s",
+        "j",
+    )
+    kind = h("s", "j", "c", k=6, mod=100)
+    off = h("s", "j", "c", k=7, mod=WINDOW_MS)
+    click_ts = (
+        F.when(kind < 60, F.col("t") + h("s", "j", "c", k=8, mod=WINDOW_MS + 1))  # inside
+        .when(kind < 65, F.col("t"))  # on the lower bound
+        .when(kind < 70, F.col("t") + WINDOW_MS)  # on the upper bound
+        .when(kind < 85, F.col("t") + WINDOW_MS + 1 + off)  # after the window
+        .otherwise(F.col("t") - 1 - off)  # before the search
+    )
+    clicks = (
+        searches.select(
+            "s", "j", "session_id", F.col("ts").alias("t"), h("s", "j", k=5, mod=4).cast("int").alias("n")
+        )
+        .where(F.col("n") > 0)
+        .select("*", F.explode(F.sequence(F.lit(1), F.col("n"))).alias("c"))
+        .select(
+            F.format_string("c%d_%d_%d_%d", F.lit(seed), "s", "j", "c").alias("click_id"),
+            "session_id",
+            F.format_string("https://x/%d/%d/%d", "s", "j", "c").alias("url"),
+            click_ts.alias("ts"),
+            F.when(h("s", "j", "c", k=9, mod=10) < 3, F.format_string("s%d_%d_%d", F.lit(seed), "s", "j"))
+            .otherwise(F.lit(None).cast("string"))
+            .alias("search_id"),
+        )
+    )
+    counts = {}
+    for topic, df, id_col in (
+        ("searches", searches.drop("s", "j"), "search_id"),
+        ("clicks", clicks, "click_id"),
+    ):
+        copies = F.when(h(id_col, k=10, mod=100) < 3, F.array(F.lit(0), F.lit(1))).otherwise(
+            F.array(F.lit(0))
+        )
+        rows = df.select("*", F.explode(copies).alias("copy"))
+        arrival = F.col("ts") + h(id_col, "copy", k=11, mod=disorder_ms + 1)
+        rows = rows.withColumn(
+            "chunk",
+            F.least(
+                F.lit(chunks - 1),
+                F.greatest(
+                    F.lit(0),
+                    F.floor((arrival - F.lit(T0)) * chunks / F.lit(span + 4 * WINDOW_MS + disorder_ms)),
+                ),
+            ).cast("int"),
+        ).drop("copy")
+        path = ensure_topic(spark, lake_dir, topic)
+        cols = [f.name for f in spark.read.format("delta").load(path).schema.fields]
+        staged = rows.select(*cols, "chunk").repartition(chunks, "chunk").persist()
+        counts[topic] = staged.count()
+        for i in range(chunks):
+            staged.where(F.col("chunk") == i).drop("chunk").coalesce(1).write.format("delta").mode(
+                "append"
+            ).save(str(topic_path(lake_dir, topic)))
+        staged.unpersist()
+    return {
+        "events": counts["searches"] + counts["clicks"],
+        "searches": counts["searches"],
+        "clicks": counts["clicks"],
+        "span_ms": span,
+    }

@@ -22,17 +22,21 @@ M = 60_000
 
 
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int):
+    """Ingest the arrival order cut into `chunks` pieces (one commit per topic and piece), then run the job once
+    with one commit of each topic per micro-batch: `chunks` micro-batches whose boundaries are the cuts."""
     settings = make_settings(tmp_path / f"lake{seed}_{chunks}", redis_url)
-    for i, piece in enumerate(chunk_arrivals(wl.arrivals, chunks, random.Random(seed))):
+    pieces = chunk_arrivals(wl.arrivals, chunks, random.Random(seed))
+    for i, piece in enumerate(pieces):
         for topic in ("searches", "clicks"):
-            if piece[topic]:
-                ingest(
-                    spark,
-                    settings.lake_dir,
-                    topic,
-                    [write_jsonl(tmp_path / f"{topic}{seed}_{chunks}_{i}.jsonl", piece[topic])],
-                )
-        run_clicks(spark, settings, once=True)
+            assert piece[topic], "every piece holds both topics, so batch i is piece i"
+            ingest(
+                spark,
+                settings.lake_dir,
+                topic,
+                [write_jsonl(tmp_path / f"{topic}{seed}_{chunks}_{i}.jsonl", piece[topic])],
+            )
+    totals = run_clicks(spark, settings, once=True, max_files_per_trigger=1)
+    assert totals["batches"] == chunks
     client = connect(redis_url)
     sc = {r["search_id"]: r for r in export_search_clicks(client)}
     ctr = {r["query"]: r for r in export_ctr(client)}
