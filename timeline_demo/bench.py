@@ -718,11 +718,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--freshness-seconds", type=float, default=90.0)
     p.add_argument("--incrementality-budget", type=float, default=240.0)
-    p.add_argument("--events", type=int, default=20_000, help="events for the clicks and enrichment benches")
+    p.add_argument("--clicks-events", type=int, default=100_000, help="events of the clicks bench")
+    p.add_argument("--enrichment-events", type=int, default=1_000_000, help="events of the enrichment bench")
+    p.add_argument("--profiles", type=int, default=100_000, help="profiles of the enrichment bench")
+    p.add_argument("--events", type=int, default=None, help="events of both (profiles = events / 10)")
     p.add_argument(
         "--scale", type=float, default=1.0, help="workload size factor (e.g. 0.05 for a smoke run)"
     )
     args = p.parse_args(argv)
+    if args.events is not None:
+        args.clicks_events = args.enrichment_events = args.events
+        args.profiles = max(100, args.events // 10)
     want = (
         set(args.only)
         if args.only
@@ -794,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
                 "clicks",
                 "timeline_demo.bench_clicks",
                 _settings(tmp / "lake-clicks", port, 2),
-                (args.events,),
+                (max(1_000, int(args.clicks_events * args.scale)),),
             )
         if "enrichment" in want:
             _part(
@@ -804,7 +810,10 @@ def main(argv: list[str] | None = None) -> int:
                 "enrichment",
                 "timeline_demo.bench_enrichment",
                 _settings(tmp / "lake-enrich", port, 3),
-                (args.events, max(100, args.events // 10)),
+                (
+                    max(1_000, int(args.enrichment_events * args.scale)),
+                    max(100, int(args.profiles * args.scale)),
+                ),
             )
     finally:
         proc.terminate()
