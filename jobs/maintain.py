@@ -9,8 +9,9 @@ run by apscheduler every MAINTENANCE_INTERVAL. One round does, in this order:
    compacted snapshot plus the versions after it. Views are unchanged because every job's result depends only
    on these deciding records. A concurrent append makes the rewrite fail and it is retried next round; the
    append never fails.
-2. OPTIMIZE (bin-packing small files) of every topic log, and of the state tables of jobs that are not running
-   (a running job's MERGE would conflict); VACUUM of every Delta table under LAKE_DIR except checkpoints,
+2. OPTIMIZE (bin-packing small files) of every topic log, and of the Delta state tables of jobs that are not
+   running (a running job's MERGE would conflict; the timeline's state is a Parquet change log that the job
+   compacts itself); VACUUM of every Delta table under LAKE_DIR except checkpoints,
    keeping files for LOG_RETENTION. Files older than that, no longer in a table's current version, are gone:
    time travel and a consumer lagging by more than LOG_RETENTION cannot reach them any more (replay instead).
 3. Removal of generations that are not current: every generation of every job other than the serving one, the
