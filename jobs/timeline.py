@@ -103,18 +103,20 @@ class _StateStore:
         When `_SNAPSHOT_EVERY` batch directories have accumulated, the state is first written as `s<batch_id-1>`
         and the directories it covers are removed (batch `batch_id - 1` is committed once `batch_id` starts).
         """
+        snapshot, changes = self._log_before(batch_id)
         if self.state is None or self.batch != batch_id - 1:
-            self.state, self.batch = self._restore(batch_id), batch_id - 1
-        snaps = _complete(self.path, "s", batch_id)
-        since = snaps[-1][0] if snaps else -1
-        if len([1 for i, _ in _complete(self.path, "b", batch_id) if i > since]) >= _SNAPSHOT_EVERY:
+            self.state, self.batch = self._restore(snapshot + changes), batch_id - 1
+        if len(changes) >= _SNAPSHOT_EVERY:
             self._snapshot(batch_id - 1)
         return self.state
 
-    def _restore(self, batch_id: int) -> TimelineState:
+    def _log_before(self, batch_id: int) -> tuple[list[Path], list[Path]]:
+        """The newest complete snapshot before `batch_id` (a list of at most one) and the batch dirs after it."""
         snaps = _complete(self.path, "s", batch_id)
         since = snaps[-1][0] if snaps else -1
-        dirs = [d for _, d in snaps[-1:]] + [d for i, d in _complete(self.path, "b", batch_id) if i > since]
+        return [d for _, d in snaps[-1:]], [d for i, d in _complete(self.path, "b", batch_id) if i > since]
+
+    def _restore(self, dirs: list[Path]) -> TimelineState:
         rows = (
             self.spark.read.schema(_LOG_SCHEMA).parquet(*[str(d) for d in dirs])
             if dirs
