@@ -85,10 +85,9 @@ def _current(f: DataFrame) -> DataFrame:
     return f.where(F.col("op") == "follow").select("follower_id", "followee_id")
 
 
-def _newest(entries: Column, cap: int | None) -> Column:
+def _newest(entries: Column, cap: int) -> Column:
     """The distinct (ts, tweet_id) structs of `entries` newest first (ties by tweet_id descending), at most cap."""
-    ordered = F.sort_array(F.array_distinct(entries), asc=False)
-    return ordered if cap is None else F.slice(ordered, 1, cap)
+    return F.slice(F.sort_array(F.array_distinct(entries), asc=False), 1, cap)
 
 
 def _timelines(pairs: DataFrame, cap: int) -> DataFrame:
