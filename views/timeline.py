@@ -28,46 +28,48 @@ _APPLY_LUA = """
 local key = KEYS[1]
 local cap = tonumber(ARGV[1])
 if ARGV[2] == 'replace' then redis.call('DEL', key) end
-local last_rem = 3 + tonumber(ARGV[3])
-local i = 4
-while i <= last_rem do
-  local j = math.min(i + 999, last_rem)
-  redis.call('ZREM', key, unpack(ARGV, i, j))
-  i = j + 1
+local function each(cmd, s)
+  local buf, n = {}, 0
+  for x in string.gmatch(s, '[^\\31]+') do
+    n = n + 1
+    buf[n] = x
+    if n == 2000 then
+      redis.call(cmd, key, unpack(buf, 1, n))
+      n = 0
+    end
+  end
+  if n > 0 then redis.call(cmd, key, unpack(buf, 1, n)) end
 end
-local n = #ARGV
-while i <= n do
-  local j = math.min(i + 999, n)
-  redis.call('ZADD', key, unpack(ARGV, i, j))
-  i = j + 1
-end
+if ARGV[3] ~= '' then each('ZREM', ARGV[3]) end
+if ARGV[4] ~= '' then each('ZADD', ARGV[4]) end
 redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1))
 return 1
 """
 
-_PIPELINE_ARGS = 4000  # flush the pipeline after about this many arguments
+_PIPELINE_BYTES = 1 << 20  # flush the pipeline after about this many bytes of arguments
 
 
 def _apply_partition(rows, url: str, generation: int, cap: int, counters) -> None:
+    """Apply one partition's operations, pipelined. The `removes`/`entries` strings go to Lua as they are and
+    are split there (Python splitting and packing every entry cost about 3x Redis's own time, measured)."""
     client = connect(url)
     sha = client.script_load(_APPLY_LUA)
     pipe = client.pipeline(transaction=False)
     pending = ops = entries_added = 0
     for kind, ident, mode, removes, entries, body in rows:
         if kind == "timeline":
-            rem = removes.split(SEP) if removes else []
-            add = entries.split(SEP) if entries else []
-            pipe.evalsha(sha, 1, timeline_key(generation, ident), cap, mode, len(rem), *rem, *add)
-            pending += len(rem) + len(add) + 4
+            removes, entries = removes or "", entries or ""
+            pipe.evalsha(sha, 1, timeline_key(generation, ident), cap, mode, removes, entries)
+            pending += len(removes) + len(entries) + 64
             ops += 1
-            entries_added += len(add) // 2
+            entries_added += (entries.count(SEP) + 1) // 2 if entries else 0
         elif body is None:
             pipe.delete(tweet_key(generation, ident))
-            pending += 2
+            pending += 64
         else:
             pipe.set(tweet_key(generation, ident), body)
-            pending += 3
-        if pending >= _PIPELINE_ARGS:
+            pending += len(body) + 64
+        if pending >= _PIPELINE_BYTES:
             pipe.execute()
             pending = 0
     pipe.execute()
