@@ -61,9 +61,9 @@ class TimelineChanges:
     after: TimelineState  # the state after the batch (materialized)
     tweet_rows: DataFrame  # changed tweet state rows (TWEET_STATE_SCHEMA)
     follow_rows: DataFrame  # changed follow state rows (FOLLOW_STATE_SCHEMA)
-    adds: DataFrame  # follower_id, entries (ENTRIES_TYPE, newest first, at most cap): add, then trim to cap
+    adds: DataFrame  # follower_id, entries (ENTRIES_TYPE, the newest, at most cap): add, then trim to cap
     removes: DataFrame  # follower_id, tweet_id: entries to remove (before the adds)
-    replaces: DataFrame  # follower_id, entries (ENTRIES_TYPE newest first): the whole new timeline
+    replaces: DataFrame  # follower_id, entries (ENTRIES_TYPE, the newest cap): the whole new timeline
     tweets_live: DataFrame  # tweet_id, user_id, text, ts: tweets that became live
     tweets_dead: DataFrame  # tweet_id: tweets that stopped being live
     counts: dict | None = (
@@ -86,11 +86,14 @@ def _current(f: DataFrame) -> DataFrame:
 
 
 def _newest(entries: Column, cap: int) -> Column:
-    """The (ts, tweet_id) structs of `entries` newest first (ties by tweet_id descending), at most cap.
+    """The newest `cap` (ts, tweet_id) structs of `entries` (ties by tweet_id descending), in no particular order.
 
-    No `array_distinct`: callers pass distinct rows, and Spark's array_distinct of structs compares every pair
+    Sorted only when there are more than `cap` (the sink's order does not matter: Redis orders by score). No
+    `array_distinct`: callers pass distinct rows, and Spark's array_distinct of structs compares every pair
     (quadratic: 9 s of one batch for followers of celebrities with thousands of tweets, measured)."""
-    return F.slice(F.sort_array(entries, asc=False), 1, cap)
+    return F.when(F.size(entries) <= cap, entries).otherwise(
+        F.slice(F.sort_array(entries, asc=False), 1, cap)
+    )
 
 
 def _timelines(pairs: DataFrame, cap: int) -> DataFrame:

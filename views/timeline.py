@@ -1,11 +1,13 @@
 """The `timeline` view in Redis: the sink that applies timeline changes, and the read side.
 
 Sink input (one DataFrame per micro-batch, `TIMELINE_OPS_SCHEMA`):
-- `kind="timeline"`, `id=follower`, `mode="add"`: ZREM the `removes`, ZADD the `entries`, then keep the newest
-  `cap`; `mode="replace"`: the entries are the follower's whole new timeline (a refill after a removal).
+- `kind="timeline"`, `id=follower`, `mode="add"`: ZREM the `removes`, ZADD the entries (`scores[i]`, `members[i]`),
+  then keep the newest `cap`; `mode="replace"`: the entries are the follower's whole new timeline (a refill after
+  a removal).
 - `kind="tweet"`, `id=tweet_id`: `body` is the tweet's JSON to store, or null to delete it.
-`entries` is a string of `ts<US>tweet_id` pairs and `removes` of tweet ids, joined by the ASCII unit separator
-(built in the JVM, so the Python side only splits strings).
+`removes` (tweet ids), `scores` (ts) and `members` (tweet ids) are lists joined by the ASCII unit separator, built
+in the JVM; they reach the Lua script as they are and are split there, so Python handles one row per timeline,
+not per entry.
 
 Every operation is idempotent on its key (ZADD of the same members, trim to the same cap, replace with the same
 content, SET/DEL of the same body) and each timeline key is changed in one Lua call, so a micro-batch that Spark
@@ -22,26 +24,40 @@ from views.redis_io import connect, current_generation
 __all__ = ["TIMELINE_OPS_SCHEMA", "SEP", "TimelineSink", "query_timeline", "export_timeline"]
 
 SEP = "\x1f"
-TIMELINE_OPS_SCHEMA = "kind string, id string, mode string, removes string, entries string, body string"
+TIMELINE_OPS_SCHEMA = (
+    "kind string, id string, mode string, removes string, scores string, members string, body string"
+)
 
 _APPLY_LUA = """
 local key = KEYS[1]
 local cap = tonumber(ARGV[1])
 if ARGV[2] == 'replace' then redis.call('DEL', key) end
-local function each(cmd, s)
+if ARGV[3] ~= '' then
   local buf, n = {}, 0
-  for x in string.gmatch(s, '[^\\31]+') do
+  for x in string.gmatch(ARGV[3], '[^\\31]+') do
     n = n + 1
     buf[n] = x
-    if n == 2000 then
-      redis.call(cmd, key, unpack(buf, 1, n))
+    if n == 1000 then
+      redis.call('ZREM', key, unpack(buf, 1, n))
       n = 0
     end
   end
-  if n > 0 then redis.call(cmd, key, unpack(buf, 1, n)) end
+  if n > 0 then redis.call('ZREM', key, unpack(buf, 1, n)) end
 end
-if ARGV[3] ~= '' then each('ZREM', ARGV[3]) end
-if ARGV[4] ~= '' then each('ZADD', ARGV[4]) end
+if ARGV[4] ~= '' then
+  local member = string.gmatch(ARGV[5], '[^\\31]+')
+  local buf, n = {}, 0
+  for score in string.gmatch(ARGV[4], '[^\\31]+') do
+    buf[n + 1] = score
+    buf[n + 2] = member()
+    n = n + 2
+    if n == 2000 then
+      redis.call('ZADD', key, unpack(buf, 1, n))
+      n = 0
+    end
+  end
+  if n > 0 then redis.call('ZADD', key, unpack(buf, 1, n)) end
+end
 redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1))
 return 1
 """
@@ -50,19 +66,19 @@ _PIPELINE_BYTES = 1 << 20  # flush the pipeline after about this many bytes of a
 
 
 def _apply_partition(rows, url: str, generation: int, cap: int, counters) -> None:
-    """Apply one partition's operations, pipelined. The `removes`/`entries` strings go to Lua as they are and
-    are split there (Python splitting and packing every entry cost about 3x Redis's own time, measured)."""
+    """Apply one partition's operations, pipelined. The `removes`/`scores`/`members` strings go to Lua as they
+    are and are split there (Python splitting and packing every entry cost about 3x Redis's own time, measured)."""
     client = connect(url)
     sha = client.script_load(_APPLY_LUA)
     pipe = client.pipeline(transaction=False)
     pending = ops = entries_added = 0
-    for kind, ident, mode, removes, entries, body in rows:
+    for kind, ident, mode, removes, scores, members, body in rows:
         if kind == "timeline":
-            removes, entries = removes or "", entries or ""
-            pipe.evalsha(sha, 1, timeline_key(generation, ident), cap, mode, removes, entries)
-            pending += len(removes) + len(entries) + 64
+            removes, scores, members = removes or "", scores or "", members or ""
+            pipe.evalsha(sha, 1, timeline_key(generation, ident), cap, mode, removes, scores, members)
+            pending += len(removes) + len(scores) + len(members) + 64
             ops += 1
-            entries_added += (entries.count(SEP) + 1) // 2 if entries else 0
+            entries_added += scores.count(SEP) + 1 if scores else 0
         elif body is None:
             pipe.delete(tweet_key(generation, ident))
             pending += 64

@@ -8,7 +8,8 @@ from views.timeline import SEP, TIMELINE_OPS_SCHEMA, TimelineSink, export_timeli
 
 
 def _entries(*pairs):
-    return SEP.join(f"{ts}{SEP}{tid}" for ts, tid in pairs)
+    """(scores, members) columns of a timeline operation."""
+    return SEP.join(str(ts) for ts, _ in pairs), SEP.join(tid for _, tid in pairs)
 
 
 def _zset(client, user):
@@ -22,10 +23,10 @@ def test_add_remove_replace_trim_and_replay_apply_once(spark, redis_url):
     many = [(1000 + i, f"t{i:04d}") for i in range(2500)]  # more than one Lua chunk of ZADD arguments
     first = spark.createDataFrame(
         [
-            ("timeline", "a", "add", None, _entries((5, "t5"), (7, "t7"), (6, "t6"), (1, "t1")), None),
-            ("timeline", "b", "add", None, _entries(*many), None),
-            ("timeline", "c", "add", None, _entries((2, "x")), None),
-            ("tweet", "t5", None, None, None, '{"tweet_id":"t5","user_id":"u","text":"hi","ts":5}'),
+            ("timeline", "a", "add", None, *_entries((5, "t5"), (7, "t7"), (6, "t6"), (1, "t1")), None),
+            ("timeline", "b", "add", None, *_entries(*many), None),
+            ("timeline", "c", "add", None, *_entries((2, "x")), None),
+            ("tweet", "t5", None, None, None, None, '{"tweet_id":"t5","user_id":"u","text":"hi","ts":5}'),
         ],
         TIMELINE_OPS_SCHEMA,
     )
@@ -35,10 +36,10 @@ def test_add_remove_replace_trim_and_replay_apply_once(spark, redis_url):
     assert _zset(client, "b") == [("t2499", 3499), ("t2498", 3498), ("t2497", 3497)]
     second = spark.createDataFrame(
         [
-            ("timeline", "a", "add", SEP.join(["t7", "t6"]), _entries((9, "t9")), None),
-            ("timeline", "c", "replace", None, _entries((4, "y"), (3, "z")), None),
-            ("timeline", "b", "replace", None, None, None),  # a refill with nothing left: the key is gone
-            ("tweet", "t7", None, None, None, None),
+            ("timeline", "a", "add", SEP.join(["t7", "t6"]), *_entries((9, "t9")), None),
+            ("timeline", "c", "replace", None, *_entries((4, "y"), (3, "z")), None),
+            ("timeline", "b", "replace", None, "", "", None),  # a refill with nothing left: the key is gone
+            ("tweet", "t7", None, None, None, None, None),
         ],
         TIMELINE_OPS_SCHEMA,
     )
