@@ -303,11 +303,14 @@ def maintain_timeline(
 
     # Refill: the whole new timeline of each follower recomputed (empty array when nothing is left).
     if n_died or n_lost:
-        refill_pairs = (
-            cur_after.join(refill, "follower_id")
-            .join(live_after.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id")
-            .select("follower_id", "tweet_id", "ts")
-        )
+        # Each followee contributes at most its newest `cap` tweets (a celebrity's thousands are cut per author
+        # before the fan-out to each of the follower's rows, not after it).
+        followed = cur_after.join(refill, "follower_id")
+        authors = followed.select(F.col("followee_id").alias("user_id")).distinct()
+        top = _top_per_author(live_after.join(authors, "user_id", "left_semi"), cap)
+        refill_pairs = followed.join(
+            top.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id"
+        ).select("follower_id", "tweet_id", "ts")
         replaces = refill.join(_timelines(refill_pairs, cap), "follower_id", "left").select(
             "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
         )
