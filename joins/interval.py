@@ -32,11 +32,12 @@ one after it (>= before). Semantics, per micro-batch:
   duplicate of it would not be late); a right row while `r.ts >= watermark_after + min(lower_ms, 0)`. Rows older than that are dropped, so the state holds only the
   rows of the last `upper_ms - lower_ms + lateness` of event time: it stays flat as event time advances.
 
-Execution: two aggregations, all in the JVM. Each side's state and new rows are reduced to one row per id (one
-shuffle by id), then both sides are grouped by the join keys (one shuffle) and each row's matches are counted
-with Spark SQL array functions over its key's rows (`filter`/`transform`, no Python, no self-join); every
-output DataFrame is a projection of that one persisted grouping. Work per key is |left rows| x |right rows| of
-the key within the state's time span, as for any interval join on an equi-key.
+Execution: two shuffles, all in the JVM. Each side's state and new rows are reduced to one row per id (one
+shuffle by id, a window keeps the first row per id), then both sides are shuffled by the join keys and sorted by
+`ts`, and each row's new matches are window sums over range frames of `ts` (the other side's rows within the
+interval: no Python, no self-join); every output DataFrame is a projection of that one persisted result (`pairs`
+is a range join over it, computed only if used). Work per key is a sort of its rows plus a sliding frame, linear
+in the rows of the key within the state's time span.
 
 The result is a function of the state and the batch only; the caller persists `left_state`/`right_state` and
 feeds them back as the next batch's state. Nothing here depends on arrival order within the lateness bound.

@@ -15,7 +15,8 @@ Exactly-once effect. Every step has a *fence*, a number that grows with every st
 idle tick number). A record is overwritten only by a step whose fence is >= the stored one (a replay writes
 the same content; an older replay cannot undo a newer outcome). A ctr key applies its deltas only if its stored
 fence is < the step's fence, in the same Lua call, so a replayed step counts nothing twice. Each key is changed
-by one Lua call touching only that key (Redis Cluster safe); calls are pipelined from the executors.
+by one Lua call touching only that key (Redis Cluster safe). The calls are built in Spark SQL as wire-protocol
+text, 1,000 per row, and sent from the executors, one write per row: Python never handles a single operation.
 """
 
 from __future__ import annotations
