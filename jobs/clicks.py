@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import orjson
+from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from changelog.ingest import deadletter_path
@@ -68,23 +69,44 @@ _INITIAL_META = {
 
 
 class _Phases:
-    """Wall time and JVM CPU time (driver + local executors; local mode only) of the phases of one step, and the
-    number of generated-code compilations, for the batch log line."""
+    """Wall time, JVM CPU time (driver + local executors; local mode only) and Python worker CPU time (the JVM's
+    descendant processes: the sink's workers) of the phases of one step, and the number of generated-code
+    compilations, for the batch log line."""
 
     def __init__(self, spark):
-        self._cpu = lambda: float("nan")
+        self._cpu = lambda: (float("nan"), float("nan"))
         # local mode: the JVM started by this driver runs the executors too
         proc = getattr(spark.sparkContext._gateway, "proc", None)
         if proc is not None:
-            stat, tick = f"/proc/{proc.pid}/stat", os.sysconf("SC_CLK_TCK")
+            tick = os.sysconf("SC_CLK_TCK")
 
-            def cpu() -> float:
+            def stat(pid: int) -> list[str]:
+                with open(f"/proc/{pid}/stat") as fh:
+                    return fh.read().rsplit(")", 1)[1].split()
+
+            def cpu() -> tuple[float, float]:
                 try:
-                    with open(stat) as fh:
-                        f = fh.read().rsplit(")", 1)[1].split()
-                    return (int(f[11]) + int(f[12])) / tick
+                    f = stat(proc.pid)
+                    jvm = (int(f[11]) + int(f[12])) / tick
                 except (OSError, IndexError, ValueError):
-                    return float("nan")
+                    return float("nan"), float("nan")
+                kids: dict[int, list[int]] = {}
+                for d in os.listdir("/proc"):
+                    if d.isdigit():
+                        try:
+                            kids.setdefault(int(stat(int(d))[1]), []).append(int(d))
+                        except (OSError, IndexError, ValueError):
+                            pass
+                py, todo = 0.0, list(kids.get(proc.pid, ()))
+                while todo:
+                    p = todo.pop()
+                    todo += kids.get(p, ())
+                    try:
+                        f = stat(p)
+                        py += (int(f[11]) + int(f[12])) / tick
+                    except (OSError, IndexError, ValueError):
+                        pass
+                return jvm, py
 
             self._cpu = cpu
         try:
@@ -93,17 +115,18 @@ class _Phases:
             self._compiles()
         except Exception:  # noqa: BLE001
             self._compiles = lambda: 0
-        self.marks: list[tuple[str, float, float]] = []
+        self.marks: list[tuple[str, float, float, float]] = []
         self._t, self._c, self._n = time.monotonic(), self._cpu(), self._compiles()
+        self._k = self._n
 
     def mark(self, name: str) -> None:
-        t, c = time.monotonic(), self._cpu()
-        self.marks.append((name, t - self._t, c - self._c))
-        self._t, self._c = t, c
+        t, c, k = time.monotonic(), self._cpu(), self._compiles()
+        self.marks.append((name, t - self._t, c[0] - self._c[0], c[1] - self._c[1], k - self._k))
+        self._t, self._c, self._k = t, c, k
 
     def __str__(self) -> str:
-        parts = ", ".join(f"{n} {w:.2f}s/{c:.2f}cpu" for n, w, c in self.marks)
-        return f"{parts}; {self._compiles() - self._n} code compilations"
+        parts = ", ".join(f"{n} {w:.2f}s/{c:.2f}cpu/{p:.2f}py/{k}cc" for n, w, c, p, k in self.marks)
+        return f"{parts}; {self._compiles() - self._n} code compilations (cc)"
 
 
 class _Store:
@@ -143,7 +166,8 @@ class _Store:
         )
         return left, right
 
-    def write(self, fence: int, left_state, right_state, meta: dict) -> None:
+    def write(self, fence: int, left_state, right_state) -> None:
+        """Write the state of version `fence`; the version exists once `rewrite_meta` wrote its meta."""
         d = self._dir(fence)
         (d / "meta.json").unlink(missing_ok=True)
         state = left_state.select(
@@ -164,9 +188,6 @@ class _Store:
             )
         )
         state.coalesce(1).write.mode("overwrite").parquet(str(d / "state"))
-        tmp = d / "meta.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(d / "meta.json")
 
     def rewrite_meta(self, fence: int, meta: dict) -> None:
         tmp = self._dir(fence) / "meta.tmp"
@@ -268,28 +289,35 @@ def _step(
     try:
         sink.write(_ops(res.left), fence)
         phases.mark("join+publish")
-        # One job over the cached join state: every count the status needs.
-        flags = res.left.select(
-            F.lit(True).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"
-        ).unionByName(res.right.select(F.lit(False).alias("s"), "_new", "_closed", "_keep", "_changed", "ts"))
 
-        def n(cond):
-            return F.sum(cond.cast("bigint"))
+        # The counts the status needs are observed while the state is written (no job of their own): the
+        # observations sit on every row of each side, before the filter to the rows kept in the state.
+        def n(c):
+            return F.sum(F.col(c).cast("bigint"))
 
-        s_ = F.col("s")
-        c = flags.agg(
-            n(s_ & F.col("_new")).alias("new_searches"),
-            n(~s_ & F.col("_new")).alias("new_clicks"),
-            n(s_ & F.col("_closed")).alias("closed"),
-            n(s_ & F.col("_changed") & ~F.col("_closed")).alias("provisional"),
-            n(s_ & F.col("_keep")).alias("held"),
-            n(F.col("_keep")).alias("state_rows"),
-            F.min(F.when(s_ & F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
-        ).first()
-        phases.mark("counts")
+        obs_l, obs_r = Observation(f"clicks_left_{fence}"), Observation(f"clicks_right_{fence}")
+        left = res.left.observe(
+            obs_l,
+            n("_new").alias("new"),
+            n("_closed").alias("closed"),
+            F.sum((F.col("_changed") & ~F.col("_closed")).cast("bigint")).alias("provisional"),
+            n("_keep").alias("kept"),
+            F.min(F.when(F.col("_keep"), F.col("ts"))).alias("min_kept_ts"),
+        )
+        right = res.right.observe(obs_r, n("_new").alias("new"), n("_keep").alias("kept"))
+        store.write(
+            fence,
+            left.where("_keep").select(*res.left_state.columns),
+            right.where("_keep").select(*res.right_state.columns),
+        )
+        cl, cr = obs_l.get, obs_r.get
         out = {
-            k: int(c[k] or 0)
-            for k in ("new_searches", "new_clicks", "closed", "provisional", "held", "state_rows")
+            "new_searches": int(cl["new"] or 0),
+            "new_clicks": int(cr["new"] or 0),
+            "closed": int(cl["closed"] or 0),
+            "provisional": int(cl["provisional"] or 0),
+            "held": int(cl["kept"] or 0),
+            "state_rows": int(cl["kept"] or 0) + int(cr["kept"] or 0),
         }
         meta.update(
             watermark=w1,
@@ -297,11 +325,11 @@ def _step(
             held=out["held"],
             state_rows=out["state_rows"],
             # the earliest window end still open: an idle tick does nothing before the watermark passes it
-            next_close=(c["min_kept_ts"] + WINDOW_MS) if c["min_kept_ts"] is not None else None,
+            next_close=(cl["min_kept_ts"] + WINDOW_MS) if cl["min_kept_ts"] is not None else None,
             fence=fence,
         )
-        store.write(fence, res.left_state, res.right_state, meta)
-        phases.mark("state")
+        store.rewrite_meta(fence, meta)
+        phases.mark("state+counts")
     finally:
         res.release()
     return out

@@ -32,11 +32,12 @@ one after it (>= before). Semantics, per micro-batch:
   duplicate of it would not be late); a right row while `r.ts >= watermark_after + min(lower_ms, 0)`. Rows older than that are dropped, so the state holds only the
   rows of the last `upper_ms - lower_ms + lateness` of event time: it stays flat as event time advances.
 
-Execution: two aggregations, all in the JVM. Each side's state and new rows are reduced to one row per id (one
-shuffle by id), then both sides are grouped by the join keys (one shuffle) and each row's matches are counted
-with Spark SQL array functions over its key's rows (`filter`/`transform`, no Python, no self-join); every
-output DataFrame is a projection of that one persisted grouping. Work per key is |left rows| x |right rows| of
-the key within the state's time span, as for any interval join on an equi-key.
+Execution: two shuffles, all in the JVM. Each side's state and new rows are reduced to one row per id (one
+shuffle by id, a window keeps the first row per id), then both sides are shuffled by the join keys and sorted by
+`ts`, and each row's new matches are window sums over range frames of `ts` (the other side's rows within the
+interval: no Python, no self-join); every output DataFrame is a projection of that one persisted result (`pairs`
+is a range join over it, computed only if used). Work per key is a sort of its rows plus a sliding frame, linear
+in the rows of the key within the state's time span.
 
 The result is a function of the state and the batch only; the caller persists `left_state`/`right_state` and
 feeds them back as the next batch's state. Nothing here depends on arrival order within the lateness bound.
@@ -47,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
@@ -122,11 +123,12 @@ def batch_constant(value: int) -> Column:
 
     Spark inlines a primitive literal into the Java source it generates and compiles per stage, and caches the
     compiled classes by their source: a `F.lit(watermark)` would make every micro-batch compile all its stages
-    anew (tens of compilations, most of a small batch's CPU). A string literal is passed to the generated code
-    by reference instead; the cast to bigint is evaluated per row (it is not folded into a long literal because
-    the expression includes a nondeterministic zero). For the same reason the analyzer rejects it inside an
-    aggregate function's arguments: compute it in a projection first."""
-    return F.lit(str(int(value))).cast("bigint") + (F.spark_partition_id() * F.lit(0)).cast("bigint")
+    anew (tens of compilations, most of a small batch's CPU). An array literal is passed to the generated code by
+    reference instead, and its element is read per row at an index the optimizer cannot fold (a nondeterministic
+    zero). (`cast('<value>' as bigint)` is not enough: the optimizer folds it into a long literal, measured:
+    16 of a batch's 47 compilations.) For the same reason the analyzer rejects it inside an aggregate function's
+    arguments: compute it in a projection first."""
+    return F.array(F.lit(int(value)).cast("bigint"))[F.spark_partition_id() * F.lit(0)]
 
 
 def state_schema(schema: StructType) -> StructType:
@@ -159,10 +161,14 @@ def _prepare(side: JoinSide, w_before: int, name: str):
             *cols, F.col(MATCHES).cast("bigint"), F.lit(False).alias("_new")
         ).unionByName(fresh)
     others = [c for c in cols if c not in (side.id, side.ts)]
+    # The first row of each id in (_new, ts, other columns) order, i.e. the row before which there is none. Not
+    # `row_number() == 1`: Spark would add a sort and top-1 per id before the shuffle (WindowGroupLimit), which
+    # costs more than it saves when few rows are duplicates; not `min(struct(...))` per id: a sort-based
+    # aggregation on both sides of the shuffle.
+    first = Window.partitionBy(side.id).orderBy("_new", side.ts, *others, MATCHES)
     rows = (
-        both.groupBy(side.id)
-        .agg(F.min(F.struct("_new", side.ts, *others, MATCHES)).alias("_r"))
-        .select(side.id, "_r.*")
+        both.select("*", F.lag(F.lit(1)).over(first).isNull().alias("_first"))
+        .where("_first")
         .select(*cols, MATCHES, "_new")
     )
     return cols, late, rows
@@ -194,8 +200,10 @@ def interval_join(
         if k not in lcols or k not in rcols:
             raise ValueError(f"join key {k!r} must be a column of both sides")
 
-    # One shuffle by the join keys: every key's left rows and right rows (state and new) side by side; matches
-    # are counted with array functions inside the JVM. A pair counts once, in the batch of its later row.
+    # One shuffle by the join keys, one sort by event time within each key: every row's new matches are counted
+    # by window aggregates over range frames of `ts` (the other side's rows within the interval), in the JVM.
+    # A pair counts once, in the batch of its later row: a new row counts every match in its frame, a state row
+    # only the new ones.
     kn = [f"_k{i}" for i in range(len(keys))]
     l_type, r_type = (
         l_rows.select(F.struct("*").alias("x")).schema["x"].dataType,
@@ -203,11 +211,17 @@ def interval_join(
     )
     tagged = l_rows.select(
         *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
+        F.col(left.ts).alias("_t"),
+        F.lit(True).alias("_is_l"),
+        F.col("_new"),
         F.struct(*l_rows.columns).alias("l"),
         F.lit(None).cast(r_type).alias("r"),
     ).unionByName(
         r_rows.select(
             *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
+            F.col(right.ts).alias("_t"),
+            F.lit(False).alias("_is_l"),
+            F.col("_new"),
             F.lit(None).cast(l_type).alias("l"),
             F.struct(*r_rows.columns).alias("r"),
         )
@@ -216,27 +230,28 @@ def interval_join(
     for n in kn:
         key_ok = key_ok & F.col(n).isNotNull()
 
-    def match(lr, rr):
-        return (
-            key_ok
-            & (rr[right.ts] >= lr[left.ts] + F.lit(lower_ms))
-            & (rr[right.ts] <= lr[left.ts] + F.lit(upper_ms))
-            & (lr["_new"] | rr["_new"])
-        )
+    by_ts = Window.partitionBy(*kn).orderBy("_t")
+    of_left = by_ts.rangeBetween(
+        lower_ms, upper_ms
+    )  # a left row's frame: right rows in [ts + lower, ts + upper]
+    of_right = by_ts.rangeBetween(
+        -upper_ms, -lower_ms
+    )  # a right row's frame: left rows in [ts - upper, ts - lower]
+    is_l, new = F.col("_is_l"), F.col("_new")
 
-    grouped = tagged.groupBy(*kn).agg(F.collect_list("l").alias("ls"), F.collect_list("r").alias("rs"))
-    grouped = grouped.select(
-        *kn,
-        "ls",
-        "rs",
-        F.transform("ls", lambda lr: F.size(F.filter("rs", lambda rr: match(lr, rr)))).alias("l_inc"),
-        F.transform("rs", lambda rr: F.size(F.filter("ls", lambda lr: match(lr, rr)))).alias("r_inc"),
-    ).persist()
+    def n(cond, frame):
+        return F.sum(cond.cast("int")).over(frame)
 
-    def out(side_col: str, inc_col: str, cols, closed, closed_before, keep) -> DataFrame:
-        x = grouped.select(F.explode(F.arrays_zip(side_col, inc_col)).alias("z")).select(
-            F.col("z")[side_col].alias("x"), F.col("z")[inc_col].cast("bigint").alias("_inc")
-        )
+    inc = F.when(
+        key_ok,
+        F.when(is_l, F.when(new, n(~is_l, of_left)).otherwise(n(~is_l & new, of_left))).otherwise(
+            F.when(new, n(is_l, of_right)).otherwise(n(is_l & new, of_right))
+        ),
+    ).otherwise(F.lit(0))
+    grouped = tagged.select(*kn, "_t", "_is_l", "l", "r", inc.cast("bigint").alias("_inc")).persist()
+
+    def out(side_col: str, is_side, cols, closed, closed_before, keep) -> DataFrame:
+        x = grouped.where(is_side).select(F.col(side_col).alias("x"), "_inc")
         return x.select(
             *[F.col("x")[c].alias(c) for c in cols],
             (F.col("x")[MATCHES] + F.col("_inc")).alias(MATCHES),
@@ -250,28 +265,30 @@ def interval_join(
 
     lts, rts = F.col(left.ts), F.col(right.ts)
     l_out = out(
-        "ls",
-        "l_inc",
+        "l",
+        is_l,
         lcols,
         lts < batch_constant(w1 - upper_ms),
         lts < batch_constant(w0 - upper_ms),
         lts >= batch_constant(w1 - max(upper_ms, 0)),
     )
     r_out = out(
-        "rs",
-        "r_inc",
+        "r",
+        ~is_l,
         rcols,
         rts < batch_constant(w1 + lower_ms),
         rts < batch_constant(w0 + lower_ms),
         rts >= batch_constant(w1 + min(lower_ms, 0)),
     )
-    pairs = (
-        grouped.select(*kn, "rs", F.explode("ls").alias("lr"))
-        .select(F.col("lr"), F.explode(F.filter("rs", lambda rr: match(F.col("lr"), rr))).alias("rr"))
-        .select(
-            F.struct(*[F.col("lr")[c].alias(c) for c in lcols]).alias("left"),
-            F.struct(*[F.col("rr")[c].alias(c) for c in rcols]).alias("right"),
-        )
+    # The pairs themselves (not needed for the counts above): a range join, computed only if used.
+    a = grouped.where(is_l).select(*[F.col(n).alias(f"a{n}") for n in kn], F.col("_t").alias("a_t"), "l")
+    b = grouped.where(~is_l).select(*[F.col(n).alias(f"b{n}") for n in kn], F.col("_t").alias("b_t"), "r")
+    cond = (F.col("b_t") >= F.col("a_t") + F.lit(lower_ms)) & (F.col("b_t") <= F.col("a_t") + F.lit(upper_ms))
+    for n in kn:
+        cond = cond & (F.col(f"a{n}") == F.col(f"b{n}"))
+    pairs = a.join(b, cond & (F.col("l")["_new"] | F.col("r")["_new"])).select(
+        F.struct(*[F.col("l")[c].alias(c) for c in lcols]).alias("left"),
+        F.struct(*[F.col("r")[c].alias(c) for c in rcols]).alias("right"),
     )
 
     rows = pairs

@@ -15,12 +15,18 @@ Exactly-once effect. Every step has a *fence*, a number that grows with every st
 idle tick number). A record is overwritten only by a step whose fence is >= the stored one (a replay writes
 the same content; an older replay cannot undo a newer outcome). A ctr key applies its deltas only if its stored
 fence is < the step's fence, in the same Lua call, so a replayed step counts nothing twice. Each key is changed
-by one Lua call touching only that key (Redis Cluster safe); calls are pipelined from the executors.
+by one Lua call touching only that key (Redis Cluster safe). The calls are built in Spark SQL as wire-protocol
+text, 1,000 per row, and sent from the executors, one write per row: Python never handles a single operation.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import orjson
+import redis
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import connect, current_generation
@@ -54,7 +60,8 @@ redis.call('HSET', KEYS[1], 'f', ARGV[1])
 return 1
 """
 
-_BATCH = 1000  # Lua calls per pipeline round trip
+_CHUNK = 1000  # Lua calls per round trip
+_SHA = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in (("s", _SEARCH_LUA), ("c", _CTR_LUA))}
 
 
 def search_clicks_key(generation: int, search_id: str) -> str:
@@ -65,22 +72,82 @@ def ctr_key(generation: int, query: str) -> str:
     return view_key("ctr", generation, query)
 
 
-def _apply_partition(rows, url: str, generation: int, fence: int) -> None:
+def _resp(*parts: Column) -> Column:
+    """One Redis command in the wire protocol (RESP: an array of bulk strings), built in the JVM."""
+    out = [F.lit(f"*{len(parts)}\r\n")]
+    for p in parts:
+        out += [F.lit("$"), F.octet_length(p).cast("string"), F.lit("\r\n"), p, F.lit("\r\n")]
+    return F.concat(*out)
+
+
+def _chunks(ops_df, generation: int, fence: int):
+    """The step's Lua calls as wire-protocol text, `_CHUNK` consecutive calls of a partition concatenated into one
+    row (`payload`, `n`): Python only forwards these strings, it never sees a single operation. The fence is a
+    string literal (not written into generated code, so the next step reuses the compiled code)."""
+    f = F.lit(str(int(fence)))
+    key = F.col("key")
+    search = _resp(
+        F.lit("EVALSHA"),
+        F.lit(_SHA["s"]),
+        F.lit("1"),
+        F.concat(F.lit(search_clicks_key(generation, "")[:-1]), key, F.lit("}")),
+        f,
+        F.col("body"),
+        F.when(F.col("final"), F.lit("1")).otherwise(F.lit("0")),
+    )
+    ctr = _resp(
+        F.lit("EVALSHA"),
+        F.lit(_SHA["c"]),
+        F.lit("1"),
+        F.concat(F.lit(ctr_key(generation, "")[:-1]), key, F.lit("}")),
+        f,
+        F.col("d_searches").cast("string"),
+        F.col("d_clicked").cast("string"),
+    )
+    cmd = F.when(F.col("kind") == "search", search).otherwise(ctr)
+    return (
+        ops_df.select(cmd.alias("c"), F.floor(F.monotonically_increasing_id() / _CHUNK).alias("chunk"))
+        .groupBy("chunk")
+        .agg(F.concat_ws("", F.collect_list("c")).alias("payload"), F.count("*").alias("n"))
+        .select("payload", "n")
+    )
+
+
+def _send(client, payload: bytes, n: int) -> None:
+    """Send `n` pipelined Lua calls and read their `n` replies, loading the scripts first (a restarted Redis has
+    none). Retried as a whole on a connection error (`WaitingRetry`): every call is fenced, so a repeat is
+    harmless."""
+    pool = client.connection_pool
+
+    def attempt():
+        conn = pool.get_connection()
+        try:
+            conn.send_command("SCRIPT", "LOAD", _SEARCH_LUA)
+            conn.send_command("SCRIPT", "LOAD", _CTR_LUA)
+            conn.send_packed_command([payload], check_health=False)
+            conn.read_response()
+            conn.read_response()
+            error = None
+            for _ in range(n):
+                try:
+                    conn.read_response()
+                except redis.ResponseError as e:
+                    error = error or e
+            if error is not None:
+                raise RuntimeError(f"clicks sink: a Lua call failed in Redis: {error}")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    client.get_retry().call_with_retry(attempt, lambda _e: None)
+
+
+def _apply_partition(rows, url: str) -> None:
     client = connect(url)
-    s_sha, c_sha = client.script_load(_SEARCH_LUA), client.script_load(_CTR_LUA)
-    pipe = client.pipeline(transaction=False)
-    pending = 0
-    for kind, key, body, final, d_searches, d_clicked in rows:
-        if kind == "search":
-            pipe.evalsha(s_sha, 1, search_clicks_key(generation, key), fence, body, 1 if final else 0)
-        else:
-            pipe.evalsha(c_sha, 1, ctr_key(generation, key), fence, d_searches, d_clicked)
-        pending += 1
-        if pending >= _BATCH:
-            pipe.execute()
-            pending = 0
-    if pending:
-        pipe.execute()
+    for payload, n in rows:
+        _send(client, payload.encode(), n)
 
 
 class ClicksSink:
@@ -90,8 +157,8 @@ class ClicksSink:
         self.url, self.generation = url, generation
 
     def write(self, ops_df, fence: int) -> None:
-        url, generation = self.url, self.generation
-        ops_df.foreachPartition(lambda rows: _apply_partition(rows, url, generation, fence))
+        url = self.url
+        _chunks(ops_df, self.generation, fence).foreachPartition(lambda rows: _apply_partition(rows, url))
 
 
 def query_search_clicks(client, search_id: str, *, job: str = "clicks") -> dict:
