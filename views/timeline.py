@@ -32,32 +32,26 @@ _APPLY_LUA = """
 local key = KEYS[1]
 local cap = tonumber(ARGV[1])
 if ARGV[2] == 'replace' then redis.call('DEL', key) end
-if ARGV[3] ~= '' then
+-- Apply `cmd` to the tokens of `first` (interleaved with those of `second`, when given) in chunks.
+local function each(cmd, first, second)
+  local other = second and string.gmatch(second, '[^\\31]+')
   local buf, n = {}, 0
-  for x in string.gmatch(ARGV[3], '[^\\31]+') do
+  for x in string.gmatch(first, '[^\\31]+') do
     n = n + 1
     buf[n] = x
-    if n == 1000 then
-      redis.call('ZREM', key, unpack(buf, 1, n))
+    if other then
+      n = n + 1
+      buf[n] = other()
+    end
+    if n >= 2000 then
+      redis.call(cmd, key, unpack(buf, 1, n))
       n = 0
     end
   end
-  if n > 0 then redis.call('ZREM', key, unpack(buf, 1, n)) end
+  if n > 0 then redis.call(cmd, key, unpack(buf, 1, n)) end
 end
-if ARGV[4] ~= '' then
-  local member = string.gmatch(ARGV[5], '[^\\31]+')
-  local buf, n = {}, 0
-  for score in string.gmatch(ARGV[4], '[^\\31]+') do
-    buf[n + 1] = score
-    buf[n + 2] = member()
-    n = n + 2
-    if n == 2000 then
-      redis.call('ZADD', key, unpack(buf, 1, n))
-      n = 0
-    end
-  end
-  if n > 0 then redis.call('ZADD', key, unpack(buf, 1, n)) end
-end
+if ARGV[3] ~= '' then each('ZREM', ARGV[3]) end
+if ARGV[4] ~= '' then each('ZADD', ARGV[4], ARGV[5]) end
 redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1))
 return 1
 """
