@@ -28,7 +28,6 @@ interval; `run --once` checks once at the end. Off by default: then "not clicked
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -40,7 +39,16 @@ from pyspark.sql import functions as F
 
 from changelog.ingest import deadletter_path
 from changelog.topics import read_stream
-from jobs.runtime import checkpoint_dir, job_dir, log, log_sources, run_stream, state_dir, write_status
+from jobs.runtime import (
+    checkpoint_dir,
+    job_dir,
+    log,
+    log_sources,
+    process_cpu,
+    run_stream,
+    state_dir,
+    write_status,
+)
 from jobs.settings import Settings, parse_duration_ms
 from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, batch_constant, interval_join
 from views.clicks import CLICKS_OPS_SCHEMA, ClicksSink
@@ -78,35 +86,12 @@ class _Phases:
         # local mode: the JVM started by this driver runs the executors too
         proc = getattr(spark.sparkContext._gateway, "proc", None)
         if proc is not None:
-            tick = os.sysconf("SC_CLK_TCK")
-
-            def stat(pid: int) -> list[str]:
-                with open(f"/proc/{pid}/stat") as fh:
-                    return fh.read().rsplit(")", 1)[1].split()
 
             def cpu() -> tuple[float, float]:
                 try:
-                    f = stat(proc.pid)
-                    jvm = (int(f[11]) + int(f[12])) / tick
+                    return process_cpu(proc.pid)
                 except (OSError, IndexError, ValueError):
                     return float("nan"), float("nan")
-                kids: dict[int, list[int]] = {}
-                for d in os.listdir("/proc"):
-                    if d.isdigit():
-                        try:
-                            kids.setdefault(int(stat(int(d))[1]), []).append(int(d))
-                        except (OSError, IndexError, ValueError):
-                            pass
-                py, todo = 0.0, list(kids.get(proc.pid, ()))
-                while todo:
-                    p = todo.pop()
-                    todo += kids.get(p, ())
-                    try:
-                        f = stat(p)
-                        py += (int(f[11]) + int(f[12])) / tick
-                    except (OSError, IndexError, ValueError):
-                        pass
-                return jvm, py
 
             self._cpu = cpu
         try:

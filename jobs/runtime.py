@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -23,11 +24,49 @@ __all__ = [
     "ensure_delta_table",
     "STOP",
     "status_file",
+    "process_cpu",
 ]
 
 # Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`).
 STOP = threading.Event()
 _STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), not the serving job's
+
+
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (field 3 onwards, so index 1 is the parent pid)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
+def process_cpu(pid: int, *, waited: bool = False) -> tuple[float, float]:
+    """(CPU seconds of process `pid`, CPU seconds of its live descendants), user + system, from /proc (Linux).
+
+    With `waited`, each process also counts the CPU of its children that have exited and were waited for
+    (cutime, cstime). Raises OSError when `pid` does not exist; descendants that vanish meanwhile are skipped.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    last = 15 if waited else 13
+
+    def seconds(f: list[str]) -> float:
+        return sum(int(x) for x in f[11:last]) / tick
+
+    own = seconds(_stat(pid))
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                kids.setdefault(int(_stat(d)[1]), []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    total, todo = 0.0, list(kids.get(pid, ()))
+    while todo:
+        p = todo.pop()
+        todo += kids.get(p, ())
+        try:
+            total += seconds(_stat(p))
+        except (OSError, IndexError, ValueError):
+            pass
+    return own, total
 
 
 def log(msg: str) -> None:

@@ -41,31 +41,16 @@ NEXMARK_Q8_PER_CORE = 146_000  # Flink, Nexmark q8 (windowed join), events/s per
 
 def _cpu_seconds(spark) -> float:
     """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
+    from jobs.runtime import process_cpu
+
     total = sum(os.times()[:2])
     proc = getattr(spark.sparkContext._gateway, "proc", None)
     if proc is None:
         return total
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    f = fh.read().rsplit(")", 1)[1].split()
-                kids.setdefault(int(f[1]), []).append(int(d))
-            except OSError:
-                pass
-    todo = [proc.pid]
-    while todo:
-        p = todo.pop()
-        todo += kids.get(p, [])
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                f = fh.read().rsplit(")", 1)[1].split()
-            total += sum(int(x) for x in f[11:15]) / tick  # utime, stime, cutime, cstime
-        except OSError:
-            pass
-    return total
+    try:
+        return total + sum(process_cpu(proc.pid, waited=True))
+    except OSError:
+        return total
 
 
 def _cleanup(client, generation: int) -> None:

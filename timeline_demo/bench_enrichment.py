@@ -88,10 +88,9 @@ def _write_topics(spark, lake: Path, events: int, profiles: int) -> None:
 def _jvm_cpu_seconds(spark) -> float | None:
     """User + system CPU seconds of the Spark driver JVM (local mode: the executors too), from /proc."""
     try:
-        pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        from jobs.runtime import process_cpu
+
+        return process_cpu(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())[0]
     except (OSError, AttributeError, ValueError):
         return None
 

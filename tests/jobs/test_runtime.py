@@ -1,0 +1,28 @@
+"""jobs.runtime helpers that need no Spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from jobs.runtime import process_cpu
+
+_BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+
+
+def test_process_cpu_counts_a_live_child_as_descendant_cpu():
+    child = subprocess.Popen([sys.executable, "-c", _BUSY])
+    try:
+        deadline = time.monotonic() + 20
+        while process_cpu(child.pid)[0] < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spent = process_cpu(child.pid)[0]  # the busy loop is over: the child sleeps, its CPU stays put
+        assert spent >= 0.25
+        own, descendants = process_cpu(os.getpid())
+        assert descendants >= spent  # the child's CPU is in its parent's descendants, not in the parent's own
+        assert own > 0
+    finally:
+        child.kill()
+        child.wait()
