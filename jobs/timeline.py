@@ -181,6 +181,7 @@ def _ops(changes):
 
     parts = []
     adds = changes.adds.select("follower_id", *_entries(F.col("entries")))
+    added = (F.col("scores"), F.col("members"))
     if removing:
         removes = changes.removes.groupBy("follower_id").agg(
             F.array_join(F.sort_array(F.collect_list("tweet_id")), SEP).alias("removes")
@@ -193,7 +194,7 @@ def _ops(changes):
                 "follower_id",
                 "add",
                 F.col("removes"),
-                (F.col("scores"), F.col("members")) if adding else None,
+                added if adding else None,
                 None,
             )
         )
@@ -201,9 +202,7 @@ def _ops(changes):
             op(changes.replaces, "timeline", "follower_id", "replace", None, _entries(F.col("entries")), None)
         )
     elif adding:
-        parts.append(
-            op(adds, "timeline", "follower_id", "add", None, (F.col("scores"), F.col("members")), None)
-        )
+        parts.append(op(adds, "timeline", "follower_id", "add", None, added, None))
     if n["born"]:
         body = F.to_json(F.struct("tweet_id", "user_id", "text", "ts"))
         parts.append(op(changes.tweets_live, "tweet", "tweet_id", None, None, None, body))

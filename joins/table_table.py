@@ -108,6 +108,17 @@ def _top_per_author(tweets: DataFrame, cap: int) -> DataFrame:
     return tweets.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= cap).drop("_rank")
 
 
+def _backfill(pairs: DataFrame, live: DataFrame, cap: int) -> DataFrame:
+    """follower_id, tweet_id, ts: for each (follower_id, followee_id) pair, the followee's newest `cap` tweets of
+    `live`. Cut per author before the fan-out to the pairs (a celebrity's thousands of tweets are not joined to
+    each of their followers and cut after)."""
+    authors = pairs.select(F.col("followee_id").alias("user_id")).distinct()
+    top = _top_per_author(live.join(authors, "user_id", "left_semi"), cap)
+    return pairs.join(
+        top.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id"
+    ).select("follower_id", "tweet_id", "ts")
+
+
 def _tweet_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
     """Changed tweet rows with `live_before`, `live_after`, `moved`, `user_before`. Unchanged ids are left out."""
     post = F.col("op") == "post"
@@ -286,13 +297,7 @@ def maintain_timeline(
             kept = kept.join(lost, ["follower_id", "followee_id"], "left_anti")
         candidates.append(kept.join(authors, "followee_id").select("follower_id", "tweet_id", "ts"))
     if n_gained:
-        gained_authors = gained.select(F.col("followee_id").alias("user_id")).distinct()
-        top = _top_per_author(live_after.join(gained_authors, "user_id"), cap)
-        candidates.append(
-            gained.join(
-                top.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id"
-            ).select("follower_id", "tweet_id", "ts")
-        )
+        candidates.append(_backfill(gained, live_after, cap))
     if candidates:
         pairs = candidates[0] if len(candidates) == 1 else candidates[0].unionByName(candidates[1])
         if n_died or n_lost:
@@ -303,14 +308,7 @@ def maintain_timeline(
 
     # Refill: the whole new timeline of each follower recomputed (empty array when nothing is left).
     if n_died or n_lost:
-        # Each followee contributes at most its newest `cap` tweets (a celebrity's thousands are cut per author
-        # before the fan-out to each of the follower's rows, not after it).
-        followed = cur_after.join(refill, "follower_id")
-        authors = followed.select(F.col("followee_id").alias("user_id")).distinct()
-        top = _top_per_author(live_after.join(authors, "user_id", "left_semi"), cap)
-        refill_pairs = followed.join(
-            top.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts"), "followee_id"
-        ).select("follower_id", "tweet_id", "ts")
+        refill_pairs = _backfill(cur_after.join(refill, "follower_id"), live_after, cap)
         replaces = refill.join(_timelines(refill_pairs, cap), "follower_id", "left").select(
             "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
         )
