@@ -37,7 +37,7 @@ from jobs.settings import Settings
 from joins.table_table import TimelineState, maintain_timeline
 from views.keys import meta_key
 from views.redis_io import connect, ensure_generation
-from views.timeline import SEP, TimelineSink
+from views.timeline import TimelineSink, entry, member
 
 __all__ = ["run_timeline", "TOPICS"]
 
@@ -152,63 +152,43 @@ class _StateStore:
         self.state, self.batch = changes.after, batch_id
 
 
-def _entries(col):
-    """(scores, members): the ts and tweet ids of an ENTRIES_TYPE column, each list joined by SEP (no per-entry
-    lambda: building one `ts<SEP>id` string per entry in a `transform` cost more than the aggregation, measured)."""
-    return (
-        F.array_join(col["ts"].cast("array<string>"), SEP).alias("scores"),
-        F.array_join(col["tweet_id"], SEP).alias("members"),
-    )
-
-
 def _ops(changes):
-    """The sink's operations (TIMELINE_OPS_SCHEMA) for `changes`; branches with no input are left out of the plan."""
+    """The sink's operations (TIMELINE_OPS_SCHEMA) for `changes`; branches with no input are left out of the plan.
+    The entries' wire text (`p`) was made per tweet by the join (`payload=entry`)."""
     none = F.lit(None).cast("string")
+    no_items = F.lit(None).cast("array<string>")
     n = changes.counts
     removing, adding = n["died"] or n["lost"], n["born"] or n["gained"]
 
-    def op(df, kind, ident, mode, removes, entries, body):
-        scores, members = entries if entries is not None else (none, none)
+    def op(df, kind, mode, removes=no_items, entries=no_items, body=none):
         return df.select(
             F.lit(kind).alias("kind"),
-            F.col(ident).alias("id"),
+            F.col("follower_id" if kind == "timeline" else "tweet_id").alias("id"),
             (F.lit(mode) if mode else none).alias("mode"),
-            (removes if removes is not None else none).alias("removes"),
-            scores.alias("scores"),
-            members.alias("members"),
-            (body if body is not None else none).alias("body"),
+            removes.alias("removes"),
+            entries.alias("entries"),
+            body.alias("body"),
         )
 
     parts = []
-    adds = changes.adds.select("follower_id", *_entries(F.col("entries")))
-    added = (F.col("scores"), F.col("members"))
+    adds = changes.adds.select("follower_id", F.col("entries")["p"].alias("entries"))
     if removing:
         removes = changes.removes.groupBy("follower_id").agg(
-            F.array_join(F.sort_array(F.collect_list("tweet_id")), SEP).alias("removes")
+            F.collect_list(member(F.col("tweet_id"))).alias("removes")
         )
         touched = adds.join(removes, "follower_id", "full") if adding else removes
         parts.append(
-            op(
-                touched,
-                "timeline",
-                "follower_id",
-                "add",
-                F.col("removes"),
-                added if adding else None,
-                None,
-            )
+            op(touched, "timeline", "add", F.col("removes"), F.col("entries") if adding else no_items)
         )
-        parts.append(
-            op(changes.replaces, "timeline", "follower_id", "replace", None, _entries(F.col("entries")), None)
-        )
+        parts.append(op(changes.replaces, "timeline", "replace", entries=F.col("entries")["p"]))
     elif adding:
-        parts.append(op(adds, "timeline", "follower_id", "add", None, added, None))
+        parts.append(op(adds, "timeline", "add", entries=F.col("entries")))
     if n["born"]:
         body = F.to_json(F.struct("tweet_id", "user_id", "text", "ts"))
-        parts.append(op(changes.tweets_live, "tweet", "tweet_id", None, None, None, body))
+        parts.append(op(changes.tweets_live, "tweet", None, body=body))
     if n["died"]:
-        parts.append(op(changes.tweets_dead, "tweet", "tweet_id", None, None, None, None))
-    out = parts[0] if parts else op(changes.tweets_dead, "tweet", "tweet_id", None, None, None, None)
+        parts.append(op(changes.tweets_dead, "tweet", None))
+    out = parts[0] if parts else op(changes.tweets_dead, "tweet", None)
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
@@ -247,7 +227,9 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
             follows_b = batch.where(F.col("topic") == "follows").select(
                 "op", "follower_id", "followee_id", "ts"
             )
-        changes = maintain_timeline(store.before(batch_id), tweets_b, follows_b, cap=settings.timeline_cap)
+        changes = maintain_timeline(
+            store.before(batch_id), tweets_b, follows_b, cap=settings.timeline_cap, payload=entry
+        )
         t_compute = time.monotonic()
         written = sink.write(_ops(changes), batch_id)
         n_ops, n_entries = written["timelines"], written["entries"]

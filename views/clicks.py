@@ -24,12 +24,11 @@ from __future__ import annotations
 import hashlib
 
 import orjson
-import redis
-from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from views.keys import key_id, view_key, view_pattern
-from views.redis_io import connect, current_generation
+from views.redis_io import connect, current_generation, send_packed
+from views.wire import command
 
 __all__ = [
     "CLICKS_OPS_SCHEMA",
@@ -72,21 +71,13 @@ def ctr_key(generation: int, query: str) -> str:
     return view_key("ctr", generation, query)
 
 
-def _resp(*parts: Column) -> Column:
-    """One Redis command in the wire protocol (RESP: an array of bulk strings), built in the JVM."""
-    out = [F.lit(f"*{len(parts)}\r\n")]
-    for p in parts:
-        out += [F.lit("$"), F.octet_length(p).cast("string"), F.lit("\r\n"), p, F.lit("\r\n")]
-    return F.concat(*out)
-
-
 def _chunks(ops_df, generation: int, fence: int):
     """The step's Lua calls as wire-protocol text, `_CHUNK` consecutive calls of a partition concatenated into one
     row (`payload`, `n`): Python only forwards these strings, it never sees a single operation. The fence is a
     string literal (not written into generated code, so the next step reuses the compiled code)."""
     f = F.lit(str(int(fence)))
     key = F.col("key")
-    search = _resp(
+    search = command(
         F.lit("EVALSHA"),
         F.lit(_SHA["s"]),
         F.lit("1"),
@@ -95,7 +86,7 @@ def _chunks(ops_df, generation: int, fence: int):
         F.col("body"),
         F.when(F.col("final"), F.lit("1")).otherwise(F.lit("0")),
     )
-    ctr = _resp(
+    ctr = command(
         F.lit("EVALSHA"),
         F.lit(_SHA["c"]),
         F.lit("1"),
@@ -113,41 +104,10 @@ def _chunks(ops_df, generation: int, fence: int):
     )
 
 
-def _send(client, payload: bytes, n: int) -> None:
-    """Send `n` pipelined Lua calls and read their `n` replies, loading the scripts first (a restarted Redis has
-    none). Retried as a whole on a connection error (`WaitingRetry`): every call is fenced, so a repeat is
-    harmless."""
-    pool = client.connection_pool
-
-    def attempt():
-        conn = pool.get_connection()
-        try:
-            conn.send_command("SCRIPT", "LOAD", _SEARCH_LUA)
-            conn.send_command("SCRIPT", "LOAD", _CTR_LUA)
-            conn.send_packed_command([payload], check_health=False)
-            conn.read_response()
-            conn.read_response()
-            error = None
-            for _ in range(n):
-                try:
-                    conn.read_response()
-                except redis.ResponseError as e:
-                    error = error or e
-            if error is not None:
-                raise RuntimeError(f"clicks sink: a Lua call failed in Redis: {error}")
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
-
-    client.get_retry().call_with_retry(attempt, lambda _e: None)
-
-
 def _apply_partition(rows, url: str) -> None:
     client = connect(url)
     for payload, n in rows:
-        _send(client, payload.encode(), n)
+        send_packed(client, payload.encode(), n, scripts=(_SEARCH_LUA, _CTR_LUA), what="clicks sink")
 
 
 class ClicksSink:

@@ -13,7 +13,14 @@ from redis.retry import Retry
 from views.errors import RedisUnavailable
 from views.keys import gen_key
 
-__all__ = ["connect", "current_generation", "ensure_generation", "set_generation", "WaitingRetry"]
+__all__ = [
+    "connect",
+    "current_generation",
+    "ensure_generation",
+    "set_generation",
+    "send_packed",
+    "WaitingRetry",
+]
 
 
 class WaitingRetry(Retry):
@@ -81,3 +88,47 @@ def ensure_generation(client: redis.Redis, job: str) -> int:
 
 def set_generation(client: redis.Redis, job: str, generation: int) -> None:
     client.set(gen_key(job), generation)
+
+
+def _failure(reply):
+    """The first error in a reply (an error inside a MULTI/EXEC reply counts), or None."""
+    if isinstance(reply, Exception):
+        return reply
+    if isinstance(reply, list):
+        return next((x for x in reply if isinstance(x, Exception)), None)
+    return None
+
+
+def send_packed(
+    client: redis.Redis, payload: bytes, n: int, *, scripts: tuple[str, ...] = (), what: str
+) -> None:
+    """Send `payload` (`n` commands already in the wire protocol) pipelined and read its `n` replies, after loading
+    `scripts` (a restarted Redis has none). Raises RuntimeError naming `what` and the first error any command
+    returned (every reply is read first, so the connection stays usable). Retried as a whole on a connection error
+    (`WaitingRetry`): callers send only idempotent or fenced commands, so a repeat is harmless."""
+    pool = client.connection_pool
+
+    def attempt():
+        conn = pool.get_connection()
+        try:
+            for script in scripts:
+                conn.send_command("SCRIPT", "LOAD", script)
+            conn.send_packed_command([payload], check_health=False)
+            for _ in scripts:
+                conn.read_response()
+            error = None
+            for _ in range(n):
+                try:
+                    reply = conn.read_response()
+                except redis.ResponseError as e:
+                    reply = e
+                error = error or _failure(reply)
+            if error is not None:
+                raise RuntimeError(f"{what}: a command failed in Redis: {error}")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    client.get_retry().call_with_retry(attempt, lambda _e: None)

@@ -1,15 +1,32 @@
-"""The timeline sink (Lua per timeline, entries split in Redis) and its read side, on the real redis-server."""
+"""The timeline sink (wire-protocol commands built in Spark SQL, one MULTI/EXEC per timeline) and its read side, on
+the real redis-server."""
 
 from __future__ import annotations
 
+import pytest
+from pyspark.sql import functions as F
+
 from views.keys import timeline_key, tweet_key
 from views.redis_io import connect, set_generation
-from views.timeline import SEP, TIMELINE_OPS_SCHEMA, TimelineSink, export_timeline, query_timeline
+from views.timeline import TimelineSink, entry, export_timeline, member, query_timeline
+
+_PLAIN = (
+    "kind string, id string, mode string, removes array<string>, "
+    "entries array<struct<ts:bigint,tweet_id:string>>, body string"
+)
 
 
-def _entries(*pairs):
-    """(scores, members) columns of a timeline operation."""
-    return SEP.join(str(ts) for ts, _ in pairs), SEP.join(tid for _, tid in pairs)
+def _ops(spark, rows):
+    """TIMELINE_OPS_SCHEMA rows from plain ones (tweet ids to remove, (ts, tweet_id) entries), encoded by the
+    same `member`/`entry` the job uses."""
+    return spark.createDataFrame(rows, _PLAIN).select(
+        "kind",
+        "id",
+        "mode",
+        F.transform("removes", member).alias("removes"),
+        F.transform("entries", lambda e: entry(e["ts"], e["tweet_id"])).alias("entries"),
+        "body",
+    )
 
 
 def _zset(client, user):
@@ -20,28 +37,30 @@ def test_add_remove_replace_trim_and_replay_apply_once(spark, redis_url):
     client = connect(redis_url)
     set_generation(client, "timeline", 1)
     sink = TimelineSink(redis_url, 1, cap=3)
-    many = [(1000 + i, f"t{i:04d}") for i in range(2500)]  # more than one Lua chunk of ZADD arguments
-    first = spark.createDataFrame(
+    many = [(1000 + i, f"t{i:04d}") for i in range(40_000)]  # one ZADD over several round trips' worth
+    first = _ops(
+        spark,
         [
-            ("timeline", "a", "add", None, *_entries((5, "t5"), (7, "t7"), (6, "t6"), (1, "t1")), None),
-            ("timeline", "b", "add", None, *_entries(*many), None),
-            ("timeline", "c", "add", None, *_entries((2, "x")), None),
-            ("tweet", "t5", None, None, None, None, '{"tweet_id":"t5","user_id":"u","text":"hi","ts":5}'),
+            ("timeline", "a", "add", None, [(5, "t5"), (7, "t7"), (6, "t6"), (1, "t1")], None),
+            ("timeline", "b", "add", None, many, None),
+            ("timeline", "c", "add", None, [(2, "x")], None),
+            ("timeline", "ü€", "add", None, [(3, "ẞ-1")], None),  # lengths are bytes
+            ("tweet", "t5", None, None, None, '{"tweet_id":"t5","user_id":"u","text":"hi","ts":5}'),
         ],
-        TIMELINE_OPS_SCHEMA,
     )
     out = sink.write(first, 0)
-    assert out == {"timelines": 3, "entries": 4 + 2500 + 1}
+    assert out == {"timelines": 4, "entries": 4 + 40_000 + 1 + 1}
     assert _zset(client, "a") == [("t7", 7), ("t6", 6), ("t5", 5)]  # trimmed to the newest cap
-    assert _zset(client, "b") == [("t2499", 3499), ("t2498", 3498), ("t2497", 3497)]
-    second = spark.createDataFrame(
+    assert _zset(client, "b") == [("t39999", 40999), ("t39998", 40998), ("t39997", 40997)]
+    assert _zset(client, "ü€") == [("ẞ-1", 3)]
+    second = _ops(
+        spark,
         [
-            ("timeline", "a", "add", SEP.join(["t7", "t6"]), *_entries((9, "t9")), None),
-            ("timeline", "c", "replace", None, *_entries((4, "y"), (3, "z")), None),
-            ("timeline", "b", "replace", None, "", "", None),  # a refill with nothing left: the key is gone
-            ("tweet", "t7", None, None, None, None, None),
+            ("timeline", "a", "add", ["t7", "t6"], [(9, "t9")], None),
+            ("timeline", "c", "replace", None, [(4, "y"), (3, "z")], None),
+            ("timeline", "b", "replace", None, [], None),  # a refill with nothing left: the key is gone
+            ("tweet", "t7", None, None, None, None),
         ],
-        TIMELINE_OPS_SCHEMA,
     )
     for _ in range(2):  # the same micro-batch replayed after a crash changes nothing
         sink.write(second, 1)
@@ -54,4 +73,13 @@ def test_add_remove_replace_trim_and_replay_apply_once(spark, redis_url):
     assert list(export_timeline(client)) == [
         {"user_id": "a", "tweet_ids": ["t9", "t5"]},
         {"user_id": "c", "tweet_ids": ["y", "z"]},
+        {"user_id": "ü€", "tweet_ids": ["ẞ-1"]},
     ]
+
+
+def test_a_command_redis_rejects_fails_the_write_with_its_error(spark, redis_url):
+    client = connect(redis_url)
+    client.set(timeline_key(1, "s"), "not a sorted set")
+    ops = _ops(spark, [("timeline", "s", "add", None, [(1, "t1")], None)])
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        TimelineSink(redis_url, 1, cap=3).write(ops, 0)
