@@ -7,9 +7,9 @@ State: the join's state (one row per tweet id, one per follow pair) lives in mem
 rebuilt a table snapshot, several Spark jobs for a handful of rows; the directory per batch id gives the same
 idempotence.
 
-Per micro-batch N: the batch is joined with the state, the resulting timeline changes are applied to Redis
-(idempotent per key), the changed state rows are written to `b<N>` (a replay overwrites it with the same
-rows) and only then does the in-memory state move on. When a run starts (after a crash too) the state before its
+Per micro-batch N: the batch is joined with the state; the resulting timeline changes are applied to Redis
+(idempotent per key) while, in a second Spark job, the changed state rows are written to `b<N>` (a replay
+overwrites it with the same rows); only when both are done does the in-memory state move on. When a run starts (after a crash too) the state before its
 first batch N (one past the checkpoint's last committed batch) is rebuilt from the complete directories of
 batches < N (the newest row per key), and so it is whenever Spark replays a batch: the replayed batch computes the
 same changes again, Redis operations repeat with the same effect, with no lost and no doubled effect. Every
@@ -19,6 +19,7 @@ same changes again, Redis operations repeat with the same effect, with no lost a
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -146,9 +147,14 @@ class _StateStore:
         for _, d in _complete(self.path, "b", batch_id + 1) + _complete(self.path, "s", batch_id):
             shutil.rmtree(d, ignore_errors=True)
 
-    def commit(self, batch_id: int, changes) -> None:
-        """Write the batch's changed rows to `b<batch_id>` (replacing a partial or earlier write of it)."""
+    def write(self, batch_id: int, changes) -> None:
+        """Write the batch's changed rows to `b<batch_id>` (replacing a partial or earlier write of it). Safe
+        before the batch is applied to Redis: a run restarts from the state before its first batch, built only from
+        the directories of earlier batches, and a replayed batch writes `b<batch_id>` again."""
         self._write(f"b{batch_id}", batch_id, changes.tweet_rows, changes.follow_rows)
+
+    def advance(self, batch_id: int, changes) -> None:
+        """Move the state in memory past `batch_id` (once Redis has the batch and `write` is done)."""
         self.state, self.batch = changes.after, batch_id
 
 
@@ -194,6 +200,27 @@ def _ops(changes):
     return out
 
 
+def _in_thread(fn, *args):
+    """Start `fn(*args)` in a thread; returns a function that waits for it and re-raises its error."""
+    outcome: list = []
+
+    def run():
+        try:
+            fn(*args)
+        except BaseException as e:  # re-raised in the caller's thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if outcome:
+            raise outcome[0]
+
+    return wait
+
+
 def _next_batch_id(checkpoint: Path) -> int:
     """The id of the next micro-batch the query at `checkpoint` runs: one past its last committed batch."""
     commits = checkpoint / "commits"
@@ -231,11 +258,14 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
             store.before(batch_id), tweets_b, follows_b, cap=settings.timeline_cap, payload=entry
         )
         t_compute = time.monotonic()
+        # The changed state rows are written while Redis applies the batch (a Spark job of its own, on the core
+        # the sink leaves idle while it waits for Redis); the state advances only once both are done.
+        wrote = _in_thread(store.write, batch_id, changes)
         written = sink.write(_ops(changes), batch_id)
         n_ops, n_entries = written["timelines"], written["entries"]
         t_sink = time.monotonic()
-        # Advance the state only after Redis has the batch (a crash in between replays the batch idempotently).
-        store.commit(batch_id, changes)
+        wrote()
+        store.advance(batch_id, changes)
         t_state = time.monotonic()
         changes.release()
         took = time.monotonic() - started
@@ -258,7 +288,7 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
         log(
             f"timeline g{gen} batch {batch_id}: {n_events:,} events -> {n_ops:,} timelines, "
             f"{n_entries:,} entries in {took:.2f}s (join {t_compute - started:.2f}s, "
-            f"redis {t_sink - t_compute:.2f}s, state {t_state - t_sink:.2f}s)"
+            f"redis {t_sink - t_compute:.2f}s, state wait {t_state - t_sink:.2f}s)"
         )
 
     log_sources(settings, JOB, gen, TOPICS)

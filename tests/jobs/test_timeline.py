@@ -112,7 +112,9 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
         before.append(_rows(state))
         batch_t = spark.createDataFrame(tw, tweets) if tw else None
         batch_f = spark.createDataFrame(fo, follows) if fo else None
-        store.commit(i, maintain_timeline(state, batch_t, batch_f, cap=2))
+        changes = maintain_timeline(state, batch_t, batch_f, cap=2)
+        store.write(i, changes)
+        store.advance(i, changes)
     # before(2) and before(4) compacted: s1 covered b0-b1, s3 covered s1 and b2-b3.
     assert sorted(p.name for p in path.iterdir()) == ["b4", "s3"]
     assert _rows(job._StateStore(spark, path).before(5)) == _rows(store.state)
