@@ -1,16 +1,53 @@
-"""`python -m jobs.devredis`: start a development redis-server at REDIS_URL unless one already answers there."""
+"""`python -m jobs.devredis`: start a development redis-server at REDIS_URL unless one already answers there.
+`scratch_redis`: a throw-away one for tests and benchmarks."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
 import redis
 
 from jobs.settings import Settings
+
+__all__ = ["main", "scratch_redis"]
+
+_MISSING = "redis-server is not installed: apt-get install -y redis-server (or run `make setup` as root)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
+    """Start a redis-server on a free local port, without persistence, files under `workdir`; return the process
+    (the caller terminates it) and the port once it answers. RuntimeError (saying what to do) if it cannot."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError(_MISSING)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        + ["--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            return proc, port
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.terminate()
+    raise RuntimeError(f"redis-server did not answer on port {port} within 5 s")
 
 
 def main() -> int:
@@ -27,10 +64,7 @@ def main() -> int:
         return 1
     exe = shutil.which("redis-server")
     if exe is None:
-        print(
-            "redis-server is not installed: apt-get install -y redis-server (or run `make setup` as root)",
-            file=sys.stderr,
-        )
+        print(_MISSING, file=sys.stderr)
         return 1
     data = s.lake_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)

@@ -3,59 +3,23 @@ redis-server started on a free port for the session; each test gets an empty Red
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import orjson
 import pytest
 import redis
 
+from jobs.devredis import scratch_redis
 from jobs.settings import Settings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail(
-            "redis-server is not installed: apt-get install -y redis-server (make setup does it as root)"
-        )
-    port = _free_port()
-    d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(d),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    try:
+        proc, port = scratch_redis(tmp_path_factory.mktemp("redis"))
+    except RuntimeError as e:
+        pytest.fail(str(e))
     url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
     yield {"url": url, "port": port, "proc": proc}
     proc.terminate()
     proc.wait(10)

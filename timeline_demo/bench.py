@@ -25,7 +25,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,44 +49,13 @@ def _say(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("bench: redis-server is missing: apt-get install -y redis-server")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
+    from jobs.devredis import scratch_redis
 
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc, port
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise SystemExit("bench: redis-server did not start")
+    try:
+        return scratch_redis(workdir)
+    except RuntimeError as e:
+        raise SystemExit(f"bench: {e}") from None
 
 
 def _settings(lake: Path, port: int, db: int = 0, **env):
