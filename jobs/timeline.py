@@ -9,18 +9,19 @@ idempotence.
 
 Per micro-batch N: the batch is joined with the state; the resulting timeline changes are applied to Redis
 (idempotent per key) while, in a second Spark job, the changed state rows are written to `b<N>` (a replay
-overwrites it with the same rows); only when both are done does the in-memory state move on. When a run starts (after a crash too) the state before its
-first batch N (one past the checkpoint's last committed batch) is rebuilt from the complete directories of
-batches < N (the newest row per key), and so it is whenever Spark replays a batch: the replayed batch computes the
-same changes again, Redis operations repeat with the same effect, with no lost and no doubled effect. Every
+overwrites it with the same rows); only when both are done does the in-memory state move on. When a run starts
+(after a crash too) the state before its first batch N (one past the checkpoint's last committed batch) is rebuilt
+from the complete directories of batches < N (the newest row per key), and so it is whenever Spark replays a
+batch: the replayed batch computes the same changes again, Redis operations repeat with the same effect, with no
+lost and no doubled effect. Every
 `_SNAPSHOT_EVERY` batches the state is compacted into one snapshot directory.
 """
 
 from __future__ import annotations
 
 import shutil
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pyspark.sql import functions as F
@@ -200,27 +201,6 @@ def _ops(changes):
     return out
 
 
-def _in_thread(fn, *args):
-    """Start `fn(*args)` in a thread; returns a function that waits for it and re-raises its error."""
-    outcome: list = []
-
-    def run():
-        try:
-            fn(*args)
-        except BaseException as e:  # re-raised in the caller's thread
-            outcome.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    def wait() -> None:
-        thread.join()
-        if outcome:
-            raise outcome[0]
-
-    return wait
-
-
 def _next_batch_id(checkpoint: Path) -> int:
     """The id of the next micro-batch the query at `checkpoint` runs: one past its last committed batch."""
     commits = checkpoint / "commits"
@@ -260,11 +240,12 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
         t_compute = time.monotonic()
         # The changed state rows are written while Redis applies the batch (a Spark job of its own, on the core
         # the sink leaves idle while it waits for Redis); the state advances only once both are done.
-        wrote = _in_thread(store.write, batch_id, changes)
-        written = sink.write(_ops(changes), batch_id)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            wrote = pool.submit(store.write, batch_id, changes)
+            written = sink.write(_ops(changes), batch_id)
+            t_sink = time.monotonic()
+            wrote.result()
         n_ops, n_entries = written["timelines"], written["entries"]
-        t_sink = time.monotonic()
-        wrote()
         store.advance(batch_id, changes)
         t_state = time.monotonic()
         changes.release()
