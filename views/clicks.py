@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
-from views.wire import command
+from views.wire import command, view_key_column
 
 __all__ = [
     "CLICKS_OPS_SCHEMA",
@@ -81,7 +81,7 @@ def _chunks(ops_df, generation: int, fence: int):
         F.lit("EVALSHA"),
         F.lit(_SHA["s"]),
         F.lit("1"),
-        F.concat(F.lit(search_clicks_key(generation, "")[:-1]), key, F.lit("}")),
+        view_key_column("search_clicks", generation, key),
         f,
         F.col("body"),
         F.when(F.col("final"), F.lit("1")).otherwise(F.lit("0")),
@@ -90,7 +90,7 @@ def _chunks(ops_df, generation: int, fence: int):
         F.lit("EVALSHA"),
         F.lit(_SHA["c"]),
         F.lit("1"),
-        F.concat(F.lit(ctr_key(generation, "")[:-1]), key, F.lit("}")),
+        view_key_column("ctr", generation, key),
         f,
         F.col("d_searches").cast("string"),
         F.col("d_clicked").cast("string"),

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from views.keys import key_id, timeline_key, tweet_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
-from views.wire import array_command, bulk, command
+from views.wire import array_command, bulk, command, view_key_column
 
 __all__ = [
     "TIMELINE_OPS_SCHEMA",
@@ -58,7 +58,7 @@ def _wire(ops_df, generation: int, cap: int):
     n_removes = F.coalesce(F.size("removes"), F.lit(0))
     n_entries = F.coalesce(F.size("entries"), F.lit(0))
     replace = F.col("mode") == "replace"
-    key = F.concat(F.lit(timeline_key(generation, "")[:-1]), ident, F.lit("}"))
+    key = view_key_column("timeline", generation, ident)
     timeline = F.concat(
         F.lit("*1\r\n$5\r\nMULTI\r\n"),
         F.when(replace, command(F.lit("DEL"), key)).otherwise(F.lit("")),
@@ -69,7 +69,7 @@ def _wire(ops_df, generation: int, cap: int):
     )
     # MULTI's OK, one QUEUED per command (the trim, and a DEL, ZREM, ZADD when present), EXEC's reply.
     queued = 1 + replace.cast("int") + (n_removes > 0).cast("int") + (n_entries > 0).cast("int")
-    tkey = F.concat(F.lit(tweet_key(generation, "")[:-1]), ident, F.lit("}"))
+    tkey = view_key_column("tweet", generation, ident)
     tweet = F.when(F.col("body").isNull(), command(F.lit("DEL"), tkey)).otherwise(
         command(F.lit("SET"), tkey, F.col("body"))
     )

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-__all__ = ["bulk", "command", "array_command"]
+from views.keys import view_key
+
+__all__ = ["bulk", "command", "array_command", "view_key_column"]
 
 
 def bulk(value: Column) -> Column:
@@ -31,3 +33,8 @@ def array_command(name: str, key: Column, items: Column, per_item: int = 1) -> C
         bulk(key),
         F.array_join(items, ""),
     )
+
+
+def view_key_column(view: str, generation: int, ident: Column) -> Column:
+    """`views.keys.view_key(view, generation, <ident>)` for each row: `mv:<view>:<g>:{<ident>}`."""
+    return F.concat(F.lit(view_key(view, generation, "")[:-1]), ident, F.lit("}"))
