@@ -15,12 +15,13 @@ import redis
 
 from jobs.settings import Settings
 
-__all__ = ["main", "scratch_redis"]
+__all__ = ["main", "scratch_redis", "free_port"]
 
 _MISSING = "redis-server is not installed: apt-get install -y redis-server (or run `make setup` as root)"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -32,7 +33,7 @@ def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError(_MISSING)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         + ["--dir", str(workdir)],

@@ -45,7 +45,8 @@ class Settings:
     spark_master: SPARK_MASTER, the Spark master URL (default local[*]).
     timeline_cap: TIMELINE_CAP, newest entries kept per home timeline (default 800).
     allowed_lateness: ALLOWED_LATENESS, watermark delay of every event-time stream (default "10 minutes").
-    shuffle_partitions: SHUFFLE_PARTITIONS, spark.sql.shuffle.partitions (default 2; 200 is ~15x slower here).
+    shuffle_partitions: SHUFFLE_PARTITIONS, spark.sql.shuffle.partitions (default 2; 200 is ~15x slower here), and the
+        tasks that list a table's files (spark.sql.sources.parallelPartitionDiscovery.parallelism, at least 2).
     trigger_interval: TRIGGER_INTERVAL, micro-batch interval of deployed jobs (default "500 ms").
     clicks_idle_timeout: CLICKS_IDLE_TIMEOUT, processing-time idle timeout after which the clicks watermark
         may advance without new events (default empty = off).

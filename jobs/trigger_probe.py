@@ -16,13 +16,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from jobs.devredis import scratch_redis
 
 __all__ = ["main"]
 
@@ -44,12 +45,6 @@ def _write(table: str, n: int) -> None:
         time.sleep(1.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.trigger_probe", description=__doc__.splitlines()[0])
     p.add_argument("--appends", type=int, default=15)
@@ -59,28 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.write[0], int(args.write[1]))
         return 0
 
-    import redis
-
     from changelog.topics import ensure_topic, read_stream, topic_path
     from jobs import registry, runtime, service
     from jobs.settings import Settings
     from jobs.spark import get_spark
 
     work = Path(tempfile.mkdtemp(prefix="trigger_probe_"))
-    port = _free_port()
-    rs = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1"]
-        + ["--save", "", "--appendonly", "no", "--dir", str(work)],
-        stdout=subprocess.DEVNULL,
-    )
+    rs, port = scratch_redis(work)
     try:
         url = f"redis://127.0.0.1:{port}/0"
-        for _ in range(100):
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         env = {**os.environ, "LAKE_DIR": str(work / "lake"), "REDIS_URL": url}
         env.setdefault("SPARK_MASTER", "local[2]")
         settings = Settings.from_env(env)

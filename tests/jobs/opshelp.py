@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,16 +11,11 @@ from pathlib import Path
 import orjson
 import redis
 
+from jobs.devredis import free_port
 from jobs.generations import key_kinds
 from jobs.registry import JOBS
 from jobs.settings import Settings
 from jobs.status import job_status
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class OwnRedis:
