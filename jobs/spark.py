@@ -52,7 +52,7 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
         .config("spark.sql.autoBroadcastJoinThreshold", str(64 * 1024 * 1024))
         # Delta's VACUUM lists a table's files in as many Spark tasks as this (Spark's default: 10,000). On two
         # local cores that made one VACUUM of a small topic log take 1-2 minutes (measured: 116 s per table in
-        # `mview maintain`); the listing of a local lake needs no more tasks than cores.
+        # `mview maintain`). It now takes as many tasks as shuffle partitions (SHUFFLE_PARTITIONS, at least 2).
         .config(
             "spark.sql.sources.parallelPartitionDiscovery.parallelism",
             str(max(2, settings.shuffle_partitions)),
