@@ -34,3 +34,27 @@ def test_vacuum_lists_a_small_table_in_as_few_tasks_as_cores(spark, tmp_path):
     stages = [s for j in tracker.getJobIdsForGroup("vacuum-tasks") for s in tracker.getJobInfo(j).stageIds]
     tasks = [tracker.getStageInfo(s).numTasks for s in stages if tracker.getStageInfo(s)]
     assert tasks and max(tasks) <= 2, tasks
+
+
+def test_building_a_column_costs_no_call_site_round_trips(spark):
+    """With PySpark's DataFrame debugging on, every Column function also fetched the session and a conf and set
+    the call site in the JVM: three more Py4J round trips per function, in every micro-batch's plan building."""
+    import py4j.clientserver
+    from pyspark.sql import functions as F
+
+    conn = py4j.clientserver.ClientServerConnection
+    sent, original = [], conn.send_command
+
+    def counting(self, command):
+        sent.append(command)
+        return original(self, command)
+
+    F.concat(F.lit("warm"), F.col("up"))  # the JVM class and method lookups of a first call are not counted
+    conn.send_command = counting
+    try:
+        F.concat(F.lit("a"), F.col("b"))
+    finally:
+        conn.send_command = original
+    # 3 functions (each a class lookup, a method lookup and the call) and the Seq of concat's two arguments (6);
+    # with the call sites recorded, 25.
+    assert len(sent) <= 15, sent
