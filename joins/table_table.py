@@ -27,6 +27,7 @@ tweets runs a handful of small jobs; the state after the batch is materialized o
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
@@ -77,6 +78,13 @@ class TimelineChanges:
             df.unpersist()
 
 
+@functools.lru_cache(maxsize=16)
+def _empty(spark, schema: str) -> DataFrame:
+    """An empty DataFrame of `schema`, made once per session: `createDataFrame([])` takes about 35 Py4J round trips,
+    and a batch needed up to five."""
+    return spark.createDataFrame([], schema)
+
+
 def _live(t: DataFrame) -> DataFrame:
     return t.where(F.col("posted") & ~F.col("deleted"))
 
@@ -104,8 +112,8 @@ def _timelines(pairs: DataFrame, cap: int) -> DataFrame:
 
 
 def _with_payload(tweets: DataFrame, payload) -> DataFrame:
-    """`tweets` (ts, tweet_id, ...) with column `p`: `payload(ts, tweet_id)`, or null without a payload."""
-    p = payload(F.col("ts"), F.col("tweet_id")) if payload else F.lit(None).cast("string")
+    """`tweets` (ts, tweet_id, ...) with column `p`: `payload("ts", "tweet_id")`, or null without a payload."""
+    p = F.expr(payload("ts", "tweet_id")) if payload else F.lit(None).cast("string")
     return tweets.withColumn("p", p)
 
 
@@ -125,85 +133,90 @@ def _backfill(pairs: DataFrame, live: DataFrame, cap: int, payload) -> DataFrame
     ).select("follower_id", "tweet_id", "ts", "p")
 
 
+# The change queries' expressions are SQL text (`F.expr`, `selectExpr`): one Py4J round trip per expression to
+# parse, where the same expressions built from `functions` took about 400 round trips per micro-batch (measured),
+# a third of a small batch's driver time. (Not one `spark.sql` query: the micro-batch belongs to the streaming
+# query's own session, and a temporary view of it is not visible from the state's.)
+# In both, the state rows of the batch's keys are selected first (a semi join that streams the state past the small
+# batch), so the outer join never hashes or ships the whole state.
+
+
 def _tweet_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
     """Changed tweet rows with `live_before`, `live_after`, `moved`, `user_before`. Unchanged ids are left out."""
-    post = F.col("op") == "post"
     reduced = batch.groupBy("tweet_id").agg(
-        F.max(F.when(post, F.struct("ts", "user_id", "text"))).alias("p"),
-        F.max(F.when(~post, F.struct("user_id")).otherwise(None)).alias("d"),
+        F.expr("max(CASE WHEN op = 'post' THEN struct(ts, user_id, text) END) AS p"),
+        F.expr("max(CASE WHEN NOT (op = 'post') THEN struct(user_id) END) AS d"),
     )
-    # The state rows of the batch's ids first (a semi join that streams the state past the small batch), so the
-    # outer join below never hashes or ships the whole state.
-    b = before.join(reduced.select("tweet_id"), "tweet_id", "left_semi").alias("b")
-    j = reduced.alias("n").join(b, "tweet_id", "left")
-    old_post = F.when(F.col("b.posted"), F.struct(F.col("b.ts"), F.col("b.user_id"), F.col("b.text")))
-    new_post = F.greatest(old_post, F.col("n.p"))
-    posted = F.coalesce(F.col("b.posted"), F.lit(False)) | F.col("n.p").isNotNull()
-    deleted = F.coalesce(F.col("b.deleted"), F.lit(False)) | F.col("n.d").isNotNull()
-    out = j.select(
-        "tweet_id",
-        F.coalesce(new_post["user_id"], F.col("b.user_id"), F.col("n.d.user_id")).alias("user_id"),
-        new_post["text"].alias("text"),
-        new_post["ts"].alias("ts"),
-        posted.alias("posted"),
-        deleted.alias("deleted"),
-        (F.coalesce(F.col("b.posted"), F.lit(False)) & ~F.coalesce(F.col("b.deleted"), F.lit(False))).alias(
-            "live_before"
-        ),
-        F.col("b.tweet_id").isNull().alias("_new"),
-        F.struct(
-            F.col("b.user_id"), F.col("b.text"), F.col("b.ts"), F.col("b.posted"), F.col("b.deleted")
-        ).alias("_old"),
-    ).withColumn("live_after", F.col("posted") & ~F.col("deleted"))
-    changed = F.col("_new") | ~F.struct("user_id", "text", "ts", "posted", "deleted").eqNullSafe(
-        F.col("_old")
-    )
-    # A live tweet whose post changed (a second post of the same id with a greater ts) moves in the timelines.
-    moved = (
-        F.col("live_before")
-        & F.col("live_after")
-        & ~F.struct("user_id", "ts").eqNullSafe(F.struct(F.col("_old.user_id"), F.col("_old.ts")))
-    )
+    b = before.join(reduced.select("tweet_id"), "tweet_id", "left_semi")
+    j = reduced.alias("n").join(b.alias("b"), "tweet_id", "left")
     return (
-        out.where(changed)
-        .withColumn("moved", moved)
-        .withColumn("user_before", F.col("_old.user_id"))
-        .drop("_new", "_old")
+        j.selectExpr(
+            "tweet_id",
+            "n.p",
+            "n.d",
+            "b.tweet_id IS NULL AS is_new",
+            "greatest(CASE WHEN b.posted THEN struct(b.ts AS ts, b.user_id AS user_id, b.text AS text) END, n.p) AS np",
+            "coalesce(b.posted, false) AS was_posted",
+            "coalesce(b.deleted, false) AS was_deleted",
+            "struct(b.user_id AS user_id, b.text AS text, b.ts AS ts, b.posted AS posted, b.deleted AS deleted) AS old",
+        )
+        .selectExpr(
+            "tweet_id",
+            "coalesce(np.user_id, old.user_id, d.user_id) AS user_id",
+            "np.text AS text",
+            "np.ts AS ts",
+            "was_posted OR p IS NOT NULL AS posted",
+            "was_deleted OR d IS NOT NULL AS deleted",
+            "was_posted AND NOT was_deleted AS live_before",
+            "is_new",
+            "old",
+        )
+        .where("is_new OR NOT (struct(user_id, text, ts, posted, deleted) <=> old)")
+        .selectExpr(
+            "tweet_id",
+            "user_id",
+            "text",
+            "ts",
+            "posted",
+            "deleted",
+            "live_before",
+            "posted AND NOT deleted AS live_after",
+            # a live tweet whose post changed (a second post of the id with a greater ts) moves in the timelines
+            "live_before AND posted AND NOT deleted"
+            " AND NOT (struct(user_id, ts) <=> struct(old.user_id AS user_id, old.ts AS ts)) AS moved",
+            "old.user_id AS user_before",
+        )
     )
 
 
 def _follow_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
-    """Changed pair rows with `current_before`, `current_after`."""
-    rank = F.when(F.col("op") == "unfollow", 1).otherwise(0)
-    reduced = batch.groupBy("follower_id", "followee_id").agg(
-        F.max(F.struct("ts", rank.alias("r"), "op")).alias("n")
-    )
+    """Changed pair rows with `current_before`, `current_after`. Per pair the greatest (ts, unfollow first, op)
+    wins."""
     keys = ["follower_id", "followee_id"]
-    b = before.join(reduced.select(*keys), keys, "left_semi").alias("b")  # as in _tweet_changes
-    j = reduced.join(b, keys, "left")
-    old = F.when(
-        F.col("b.op").isNotNull(),
-        F.struct(
-            F.col("b.ts"), F.when(F.col("b.op") == "unfollow", 1).otherwise(0).alias("r"), F.col("b.op")
-        ),
+    reduced = batch.groupBy(*keys).agg(
+        F.expr("max(struct(ts, CASE WHEN op = 'unfollow' THEN 1 ELSE 0 END AS r, op)) AS n")
     )
-    win = F.greatest(old, F.col("n"))
-    out = j.select(
-        "follower_id",
-        "followee_id",
-        win["op"].alias("op"),
-        win["ts"].alias("ts"),
-        F.coalesce(F.col("b.op") == "follow", F.lit(False)).alias("current_before"),
-        (win["op"] == "follow").alias("current_after"),
-        old.isNull().alias("_new"),
-        (~old.eqNullSafe(win)).alias("_moved"),
+    b = before.join(reduced.select(*keys), keys, "left_semi")
+    j = reduced.alias("n").join(b.alias("b"), keys, "left")
+    return (
+        j.selectExpr(
+            *keys,
+            "n.n",
+            "coalesce(b.op = 'follow', false) AS current_before",
+            "CASE WHEN b.op IS NOT NULL"
+            " THEN struct(b.ts AS ts, CASE WHEN b.op = 'unfollow' THEN 1 ELSE 0 END AS r, b.op AS op) END AS old",
+        )
+        .selectExpr("*", "greatest(old, n) AS win")
+        .where("old IS NULL OR NOT (old <=> win)")
+        .selectExpr(
+            *keys, "win.op AS op", "win.ts AS ts", "current_before", "win.op = 'follow' AS current_after"
+        )
     )
-    return out.where(F.col("_new") | F.col("_moved")).drop("_new", "_moved")
 
 
-_BATCH_SCHEMAS = {
-    _tweet_changes: "op string, tweet_id string, user_id string, text string, ts bigint",
-    _follow_changes: "op string, follower_id string, followee_id string, ts bigint",
+_CHANGES_SCHEMAS = {  # what each returns
+    _tweet_changes: f"{TWEET_STATE_SCHEMA}, live_before boolean, live_after boolean, moved boolean, user_before string",
+    _follow_changes: f"{FOLLOW_STATE_SCHEMA}, current_before boolean, current_after boolean",
 }
 
 
@@ -215,10 +228,9 @@ def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: l
 
 def _materialized(changes, before: DataFrame, batch: DataFrame | None, *conds: Column):
     """`changes(before, batch)` cached, with its row count and the count of rows meeting each of `conds`
-    (one Spark job); no job at all when there is no batch."""
+    (one Spark job); no job and no plan at all when there is no batch."""
     if batch is None:
-        empty = changes(before, before.sparkSession.createDataFrame([], _BATCH_SCHEMAS[changes]))
-        return empty.where(F.lit(False)), (0,) * (len(conds) + 1)
+        return _empty(before.sparkSession, _CHANGES_SCHEMAS[changes]), (0,) * (len(conds) + 1)
     # A lazy local checkpoint, materialized by the counting job itself (one job). Not `persist()`: Spark did not
     # always substitute a persisted plan where it was used twice in one query (the follow changes were
     # recomputed twice in the adds' plan, measured), while a checkpoint's lineage is cut and cannot be recomputed.
@@ -238,15 +250,16 @@ def maintain_timeline(
 
     `state` is not modified. `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id,
     followee_id, ts. Either may be None when the batch has no record of that topic. Batch-sized intermediates are
-    cached until `release()`; the new state is materialized. `payload(ts, tweet_id) -> Column` (optional): a
-    string made once per tweet, before the fan-out to its followers, and carried in each entry as `p` (the sink's
-    encoding of the entry: made per tweet rather than per timeline entry, 30k times instead of 800k).
+    cached until `release()`; the new state is materialized. `payload(ts, tweet_id) -> str` (optional): the SQL
+    text of a string made once per tweet from the SQL texts of its `ts` and `tweet_id`, before the fan-out to its
+    followers, and carried in each entry as `p` (the sink's encoding of the entry: made per tweet rather than per
+    timeline entry, 30k times instead of 800k).
     """
     spark = state.tweets.sparkSession
-    born_c = F.col("live_after") & (~F.col("live_before") | F.col("moved"))
-    died_c = F.col("live_before") & (~F.col("live_after") | F.col("moved"))
-    gained_c = ~F.col("current_before") & F.col("current_after")
-    lost_c = F.col("current_before") & ~F.col("current_after")
+    born_c = F.expr("live_after AND (NOT live_before OR moved)")
+    died_c = F.expr("live_before AND (NOT live_after OR moved)")
+    gained_c = F.expr("NOT current_before AND current_after")
+    lost_c = F.expr("current_before AND NOT current_after")
     tc, (n_tc, n_born, n_died) = _materialized(_tweet_changes, state.tweets, tweets_batch, born_c, died_c)
     fc, (n_fc, n_gained, n_lost) = _materialized(
         _follow_changes, state.follows, follows_batch, gained_c, lost_c
@@ -265,8 +278,8 @@ def maintain_timeline(
     died = tc.where(died_c).select("tweet_id", F.col("user_before").alias("user_id"), "live_after")
     gained = fc.where(gained_c).select("follower_id", "followee_id")
     lost = fc.where(lost_c).select("follower_id", "followee_id")
-    empty_pairs = spark.createDataFrame([], "follower_id string, tweet_id string")
-    empty_ids = spark.createDataFrame([], "follower_id string")
+    empty_pairs = _empty(spark, "follower_id string, tweet_id string")
+    empty_ids = _empty(spark, "follower_id string")
     cached = [tc, fc]
 
     # Followers who lose entries: an unfollow, or a delete of a tweet by someone they followed before the batch.
@@ -320,7 +333,7 @@ def maintain_timeline(
             pairs = pairs.join(refill, "follower_id", "left_anti")
         adds = _timelines(pairs, cap)
     else:
-        adds = spark.createDataFrame([], f"follower_id string, entries {ENTRIES_TYPE}")
+        adds = _empty(spark, f"follower_id string, entries {ENTRIES_TYPE}")
 
     # Refill: the whole new timeline of each follower recomputed (empty array when nothing is left).
     if n_died or n_lost:
@@ -329,7 +342,7 @@ def maintain_timeline(
             "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
         )
     else:
-        replaces = spark.createDataFrame([], f"follower_id string, entries {ENTRIES_TYPE}")
+        replaces = _empty(spark, f"follower_id string, entries {ENTRIES_TYPE}")
 
     return TimelineChanges(
         after=TimelineState(tweets=tweets_after, follows=follows_after),

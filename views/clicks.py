@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
-from views.wire import command, view_key_column
+from views.wire import command, lit, view_key_column
 
 __all__ = [
     "CLICKS_OPS_SCHEMA",
@@ -75,27 +75,26 @@ def _chunks(ops_df, generation: int, fence: int):
     """The step's Lua calls as wire-protocol text, `_CHUNK` consecutive calls of a partition concatenated into one
     row (`payload`, `n`): Python only forwards these strings, it never sees a single operation. The fence is a
     string literal (not written into generated code, so the next step reuses the compiled code)."""
-    f = F.lit(str(int(fence)))
-    key = F.col("key")
+    f = lit(str(int(fence)))
     search = command(
-        F.lit("EVALSHA"),
-        F.lit(_SHA["s"]),
-        F.lit("1"),
-        view_key_column("search_clicks", generation, key),
+        lit("EVALSHA"),
+        lit(_SHA["s"]),
+        lit("1"),
+        view_key_column("search_clicks", generation, "key"),
         f,
-        F.col("body"),
-        F.when(F.col("final"), F.lit("1")).otherwise(F.lit("0")),
+        "body",
+        "CASE WHEN final THEN '1' ELSE '0' END",
     )
     ctr = command(
-        F.lit("EVALSHA"),
-        F.lit(_SHA["c"]),
-        F.lit("1"),
-        view_key_column("ctr", generation, key),
+        lit("EVALSHA"),
+        lit(_SHA["c"]),
+        lit("1"),
+        view_key_column("ctr", generation, "key"),
         f,
-        F.col("d_searches").cast("string"),
-        F.col("d_clicked").cast("string"),
+        "CAST(d_searches AS string)",
+        "CAST(d_clicked AS string)",
     )
-    cmd = F.when(F.col("kind") == "search", search).otherwise(ctr)
+    cmd = F.expr(f"CASE WHEN kind = 'search' THEN {search} ELSE {ctr} END")
     return (
         ops_df.select(cmd.alias("c"), F.floor(F.monotonically_increasing_id() / _CHUNK).alias("chunk"))
         .groupBy("chunk")

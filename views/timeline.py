@@ -19,12 +19,10 @@ leaves exactly the content of one application.
 from __future__ import annotations
 
 import orjson
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 
 from views.keys import key_id, timeline_key, tweet_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
-from views.wire import array_command, bulk, command, view_key_column
+from views.wire import array_command, bulk, command, lit, view_key_column
 
 __all__ = [
     "TIMELINE_OPS_SCHEMA",
@@ -40,45 +38,44 @@ TIMELINE_OPS_SCHEMA = (
 )
 
 _PIPELINE_BYTES = 1 << 20  # send about this many bytes of commands per round trip
+_MULTI, _EXEC = lit("*1\r\n$5\r\nMULTI\r\n"), lit("*1\r\n$4\r\nEXEC\r\n")
 
 
-def member(tweet_id: Column) -> Column:
-    """A timeline member to remove, as ZREM arguments."""
+def member(tweet_id: str) -> str:
+    """A timeline member to remove, as ZREM arguments (SQL text of the string expression `tweet_id`)."""
     return bulk(tweet_id)
 
 
-def entry(ts: Column, tweet_id: Column) -> Column:
-    """A timeline entry (score `ts`, member `tweet_id`), as ZADD arguments."""
-    return F.concat(bulk(ts.cast("string")), bulk(tweet_id))
+def entry(ts: str, tweet_id: str) -> str:
+    """A timeline entry (score `ts`, member `tweet_id`), as ZADD arguments (SQL text; `ts` a bigint expression)."""
+    return f"concat({bulk(f'cast({ts} AS string)')}, {bulk(tweet_id)})"
 
 
 def _wire(ops_df, generation: int, cap: int):
-    """payload (the operation's commands), replies (how many), timelines (1 for a timeline), entries (added)."""
-    ident = F.col("id")
-    n_removes = F.coalesce(F.size("removes"), F.lit(0))
-    n_entries = F.coalesce(F.size("entries"), F.lit(0))
-    replace = F.col("mode") == "replace"
-    key = view_key_column("timeline", generation, ident)
-    timeline = F.concat(
-        F.lit("*1\r\n$5\r\nMULTI\r\n"),
-        F.when(replace, command(F.lit("DEL"), key)).otherwise(F.lit("")),
-        F.when(n_removes > 0, array_command("ZREM", key, F.col("removes"))).otherwise(F.lit("")),
-        F.when(n_entries > 0, array_command("ZADD", key, F.col("entries"), 2)).otherwise(F.lit("")),
-        command(F.lit("ZREMRANGEBYRANK"), key, F.lit("0"), F.lit(str(-(cap + 1)))),
-        F.lit("*1\r\n$4\r\nEXEC\r\n"),
+    """payload (the operation's commands), replies (how many), timelines (1 for a timeline), entries (added).
+    One SQL text per column (see `views.wire`)."""
+    n_removes, n_entries = "coalesce(size(removes), 0)", "coalesce(size(entries), 0)"
+    key = view_key_column("timeline", generation, "id")
+    timeline = (
+        f"concat({_MULTI}, "
+        f"CASE WHEN mode = 'replace' THEN {command(lit('DEL'), key)} ELSE '' END, "
+        f"CASE WHEN {n_removes} > 0 THEN {array_command('ZREM', key, 'removes')} ELSE '' END, "
+        f"CASE WHEN {n_entries} > 0 THEN {array_command('ZADD', key, 'entries', 2)} ELSE '' END, "
+        f"{command(lit('ZREMRANGEBYRANK'), key, lit('0'), lit(str(-(cap + 1))))}, "
+        f"{_EXEC})"
     )
     # MULTI's OK, one QUEUED per command (the trim, and a DEL, ZREM, ZADD when present), EXEC's reply.
-    queued = 1 + replace.cast("int") + (n_removes > 0).cast("int") + (n_entries > 0).cast("int")
-    tkey = view_key_column("tweet", generation, ident)
-    tweet = F.when(F.col("body").isNull(), command(F.lit("DEL"), tkey)).otherwise(
-        command(F.lit("SET"), tkey, F.col("body"))
+    queued = (
+        f"1 + CAST(mode = 'replace' AS int) + CAST({n_removes} > 0 AS int) + CAST({n_entries} > 0 AS int)"
     )
-    is_timeline = F.col("kind") == "timeline"
-    return ops_df.select(
-        F.when(is_timeline, timeline).otherwise(tweet).alias("payload"),
-        F.when(is_timeline, queued + 2).otherwise(F.lit(1)).alias("replies"),
-        is_timeline.cast("int").alias("timelines"),
-        F.when(is_timeline, n_entries).otherwise(F.lit(0)).alias("entries"),
+    tkey = view_key_column("tweet", generation, "id")
+    tweet = f"CASE WHEN body IS NULL THEN {command(lit('DEL'), tkey)} ELSE {command(lit('SET'), tkey, 'body')} END"
+    is_timeline = "kind = 'timeline'"
+    return ops_df.selectExpr(
+        f"CASE WHEN {is_timeline} THEN {timeline} ELSE {tweet} END AS payload",
+        f"CASE WHEN {is_timeline} THEN {queued} + 2 ELSE 1 END AS replies",
+        f"CAST({is_timeline} AS int) AS timelines",
+        f"CASE WHEN {is_timeline} THEN {n_entries} ELSE 0 END AS entries",
     )
 
 

@@ -23,8 +23,8 @@ def _ops(spark, rows):
         "kind",
         "id",
         "mode",
-        F.transform("removes", member).alias("removes"),
-        F.transform("entries", lambda e: entry(e["ts"], e["tweet_id"])).alias("entries"),
+        F.expr(f"transform(removes, r -> {member('r')})").alias("removes"),
+        F.expr(f"transform(entries, e -> {entry('e.ts', 'e.tweet_id')})").alias("entries"),
         "body",
     )
 
