@@ -161,41 +161,37 @@ class _StateStore:
 
 def _ops(changes):
     """The sink's operations (TIMELINE_OPS_SCHEMA) for `changes`; branches with no input are left out of the plan.
-    The entries' wire text (`p`) was made per tweet by the join (`payload=entry`)."""
-    none = F.lit(None).cast("string")
-    no_items = F.lit(None).cast("array<string>")
+    The entries' wire text (`p`) was made per tweet by the join (`payload=entry`). Expressions are SQL text (see
+    `views.wire`)."""
     n = changes.counts
     removing, adding = n["died"] or n["lost"], n["born"] or n["gained"]
 
-    def op(df, kind, mode, removes=no_items, entries=no_items, body=none):
-        return df.select(
-            F.lit(kind).alias("kind"),
-            F.col("follower_id" if kind == "timeline" else "tweet_id").alias("id"),
-            (F.lit(mode) if mode else none).alias("mode"),
-            removes.alias("removes"),
-            entries.alias("entries"),
-            body.alias("body"),
+    def op(df, kind, mode="NULL", removes="NULL", entries="NULL", body="NULL"):
+        return df.selectExpr(
+            f"'{kind}' AS kind",
+            f"{'follower_id' if kind == 'timeline' else 'tweet_id'} AS id",
+            f"CAST({mode} AS string) AS mode",
+            f"CAST({removes} AS array<string>) AS removes",
+            f"CAST({entries} AS array<string>) AS entries",
+            f"CAST({body} AS string) AS body",
         )
 
     parts = []
-    adds = changes.adds.select("follower_id", F.col("entries")["p"].alias("entries"))
+    adds = changes.adds.selectExpr("follower_id", "entries.p AS entries")
     if removing:
         removes = changes.removes.groupBy("follower_id").agg(
-            F.collect_list(F.expr(member("tweet_id"))).alias("removes")
+            F.expr(f"collect_list({member('tweet_id')}) AS removes")
         )
         touched = adds.join(removes, "follower_id", "full") if adding else removes
-        parts.append(
-            op(touched, "timeline", "add", F.col("removes"), F.col("entries") if adding else no_items)
-        )
-        parts.append(op(changes.replaces, "timeline", "replace", entries=F.col("entries")["p"]))
+        parts.append(op(touched, "timeline", "'add'", "removes", "entries" if adding else "NULL"))
+        parts.append(op(changes.replaces, "timeline", "'replace'", entries="entries.p"))
     elif adding:
-        parts.append(op(adds, "timeline", "add", entries=F.col("entries")))
+        parts.append(op(adds, "timeline", "'add'", entries="entries"))
     if n["born"]:
-        body = F.to_json(F.struct("tweet_id", "user_id", "text", "ts"))
-        parts.append(op(changes.tweets_live, "tweet", None, body=body))
+        parts.append(op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))"))
     if n["died"]:
-        parts.append(op(changes.tweets_dead, "tweet", None))
-    out = parts[0] if parts else op(changes.tweets_dead, "tweet", None)
+        parts.append(op(changes.tweets_dead, "tweet"))
+    out = parts[0] if parts else op(changes.tweets_dead, "tweet")
     for p in parts[1:]:
         out = out.unionByName(p)
     return out
