@@ -76,24 +76,14 @@ def _chunks(ops_df, generation: int, fence: int):
     row (`payload`, `n`): Python only forwards these strings, it never sees a single operation. The fence is a
     string literal (not written into generated code, so the next step reuses the compiled code)."""
     f = lit(str(int(fence)))
-    search = command(
-        lit("EVALSHA"),
-        lit(_SHA["s"]),
-        lit("1"),
-        view_key_column("search_clicks", generation, "key"),
-        f,
-        "body",
-        "CASE WHEN final THEN '1' ELSE '0' END",
-    )
-    ctr = command(
-        lit("EVALSHA"),
-        lit(_SHA["c"]),
-        lit("1"),
-        view_key_column("ctr", generation, "key"),
-        f,
-        "CAST(d_searches AS string)",
-        "CAST(d_clicked AS string)",
-    )
+
+    def evalsha(script: str, view: str, *args: str) -> str:
+        return command(
+            lit("EVALSHA"), lit(_SHA[script]), lit("1"), view_key_column(view, generation, "key"), f, *args
+        )
+
+    search = evalsha("s", "search_clicks", "body", "CASE WHEN final THEN '1' ELSE '0' END")
+    ctr = evalsha("c", "ctr", "CAST(d_searches AS string)", "CAST(d_clicked AS string)")
     cmd = F.expr(f"CASE WHEN kind = 'search' THEN {search} ELSE {ctr} END")
     return (
         ops_df.select(cmd.alias("c"), F.floor(F.monotonically_increasing_id() / _CHUNK).alias("chunk"))
