@@ -190,8 +190,8 @@ def _tweet_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
 
 
 def _follow_changes(before: DataFrame, batch: DataFrame) -> DataFrame:
-    """Changed pair rows with `current_before`, `current_after`. Per pair the greatest (ts, unfollow first, op)
-    wins."""
+    """Changed pair rows with `current_before`, `current_after`. Per pair the greatest `ts` wins, an unfollow on
+    equal `ts`."""
     keys = ["follower_id", "followee_id"]
     reduced = batch.groupBy(*keys).agg(
         F.expr("max(struct(ts, CASE WHEN op = 'unfollow' THEN 1 ELSE 0 END AS r, op)) AS n")
