@@ -19,14 +19,18 @@ def lit(value: str) -> str:
     return f"'{escaped}'"
 
 
+_CRLF = lit("\r\n")
+
+
 def bulk(value: str) -> str:
     """One bulk string of the string expression `value`: `$<bytes>\\r\\n<value>\\r\\n`."""
-    return f"concat('$', cast(octet_length({value}) AS string), '\\r\\n', {value}, '\\r\\n')"
+    return f"concat('$', cast(octet_length({value}) AS string), {_CRLF}, {value}, {_CRLF})"
 
 
 def command(*parts: str) -> str:
     """One command (an array of bulk strings) of the given string expressions."""
-    return f"concat({lit(f'*{len(parts)}')}, '\\r\\n', {', '.join(bulk(p) for p in parts)})"
+    head = lit(f"*{len(parts)}\r\n")
+    return f"concat({head}, {', '.join(bulk(p) for p in parts)})"
 
 
 def array_command(name: str, key: str, items: str, per_item: int = 1) -> str:
