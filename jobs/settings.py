@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,12 @@ def parse_duration_ms(text: str) -> int:
     return int(float(m.group(1)) * _UNITS_MS[unit])
 
 
+def _jvm_cache(text: str) -> Path | None:
+    if text.strip().lower() in ("off", "false", "no", "0"):
+        return None
+    return Path(text).resolve() if text.strip() else Path(sys.prefix) / "mview-jvm"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Configuration of every job and command.
@@ -61,6 +68,8 @@ class Settings:
         keys, so reads that resolved the old pointer finish (default "2 s").
     stop_timeout: STOP_TIMEOUT, how long `mview stop` waits for the batch in flight before SIGKILL (default
         "10 minutes").
+    jvm_cache: JVM_CACHE, directory of the driver JVM's AOT cache built by `make jvm-cache` (default
+        <venv>/mview-jvm; "off" = never use one). Used by local-master jobs when present and current.
     """
 
     lake_dir: Path
@@ -78,6 +87,7 @@ class Settings:
     compact_topics: tuple[str, ...] = ("tweets", "follows")
     replay_grace: str = "2 s"
     stop_timeout: str = "10 minutes"
+    jvm_cache: Path | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -101,6 +111,7 @@ class Settings:
             ),
             replay_grace=e.get("REPLAY_GRACE", "2 s"),
             stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
+            jvm_cache=_jvm_cache(e.get("JVM_CACHE", "")),
         )
         if s.timeline_cap < 1:
             raise ValueError(f"TIMELINE_CAP must be >= 1, got {s.timeline_cap}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from jobs.jvmcache import driver_java
 from jobs.settings import Settings
 
 __all__ = ["get_spark"]
@@ -24,6 +25,11 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    driver_opts = "-Dlog4j2.level=ERROR -Xss16m"
+    aot = driver_java(settings)
+    if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/jvmcache.py)
+        os.environ["JAVA_HOME"], extra = aot
+        driver_opts = f"{driver_opts} {extra}"
     builder = (
         SparkSession.builder.master(master or settings.spark_master)
         .appName(app_name)
@@ -64,7 +70,7 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
         )
         # -Xss: a long-lived streaming query's thread overflowed the default 1 MB stack in java.util.regex
         # (StackOverflowError in the enrichment job's third continuous batch); threads get 16 MB of stack.
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=ERROR -Xss16m")
+        .config("spark.driver.extraJavaOptions", driver_opts)
         .config("spark.executor.extraJavaOptions", "-Xss16m")
     )
     spark = configure_spark_with_delta_pip(builder).getOrCreate()

@@ -772,6 +772,15 @@ def main(argv: list[str] | None = None) -> int:
 
         main_settings = _settings(tmp / "lake-tp", port, 0)
         spark = get_spark(main_settings, "mview-bench")
+        jvm = spark.sparkContext._jvm.java.lang
+        aot = [
+            a
+            for a in jvm.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+            if "AOTCache" in a
+        ]
+        res["meta"]["jvm"] = f"Java {jvm.System.getProperty('java.version')}, " + (
+            "AOT cache of `make jvm-cache`" if aot else "no AOT cache"
+        )
         if "freshness" in want and not want & {"throughput", "replay"}:  # freshness alone: the job catches up
             wl = _throughput_workload(args.scale)
             _ingest(spark, main_settings, "tweets", wl.tweets, tmp / "tp-tweets.jsonl")

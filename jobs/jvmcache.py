@@ -1,0 +1,195 @@
+"""`python -m jobs.jvmcache` (`make jvm-cache`): an ahead-of-time cache for the Spark driver's JVM.
+
+A `--once` run starts a new JVM, and most of its first batch is the JVM warming up: loading and linking ~20,000
+classes and profiling methods before the JIT compiles them (measured: a cold 52k-event timeline batch took
+16-19 s, the same batch in a warm JVM 9 s). JDK 25's AOT cache (JEPs 483, 514, 515) stores the classes of a
+training run already loaded and linked, with their method profiles, and a later JVM maps it at start.
+
+`build()` makes it: a training run of the timeline job on a generated workload (not the benchmark's) in a JVM
+started with `-XX:AOTMode=record`, then `-XX:AOTMode=create` with the same class path and options. `driver_java`
+tells `jobs.spark.get_spark` to use it: a JDK 25+ and the cache's options, for a local master only.
+
+- Needs a JDK 25 or newer (found under /usr/lib/jvm, JAVA_HOME or JVM_CACHE_JDK); without one nothing is built
+  and every job runs on the default `java` as before.
+- Spark's launcher adds `--add-modules=jdk.incubator.vector` (used only by MLlib's BLAS, which falls back to
+  plain Java without it); an incubator module turns off the archived module graph and with it class linking and
+  profiles in the cache. The cache's JDK is therefore a two-line wrapper that drops that one option.
+- The cache is tied to the venv's Spark jars and the JDK: a stamp records both, and a cache whose stamp no longer
+  matches is not used (run `make jvm-cache` again). A JVM that cannot map it runs without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from jobs.settings import Settings
+
+__all__ = ["build", "driver_java"]
+
+_DROPPED = "--add-modules=jdk.incubator.vector"
+_WRAPPER = f"""#!/bin/bash
+# Written by `make jvm-cache` (jobs/jvmcache.py): the JDK below without Spark's incubator module option, which
+# would turn off class linking in the AOT cache. With MVIEW_JVM_ARGV set, the driver's argv is saved there.
+args=()
+for a in "$@"; do [ "$a" = "{_DROPPED}" ] || args+=("$a"); done
+if [ -n "$MVIEW_JVM_ARGV" ] && [[ " ${{args[*]}} " == *" org.apache.spark.deploy.SparkSubmit "* ]]; then
+  printf '%s\\0' "${{args[@]}}" > "$MVIEW_JVM_ARGV"
+fi
+exec "@JAVA@" "${{args[@]}}"
+"""
+_RECORD = "MVIEW_JVM_RECORD"  # set by build() for the training run: the AOT configuration file to record
+
+
+def _say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] jvm-cache: {msg}", flush=True)
+
+
+def _java_major(java: Path) -> int:
+    try:
+        out = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    for token in out.split():
+        token = token.strip('"')
+        if token[:2].isdigit():
+            return int(token.split(".")[0].split("-")[0].split("+")[0])
+    return 0
+
+
+def _find_jdk() -> Path | None:
+    """The newest `java` of version 25 or later: JVM_CACHE_JDK, JAVA_HOME, then /usr/lib/jvm/*."""
+    homes = [os.environ.get("JVM_CACHE_JDK", ""), os.environ.get("JAVA_HOME", "")]
+    homes += sorted(str(p) for p in Path("/usr/lib/jvm").glob("*"))
+    best: tuple[int, Path] | None = None
+    for home in homes:
+        java = Path(home) / "bin" / "java"
+        if home and java.is_file() and "mview-jvm" not in home:
+            major = _java_major(java)
+            if major >= 25 and (best is None or major > best[0]):
+                best = (major, java.resolve())
+    return best[1] if best else None
+
+
+def _spark_jars_stamp() -> str:
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    return f"pyspark {pyspark.__version__}, {sum(p.stat().st_size for p in jars.glob('*.jar'))} bytes of jars"
+
+
+def driver_java(settings: Settings) -> tuple[str, str] | None:
+    """(JAVA_HOME, extra driver JVM options) that start the driver with the AOT cache, or None: no cache, a stale
+    one (other jars or JDK than it was built with), JVM_CACHE=off, or a master other than local."""
+    if settings.jvm_cache is None or not settings.spark_master.startswith("local"):
+        return None
+    d = settings.jvm_cache
+    home = d / "jdk"
+    record = os.environ.get(_RECORD)
+    if record:
+        return str(home), f"-XX:AOTMode=record -XX:AOTConfiguration={record} -Xlog:aot*=error"
+    try:
+        stamp = json.loads((d / "stamp.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (d / "spark.aot").is_file() or not Path(stamp.get("java", "")).is_file():
+        return None
+    if stamp.get("jars") != _spark_jars_stamp():
+        return None
+    return str(home), f"-XX:AOTCache={d / 'spark.aot'} -Xlog:aot*=error"
+
+
+def _train(lake: Path) -> None:
+    """The training run (in its own process and JVM): the timeline job over a generated workload, two batches."""
+    from jobs.devredis import scratch_redis
+    from jobs.spark import get_spark
+    from jobs.timeline import run_timeline
+    from timeline_demo.bench import _ingest, _settings
+    from timeline_demo.workload import generate
+
+    proc, port = scratch_redis(lake.parent)
+    try:
+        settings = _settings(lake, port, SPARK_MASTER="local[2]")
+        spark = get_spark(settings, "mview-jvm-training")
+        wl = generate(seed=5, users=2_000, celebrities=3, follows=6_000, tweets=6_000)
+        for half in (0, 1):
+            tweets, follows = wl.tweets[half::2], wl.follows[half::2]
+            _ingest(spark, settings, "tweets", tweets, lake.parent / f"tweets{half}.jsonl")
+            _ingest(spark, settings, "follows", follows, lake.parent / f"follows{half}.jsonl")
+            _say(f"training batch {half + 1}/2: {run_timeline(spark, settings, once=True)}")
+        # The JVM writes the recorded configuration as it exits, which it does when its stdin closes: wait for it.
+        jvm = spark.sparkContext._gateway.proc
+        spark.stop()
+        jvm.stdin.close()
+        jvm.wait(timeout=600)
+    finally:
+        proc.terminate()
+
+
+def _write_wrapper(home: Path, java: Path) -> Path:
+    """A JAVA_HOME at `home` whose bin/java runs `java` without Spark's incubator module option."""
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    wrapper = home / "bin" / "java"
+    wrapper.write_text(_WRAPPER.replace("@JAVA@", str(java)))
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def build(settings: Settings) -> Path | None:
+    """Build the AOT cache under settings.jvm_cache; return its path, or None (saying why) when it cannot."""
+    if settings.jvm_cache is None:
+        _say("JVM_CACHE=off: nothing to build")
+        return None
+    java = _find_jdk()
+    if java is None:
+        _say(
+            "no JDK 25+ found (set JVM_CACHE_JDK to one's home); jobs run on the default java without a cache"
+        )
+        return None
+    d = settings.jvm_cache
+    shutil.rmtree(d, ignore_errors=True)
+    _write_wrapper(d / "jdk", java)
+    conf, argv_file, cache = d / "spark.aotconf", d / "driver.argv", d / "spark.aot"
+    started = time.monotonic()
+    _say(f"training run with {java} (about 2 minutes)")
+    with tempfile.TemporaryDirectory(prefix="mview-jvm-") as tmp:
+        env = dict(os.environ, **{_RECORD: str(conf), "MVIEW_JVM_ARGV": str(argv_file)})
+        env["JVM_CACHE"] = str(d)
+        code = subprocess.call(
+            [sys.executable, "-m", "jobs.jvmcache", "--train", str(Path(tmp) / "lake")], env=env
+        )
+    if code != 0 or not conf.is_file() or not argv_file.is_file():
+        _say(f"training run failed (exit {code}); no cache built, jobs run without one")
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+    argv = argv_file.read_bytes().decode().split("\0")[:-1]
+    jvm_args = argv[: argv.index("org.apache.spark.deploy.SparkSubmit")]
+    jvm_args = [a for a in jvm_args if not a.startswith(("-XX:AOTMode", "-XX:AOTConfiguration", "-Xlog:aot"))]
+    _say("creating the cache from the training's profile")
+    out = subprocess.run(
+        [str(java), "-XX:AOTMode=create", f"-XX:AOTConfiguration={conf}", f"-XX:AOTCache={cache}"] + jvm_args,
+        capture_output=True,
+        text=True,
+    )
+    conf.unlink(missing_ok=True)
+    argv_file.unlink(missing_ok=True)
+    if out.returncode != 0 or not cache.is_file():
+        _say(f"creating the cache failed (exit {out.returncode}): {(out.stdout + out.stderr)[-600:]}")
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+    (d / "stamp.json").write_text(json.dumps({"java": str(java), "jars": _spark_jars_stamp()}))
+    _say(f"{cache} ({cache.stat().st_size / 2**20:.0f} MiB) in {time.monotonic() - started:.0f}s")
+    return cache
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--train"]:
+        _train(Path(sys.argv[2]))
+    else:
+        build(Settings.from_env())
