@@ -84,10 +84,11 @@ def _spark_jars_stamp() -> str:
     return f"pyspark {pyspark.__version__}, {sum(p.stat().st_size for p in jars.glob('*.jar'))} bytes of jars"
 
 
-def driver_java(settings: Settings) -> tuple[str, str] | None:
+def driver_java(settings: Settings, master: str | None = None) -> tuple[str, str] | None:
     """(JAVA_HOME, extra driver JVM options) that start the driver with the AOT cache, or None: no cache, a stale
-    one (other jars or JDK than it was built with), JVM_CACHE=off, or a master other than local."""
-    if settings.jvm_cache is None or not settings.spark_master.startswith("local"):
+    one (other jars or JDK than it was built with), JVM_CACHE=off, or a master other than local (`master`, else
+    SPARK_MASTER), whose executors run their own Java."""
+    if settings.jvm_cache is None or not (master or settings.spark_master).startswith("local"):
         return None
     d = settings.jvm_cache
     home = d / "jdk"

@@ -26,12 +26,13 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     if active is not None:
         return active
     driver_opts = "-Dlog4j2.level=ERROR -Xss16m"
-    aot = driver_java(settings)
+    master = master or settings.spark_master
+    aot = driver_java(settings, master)
     if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/jvmcache.py)
         os.environ["JAVA_HOME"], extra = aot
         driver_opts = f"{driver_opts} {extra}"
     builder = (
-        SparkSession.builder.master(master or settings.spark_master)
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -47,6 +47,7 @@ def test_a_cache_is_used_only_when_present_and_built_for_these_jars(tmp_path):
     assert home == str(tmp_path / "jdk")
     assert f"-XX:AOTCache={tmp_path / 'spark.aot'}" in opts.split()
     assert driver_java(_settings(tmp_path, SPARK_MASTER="spark://elsewhere:7077")) is None
+    assert driver_java(s, "spark://elsewhere:7077") is None  # get_spark's master= overrides SPARK_MASTER
     assert driver_java(_settings(tmp_path, JVM_CACHE="off")) is None
     (tmp_path / "stamp.json").write_text(json.dumps({**stamp, "jars": "pyspark 0.0, 1 bytes of jars"}))
     assert driver_java(s) is None  # other Spark jars than it was built for
