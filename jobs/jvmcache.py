@@ -99,7 +99,9 @@ def driver_java(settings: Settings, master: str | None = None) -> tuple[str, str
         stamp = json.loads((d / "stamp.json").read_text())
     except (OSError, ValueError):
         return None
-    if not (d / "spark.aot").is_file() or not Path(stamp.get("java", "")).is_file():
+    if not (d / "spark.aot").is_file() or not (home / "bin" / "java").is_file():
+        return None
+    if not Path(stamp.get("java", "")).is_file():
         return None
     if stamp.get("jars") != _spark_jars_stamp():
         return None

@@ -43,6 +43,8 @@ def test_a_cache_is_used_only_when_present_and_built_for_these_jars(tmp_path):
     (tmp_path / "spark.aot").write_bytes(b"x")
     stamp = {"java": sys.executable, "jars": _spark_jars_stamp()}
     (tmp_path / "stamp.json").write_text(json.dumps(stamp))
+    assert driver_java(s) is None  # no JDK wrapper to start it with
+    _write_wrapper(tmp_path / "jdk", Path(sys.executable))
     home, opts = driver_java(s)
     assert home == str(tmp_path / "jdk")
     assert f"-XX:AOTCache={tmp_path / 'spark.aot'}" in opts.split()
