@@ -63,14 +63,15 @@ def _java_major(java: Path) -> int:
     return 0
 
 
-def _find_jdk() -> Path | None:
-    """The newest `java` of version 25 or later: JVM_CACHE_JDK, JAVA_HOME, then /usr/lib/jvm/*."""
+def _find_jdk(cache_dir: Path) -> Path | None:
+    """The newest `java` of version 25 or later: JVM_CACHE_JDK, JAVA_HOME, then /usr/lib/jvm/*; never the wrapper
+    under `cache_dir` (get_spark points JAVA_HOME there), which build() replaces."""
     homes = [os.environ.get("JVM_CACHE_JDK", ""), os.environ.get("JAVA_HOME", "")]
     homes += sorted(str(p) for p in Path("/usr/lib/jvm").glob("*"))
     best: tuple[int, Path] | None = None
     for home in homes:
         java = Path(home) / "bin" / "java"
-        if home and java.is_file() and "mview-jvm" not in home:
+        if home and java.is_file() and not java.resolve().is_relative_to(cache_dir.resolve()):
             major = _java_major(java)
             if major >= 25 and (best is None or major > best[0]):
                 best = (major, java.resolve())
@@ -149,7 +150,7 @@ def build(settings: Settings) -> Path | None:
     if settings.jvm_cache is None:
         _say("JVM_CACHE=off: nothing to build")
         return None
-    java = _find_jdk()
+    java = _find_jdk(settings.jvm_cache)
     if java is None:
         _say(
             "no JDK 25+ found (set JVM_CACHE_JDK to one's home); jobs run on the default java without a cache"

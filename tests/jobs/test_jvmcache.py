@@ -60,3 +60,16 @@ def test_a_cache_is_used_only_when_present_and_built_for_these_jars(tmp_path):
 def test_the_default_cache_lives_in_the_venv():
     assert Settings.from_env({}).jvm_cache == Path(sys.prefix) / "mview-jvm"
     assert Settings.from_env({"JVM_CACHE": "off"}).jvm_cache is None
+
+
+def test_the_cache_is_never_built_on_its_own_wrapper(tmp_path, monkeypatch):
+    # get_spark points JAVA_HOME at the wrapper; a rebuild that took it as the JDK would write a wrapper that
+    # runs itself. Every java counts as 25 here, so only the exclusion keeps the wrapper out.
+    import jobs.jvmcache as jvmcache
+
+    wrapper = _write_wrapper(tmp_path / "cache" / "jdk", Path(sys.executable))
+    monkeypatch.setattr(jvmcache, "_java_major", lambda java: 25)
+    monkeypatch.setenv("JAVA_HOME", str(wrapper.parent.parent))
+    monkeypatch.delenv("JVM_CACHE_JDK", raising=False)
+    found = jvmcache._find_jdk(tmp_path / "cache")
+    assert found is None or not found.is_relative_to((tmp_path / "cache").resolve())
