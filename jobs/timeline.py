@@ -215,7 +215,7 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
     def process(batch_df, batch_id: int) -> None:
         started = time.monotonic()
         # Materialized by the count below and read from memory after it (a local checkpoint: no columnar cache
-        # encoding, and no plan substitution that can miss; see joins.table_table._materialized).
+        # encoding, and no plan substitution that can miss; see joins.table_table._changes).
         batch = batch_df.localCheckpoint(eager=False)
         per_topic = dict(batch.groupBy("topic").count().collect())
         n_events = sum(per_topic.values())
