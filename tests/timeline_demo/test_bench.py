@@ -79,3 +79,23 @@ def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "bench.png"
     plot(RESULTS, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_steady_state_row_is_judged_on_its_own_ratio_and_absent_without_it():
+    steady = {
+        **RESULTS,
+        "throughput": {
+            **RESULTS["throughput"],
+            "warm_runs_entries_per_s": [100000, 200000, 330000, 310000, 320000],
+            "steady_entries_per_s": 320000,
+            "steady_ratio": 0.32,
+        },
+    }
+    rows = {r["figure"]: r for r in table_rows(steady)}
+    row = rows["timeline entries/s, steady state (a JVM kept warm, as in a deployed job)"]
+    assert row["ratio"] == "0.32" and row["met"] == "met"
+    assert "median of the last 3" in row["measured"] and "5 more times" in row["command"]
+    assert rows["timeline entries/s"]["met"] == "**not met**"  # the cold run is judged apart
+    below = {**steady, "throughput": {**steady["throughput"], "steady_ratio": 0.29}}
+    assert {r["figure"]: r for r in table_rows(below)}[row["figure"]]["met"] == "**not met**"
+    assert not any("steady" in r["figure"] for r in table_rows(RESULTS))
