@@ -666,20 +666,28 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     ax = axes[0]
     tp, r = res.get("throughput") or {}, res.get("redis") or {}
-    names, vals = [], []
+    names, vals, colors = [], [], []
     if "entries_per_s" in tp:
-        names.append("timeline\nentries/s")
+        names.append("timeline\nentries/s\n(cold)")
         vals.append(tp["entries_per_s"])
+        colors.append("#3b7dd8")
+    if "steady_entries_per_s" in tp:
+        names.append("timeline\nentries/s\n(steady)")
+        vals.append(tp["steady_entries_per_s"])
+        colors.append("#1f4e8c")
     if "zadd_per_s" in r:
-        names.append("redis-benchmark\nZADD -P 16")
+        names.append("redis-\nbenchmark\nZADD -P 16")
         vals.append(r["zadd_per_s"])
+        colors.append("#999999")
     for name in ("clicks", "enrichment"):
         o = res.get(name) or {}
         v = o.get("events_per_s")
         if isinstance(v, (int, float)):
             names.append(f"{name}\nevents/s")
             vals.append(v)
-    ax.bar(names, vals, color=["#3b7dd8", "#999999", "#6aa84f", "#e69138"][: len(vals)])
+            colors.append({"clicks": "#6aa84f", "enrichment": "#e69138"}[name])
+    ax.bar(names, vals, color=colors)
+    ax.tick_params(axis="x", labelsize=8)
     ax.set_title("throughput (per second)")
     ax.set_yscale("log")
     for i, v in enumerate(vals):
