@@ -1,6 +1,10 @@
 """The Redis key layout. Every key of one entity carries its id as a hash tag (`{u1}`), so all keys of one user
 live in one Redis Cluster slot. `<g>` is the generation number of the job that owns the view.
 
+Inside the braces an id is written with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`), so every id, one
+that contains or starts with a brace too, is exactly the hash tag of its keys (Redis hashes the text between the
+first `{` and the next `}`), and `key_id` reads it back unchanged.
+
 | key | type | content |
 |---|---|---|
 | `mv:gen:<job>` | string | the job's current generation (readers follow it) |
@@ -11,7 +15,34 @@ live in one Redis Cluster slot. `<g>` is the generation number of the job that o
 
 from __future__ import annotations
 
-__all__ = ["gen_key", "meta_key", "view_key", "view_pattern", "key_id", "timeline_key", "tweet_key"]
+__all__ = [
+    "gen_key",
+    "meta_key",
+    "view_key",
+    "view_pattern",
+    "key_id",
+    "encode_id",
+    "decode_id",
+    "timeline_key",
+    "tweet_key",
+]
+
+# `%` first when encoding and last when decoding, so an id holding the text "%7D" survives both ways.
+_ESCAPES = (("%", "%25"), ("{", "%7B"), ("}", "%7D"))
+
+
+def encode_id(ident: str) -> str:
+    """An entity id as written inside a key's hash tag: `%`, `{`, `}` percent-encoded."""
+    for raw, enc in _ESCAPES:
+        ident = ident.replace(raw, enc)
+    return ident
+
+
+def decode_id(text: str) -> str:
+    """The inverse of `encode_id`."""
+    for raw, enc in reversed(_ESCAPES):
+        text = text.replace(enc, raw)
+    return text
 
 
 def gen_key(job: str) -> str:
@@ -23,7 +54,7 @@ def meta_key(job: str, generation: int) -> str:
 
 
 def view_key(view: str, generation: int, key: str) -> str:
-    return f"mv:{view}:{generation}:{{{key}}}"
+    return f"mv:{view}:{generation}:{{{encode_id(key)}}}"
 
 
 def view_pattern(view: str, generation: int) -> str:
@@ -35,7 +66,7 @@ def key_id(redis_key: str | bytes) -> str:
     if isinstance(redis_key, bytes):
         redis_key = redis_key.decode()
     start = redis_key.index("{")
-    return redis_key[start + 1 : -1]
+    return decode_id(redis_key[start + 1 : -1])
 
 
 def timeline_key(generation: int, user_id: str) -> str:
