@@ -1,11 +1,18 @@
 """Record validation: one JSON line in, one normalized record (dict) out, or `InvalidRecord` with the reason.
 
 Normalization: `ts` becomes epoch milliseconds (int), whether given as an ISO-8601 string with a zone or as an
-integer; fields a topic does not know are dropped. Ids must be non-empty strings.
+integer; fields a topic does not know are dropped.
+
+Limits, the same for every topic:
+- a line (without its line terminator) holds at most `MAX_RECORD_BYTES` bytes;
+- `ts`, in either form, lies in [1970-01-01T00:00:00Z, 2100-01-01T00:00:00Z): `TS_MIN_MS` <= ts < `TS_END_MS`;
+- an id is a string that is not empty, not only whitespace, and holds no ASCII control character
+  (U+0000-U+001F, U+007F). Other string fields may hold any text.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -13,9 +20,29 @@ import orjson
 
 from changelog.errors import InvalidRecord
 
-__all__ = ["TOPIC_FIELDS", "parse_ts", "parse_line", "validate"]
+__all__ = [
+    "MAX_RECORD_BYTES",
+    "TS_MIN_MS",
+    "TS_END_MS",
+    "TOPIC_FIELDS",
+    "check_record_size",
+    "parse_ts",
+    "parse_line",
+    "validate",
+]
 
-# field name -> (kind, required). kind: "id" (non-empty string), "str" (string), "ts".
+# The largest line accepted, in bytes without the line terminator. Longer lines are rejected, not truncated.
+MAX_RECORD_BYTES = 1_048_576
+
+TS_MIN_MS = 0  # 1970-01-01T00:00:00Z, the first valid `ts` (epoch ms)
+TS_END_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z, the first `ts` past the valid range
+_TS_RANGE = (
+    "from 1970-01-01T00:00:00Z (0) up to, not including, 2100-01-01T00:00:00Z (4102444800000 epoch ms)"
+)
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# field name -> (kind, required). kind: "id" (a string under the id rule above), "str" (any string), "ts".
 _F = dict[str, tuple[str, bool]]
 
 # Per topic: the allowed `op` values (None = topic has no op) and the fields per op.
@@ -71,20 +98,31 @@ TOPIC_FIELDS: dict[str, dict[str | None, _F]] = {
 }
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_EPOCH_MS_MIN = -62_135_596_800_000  # 0001-01-01
-_EPOCH_MS_MAX = 253_402_300_799_999  # 9999-12-31
+
+
+def check_record_size(nbytes: int) -> None:
+    """Raise `InvalidRecord` if a line of `nbytes` bytes (without its terminator) exceeds `MAX_RECORD_BYTES`."""
+    if nbytes > MAX_RECORD_BYTES:
+        raise InvalidRecord(
+            f"record of {nbytes:,} bytes exceeds the maximum record size of {MAX_RECORD_BYTES:,} bytes"
+        )
+
+
+def _in_range(ms: int, given: Any) -> int:
+    if not TS_MIN_MS <= ms < TS_END_MS:
+        raise InvalidRecord(f"field 'ts' out of range: {given!r}; it must lie {_TS_RANGE}")
+    return ms
 
 
 def parse_ts(value: Any) -> int:
-    """Event time -> epoch milliseconds. Accepts an int (epoch ms) or an ISO-8601 string that carries a zone."""
+    """Event time -> epoch milliseconds. Accepts an int (epoch ms) or an ISO-8601 string that carries a zone;
+    either must lie in [`TS_MIN_MS`, `TS_END_MS`)."""
     if isinstance(value, bool):
         raise InvalidRecord(
             "field 'ts' must be an ISO-8601 string with zone or integer epoch milliseconds, got a boolean"
         )
     if isinstance(value, int):
-        if not _EPOCH_MS_MIN <= value <= _EPOCH_MS_MAX:
-            raise InvalidRecord(f"field 'ts' out of range: {value}")
-        return value
+        return _in_range(value, value)
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -93,7 +131,7 @@ def parse_ts(value: Any) -> int:
             raise InvalidRecord(f"field 'ts' is not an ISO-8601 timestamp: {value!r}") from None
         if dt.tzinfo is None or dt.utcoffset() is None:
             raise InvalidRecord(f"field 'ts' has no zone (add Z or +hh:mm): {value!r}")
-        return (dt - _EPOCH) // timedelta(milliseconds=1)
+        return _in_range((dt - _EPOCH) // timedelta(milliseconds=1), value)
     raise InvalidRecord(
         f"field 'ts' must be an ISO-8601 string with zone or integer epoch milliseconds, got {type(value).__name__}"
     )
@@ -126,15 +164,37 @@ def validate(topic: str, obj: Any) -> dict[str, Any]:
             out[name] = parse_ts(v)
         elif not isinstance(v, str):
             raise InvalidRecord(f"field {name!r} must be a string, got {type(v).__name__}")
-        elif kind == "id" and not v:
-            raise InvalidRecord(f"field {name!r} is empty")
         else:
+            if kind == "id":
+                _check_id(name, v)
             out[name] = v
     return out
 
 
+def _check_id(name: str, v: str) -> None:
+    if not v:
+        raise InvalidRecord(f"field {name!r} is empty")
+    if v.isspace():
+        raise InvalidRecord(f"field {name!r} is blank (only whitespace): {v!r}")
+    if m := _CONTROL.search(v):
+        raise InvalidRecord(
+            f"field {name!r} contains the control character U+{ord(m.group()):04X} at position {m.start()}:"
+            " ids must not contain U+0000-U+001F or U+007F"
+        )
+
+
+def _size(line: bytes | str) -> int:
+    """Bytes of `line` without its line terminator (UTF-8 for a str)."""
+    if isinstance(line, str):
+        line = line.encode("utf-8", "surrogatepass")
+    if line.endswith(b"\r\n"):
+        return len(line) - 2
+    return len(line) - 1 if line.endswith(b"\n") else len(line)
+
+
 def parse_line(topic: str, line: bytes | str) -> dict[str, Any]:
-    """Decode one JSON line with orjson and validate it. Raises `InvalidRecord` with the reason."""
+    """Check one line's size, decode it with orjson and validate it. Raises `InvalidRecord` with the reason."""
+    check_record_size(_size(line))
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:

@@ -1,7 +1,7 @@
 import pytest
 
 from changelog.errors import InvalidRecord
-from changelog.records import parse_line, parse_ts
+from changelog.records import MAX_RECORD_BYTES, check_record_size, parse_line, parse_ts
 
 POST = '{"op":"post","tweet_id":"t1","user_id":"u1","text":"hi","ts":%s}'
 
@@ -52,3 +52,123 @@ def test_extra_fields_are_ignored_and_optional_fields_default_to_null():
 
 def test_integer_ts_passes_through():
     assert parse_ts(0) == 0
+
+
+# Every field of every topic is checked by the same rules; the tables below use tweets and follows.
+FOLLOW = '{"op":"follow","follower_id":%s,"followee_id":"b","ts":1}'
+RANGE = "it must lie from 1970-01-01T00:00:00Z (0) up to, not including, 2100-01-01T00:00:00Z (4102444800000 epoch ms)"
+
+
+@pytest.mark.parametrize(
+    "ts, ms",
+    [
+        ("0", 0),
+        ('"1970-01-01T00:00:00Z"', 0),
+        ('"1970-01-01T01:00:00+01:00"', 0),
+        ("4102444799999", 4102444799999),
+        ('"2099-12-31T23:59:59.999Z"', 4102444799999),
+        ('"2100-01-01T00:59:59.999+01:00"', 4102444799999),
+    ],
+)
+def test_ts_at_the_ends_of_the_valid_range_is_accepted_in_both_forms(ts, ms):
+    assert parse_line("tweets", POST % ts)["ts"] == ms
+
+
+@pytest.mark.parametrize(
+    "ts, shown",
+    [
+        ("-1", "-1"),
+        ('"1969-12-31T23:59:59.999Z"', "'1969-12-31T23:59:59.999Z'"),
+        ("4102444800000", "4102444800000"),
+        ('"2100-01-01T00:00:00Z"', "'2100-01-01T00:00:00Z'"),
+        ('"2099-12-31T23:00:00-01:00"', "'2099-12-31T23:00:00-01:00'"),
+        ('"9999-12-31T00:00:00Z"', "'9999-12-31T00:00:00Z'"),
+        ("253402214400000", "253402214400000"),
+        ('"0001-01-01T00:00:00Z"', "'0001-01-01T00:00:00Z'"),
+    ],
+)
+def test_ts_outside_the_valid_range_is_rejected_in_both_forms_naming_value_and_range(ts, shown):
+    with pytest.raises(InvalidRecord) as e:
+        parse_line("tweets", POST % ts)
+    assert e.value.reason == f"field 'ts' out of range: {shown}; {RANGE}"
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ('""', "field 'follower_id' is empty"),
+        ('" "', "field 'follower_id' is blank (only whitespace): ' '"),
+        ('"\\t\\n "', "field 'follower_id' is blank (only whitespace): '\\t\\n '"),
+        ('"\\u00a0\\u3000"', "field 'follower_id' is blank (only whitespace): '\\xa0\\u3000'"),
+        ('"a\\u0000b"', "field 'follower_id' contains the control character U+0000 at position 1"),
+        ('"\\u0000"', "field 'follower_id' contains the control character U+0000 at position 0"),
+        ('"ab\\u001f"', "field 'follower_id' contains the control character U+001F at position 2"),
+        ('"a\\u007f"', "field 'follower_id' contains the control character U+007F at position 1"),
+        ('"a\\tb"', "field 'follower_id' contains the control character U+0009 at position 1"),
+        ('"a\\nb"', "field 'follower_id' contains the control character U+000A at position 1"),
+    ],
+)
+def test_ids_that_are_blank_or_hold_a_control_character_are_rejected_naming_the_field(value, reason):
+    with pytest.raises(InvalidRecord) as e:
+        parse_line("follows", FOLLOW % value)
+    assert e.value.reason.startswith(reason)
+
+
+@pytest.mark.parametrize(
+    "value, kept", [('" a "', " a "), ('"\\u00e9t\\u00e9"', "été"), ('"a\\u0080b"', "a\x80b")]
+)
+def test_other_ids_are_kept_as_given(value, kept):
+    assert parse_line("follows", FOLLOW % value)["follower_id"] == kept
+
+
+def test_a_control_character_in_a_text_field_is_kept():
+    line = '{"op":"post","tweet_id":"t","user_id":"u","text":"a\\u0000\\u001b[31m\\n","ts":1}'
+    assert parse_line("tweets", line)["text"] == "a\x00\x1b[31m\n"
+
+
+_EMPTY_POST = (POST % "1").replace('"hi"', '""').encode()
+
+
+def _post_of_size(n: int) -> bytes:
+    """A valid tweet line of `n` bytes: its text is `n - len(_EMPTY_POST)` x's."""
+    line = _EMPTY_POST.replace(b'""', b'"' + b"x" * (n - len(_EMPTY_POST)) + b'"')
+    assert len(line) == n
+    return line
+
+
+@pytest.mark.parametrize("terminator", [b"", b"\n", b"\r\n"])
+def test_a_line_of_exactly_the_maximum_record_size_is_accepted_whole(terminator):
+    rec = parse_line("tweets", _post_of_size(MAX_RECORD_BYTES) + terminator)
+    assert rec["text"] == "x" * (MAX_RECORD_BYTES - len(_EMPTY_POST))
+
+
+@pytest.mark.parametrize(
+    "size, reason",
+    [
+        (
+            MAX_RECORD_BYTES + 1,
+            "record of 1,048,577 bytes exceeds the maximum record size of 1,048,576 bytes",
+        ),
+        (25_000_123, "record of 25,000,123 bytes exceeds the maximum record size of 1,048,576 bytes"),
+    ],
+)
+def test_a_line_over_the_maximum_record_size_is_rejected_with_its_size(size, reason):
+    for line in (_post_of_size(size), _post_of_size(size) + b"\r\n", _post_of_size(size).decode()):
+        with pytest.raises(InvalidRecord) as e:
+            parse_line("tweets", line)
+        assert e.value.reason == reason
+    with pytest.raises(InvalidRecord) as e:
+        check_record_size(size)
+    assert e.value.reason == reason
+
+
+def test_the_maximum_record_size_is_one_mebibyte():
+    assert MAX_RECORD_BYTES == 1_048_576
+    check_record_size(MAX_RECORD_BYTES)
+
+
+def test_a_byte_order_mark_makes_a_line_invalid_json():
+    """Ingest drops a BOM at the start of a file; anywhere else it is not JSON (orjson names it)."""
+    with pytest.raises(InvalidRecord) as e:
+        parse_line("tweets", b"\xef\xbb\xbf" + (POST % "1").encode())
+    assert "not valid JSON" in e.value.reason and "byte order mark" in e.value.reason
