@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 __all__ = ["main"]
@@ -26,6 +27,12 @@ def _spark(settings, app: str):
     return get_spark(settings, app)
 
 
+def _lake(settings, *, write: bool):
+    from jobs.lake import require_lake
+
+    return require_lake(settings, write=write)
+
+
 def _redis(settings):
     from views.errors import RedisUnavailable
     from views.redis_io import connect
@@ -44,8 +51,10 @@ def cmd_ingest(args) -> int:
     settings = _settings()
     if args.topic not in TOPICS:
         raise SystemExit(f"mview: {UnknownTopic(args.topic, TOPICS)}")
-    import jobs.hooks  # noqa: F401  (registers per-topic ingest hooks)
-
+    _lake(settings, write=True)
+    missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
+    if missing:
+        raise SystemExit(f"mview: no such file: {missing[0]}")
     spark = _spark(settings, f"mview-ingest-{args.topic}")
     try:
         result = ingest(
@@ -75,6 +84,7 @@ def cmd_run(args) -> int:
 
     spec = job_spec(args.job)
     settings = _settings()
+    _lake(settings, write=True)
     if not args.once:  # a deployed job: follows replays, restarts on failure, waits for Redis (jobs.service)
         from jobs.service import serve
 
@@ -85,11 +95,15 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps({"job": spec.name, **totals}))
     else:
-        print(
-            f"{spec.name}: "
-            + ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.2f}" for k, v in totals.items())
-        )
+        print(f"{spec.name}: " + ", ".join(f"{k} {_number(v)}" for k, v in totals.items()))
     return 0
+
+
+def _number(value) -> str:
+    """A summary value for people: ints with thousands separators, floats to two places, anything else as JSON."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return json.dumps(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:.2f}"
 
 
 def cmd_query(args) -> int:
@@ -124,6 +138,7 @@ def cmd_status(args) -> int:
     from jobs.status import job_status
 
     settings = _settings()
+    _lake(settings, write=False)
     status = job_status(settings)
     if not args.json:
         for job, s in status.items():
@@ -136,7 +151,9 @@ def cmd_status(args) -> int:
 def cmd_deploy(args) -> int:
     from jobs.deploy import deploy
 
-    return deploy(_settings(), args.job)
+    settings = _settings()
+    _lake(settings, write=True)
+    return deploy(settings, args.job)
 
 
 def cmd_stop(args) -> int:
@@ -149,6 +166,7 @@ def cmd_replay(args) -> int:
     from jobs.replay import replay
 
     settings = _settings()
+    _lake(settings, write=True)
     _redis(settings)
     return replay(_spark(settings, f"mview-replay-{args.job}"), settings, args.job)
 
@@ -157,6 +175,7 @@ def cmd_maintain(args) -> int:
     from jobs.maintain import maintain, start_scheduler
 
     settings = _settings()
+    _lake(settings, write=True)
     _redis(settings)
     spark = _spark(settings, "mview-maintain")
     if args.once:
@@ -222,9 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from changelog.errors import ChangelogError
+    from jobs.errors import JobsError
+    from views.errors import ViewError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except (ChangelogError, JobsError, ViewError) as e:
+        print(f"mview: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 from views import enrichment as _enrichment
 from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
+from views.errors import ViewError
 from views.timeline import export_timeline, query_timeline
 
-__all__ = ["query_view", "export_view", "format_result"]
+__all__ = ["query_view", "export_view", "format_result", "printable"]
 
 
 def query_view(client, view: str, key: str, *, limit: int | None = None, job: str) -> dict:
@@ -24,10 +25,10 @@ def query_view(client, view: str, key: str, *, limit: int | None = None, job: st
     if view == _enrichment.COUNTRY_VIEW:
         return _enrichment.query_activity_by_country(client, key, job=job)
     if view == _enrichment.ENRICHED_VIEW:
-        raise ValueError(
+        raise ViewError(
             "enriched_activity is an output log, not a Redis view: use `mview export enriched_activity`"
         )
-    raise ValueError(f"view {view!r} has no query")
+    raise ViewError(f"view {view!r} has no query")
 
 
 def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]:
@@ -41,22 +42,34 @@ def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]
         return _enrichment.export_activity_by_country(client, job=job)
     if view == _enrichment.ENRICHED_VIEW:
         return _export_enriched(client, job=job, settings=settings)
-    raise ValueError(f"view {view!r} has no export")
+    raise ViewError(f"view {view!r} has no export")
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+_CONTROL.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
+
+
+def printable(text) -> str:
+    """`text` with every control character (C0, DEL, C1: terminal escape sequences among them) shown as `\\xNN`,
+    so printing data from a view can never drive the reader's terminal."""
+    return str(text).translate(_CONTROL)
 
 
 def format_result(view: str, result: dict) -> str:
-    """Human-readable form of a query result; empty string for an empty result."""
+    """Human-readable form of a query result; empty string for an empty result. Control characters in the data are
+    shown escaped (`printable`)."""
     if view == "timeline":
         return "\n".join(
-            f"{t['ts']}  {t['tweet_id']}  @{t['user_id']}: {t['text']}" for t in result.get("tweets", [])
+            printable(f"{t['ts']}  {t['tweet_id']}  @{t['user_id']}: {t['text']}")
+            for t in result.get("tweets", [])
         )
     if view in ("search_clicks", "ctr"):
         import json
 
         return json.dumps(result) if result else ""
     if view == _enrichment.COUNTRY_VIEW:
-        return f"{result['country']}  {result['events']}" if result.get("events") else ""
-    return "" if not result else str(result)
+        return printable(f"{result['country']}  {result['events']}") if result.get("events") else ""
+    return "" if not result else printable(result)
 
 
 def _export_enriched(client, *, job: str, settings) -> Iterator[dict]:

@@ -1,0 +1,43 @@
+"""Checks of `LAKE_DIR` made before a command starts Spark or touches the lake, so a wrong or read-only lake is
+one line of error, at once, instead of a JVM traceback after Spark's start-up."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from jobs.errors import LakeUnusable
+from jobs.settings import Settings
+
+__all__ = ["require_lake"]
+
+
+def require_lake(settings: Settings, *, write: bool) -> Path:
+    """The lake directory, checked for a command.
+
+    write=False (commands that only read it, e.g. `status`): it must exist; nothing is created.
+    write=True (ingest, run, deploy, replay, maintain): it is created if missing, then a probe file is written and
+    removed, so a read-only file system or missing permission is found before any work starts.
+    Raises `LakeUnusable` saying what is wrong and what to do.
+    """
+    path = settings.lake_dir
+    if not write:
+        if not path.exists():
+            raise LakeUnusable(
+                path,
+                "does not exist (nothing was ingested or run with it): check LAKE_DIR, or ingest a file first",
+            )
+        if not path.is_dir():
+            raise LakeUnusable(path, "is not a directory: point LAKE_DIR at a directory")
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mview-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise LakeUnusable(
+            path, f"cannot be written ({e.strerror or e}): point LAKE_DIR at a writable directory"
+        ) from None
+    return path

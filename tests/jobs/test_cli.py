@@ -1,0 +1,257 @@
+"""The command line as a user meets it: every command of the contract run through the installed entry point
+(`.venv/bin/mview` in a subprocess), for every job and view, with and without `--json`: the exit status, the
+output's shape and content, and a one-line error (non-zero, no traceback) for each documented failure.
+
+One lake and one Redis database for the module, filled step by step: each Spark command starts a JVM of its own,
+so the scenario is cut into few commands that each check what they print."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from changelog.ingest import ingest
+from tests.conftest import make_settings, write_jsonl
+from tests.jobs.opshelp import wait_for
+
+MVIEW = str(Path(sys.executable).with_name("mview"))
+T0 = 1_700_000_000_000
+MIN, HOUR = 60_000, 3_600_000
+
+RECORDS = {
+    "follows": [
+        {"op": "follow", "follower_id": "b", "followee_id": "a", "ts": T0},
+        {"op": "follow", "follower_id": "c", "followee_id": "a", "ts": T0},
+        {"op": "unfollow", "follower_id": "c", "followee_id": "a", "ts": T0 + MIN},
+    ],
+    "tweets": [
+        {"op": "post", "tweet_id": "t1", "user_id": "a", "text": "first", "ts": T0 + 1},
+        {"op": "post", "tweet_id": "t2", "user_id": "a", "text": "gone", "ts": T0 + 2},
+        {"op": "delete", "tweet_id": "t2", "user_id": "a", "ts": T0 + 3},
+        {"op": "post", "tweet_id": "t3", "user_id": "a", "text": "bell \x1b[31mred\x07", "ts": T0 + 4},
+    ],
+    "searches": [
+        {"search_id": "s1", "session_id": "x", "query": "q", "ts": T0},
+        {"search_id": "s2", "session_id": "y", "query": "q", "ts": T0},
+        {"search_id": "s3", "session_id": "z", "query": "later", "ts": T0 + 3 * HOUR},
+    ],
+    "clicks": [{"click_id": "c1", "session_id": "x", "url": "/r", "ts": T0 + MIN}],
+    "profiles": [
+        {"op": "upsert", "user_id": "a", "name": "Ann", "country": "NL", "ts": T0},
+        {"op": "upsert", "user_id": "zz", "name": "Zed", "country": "FR", "ts": T0 + 2 * HOUR},
+    ],
+    "activity": [
+        {"event_id": "e1", "user_id": "a", "action": "view", "ts": T0 + 5 * MIN},
+        {"event_id": "e2", "user_id": "nobody", "action": "view", "ts": T0 + 6 * MIN},
+    ],
+}
+
+
+class Cli:
+    def __init__(self, env: dict[str, str], tmp: Path):
+        self.env, self.tmp = env, tmp
+
+    def __call__(self, *args: str, ok: bool = True, env: dict | None = None, timeout: float = 600):
+        proc = subprocess.run(
+            [MVIEW, *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        if ok:
+            assert proc.returncode == 0, (
+                f"mview {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
+            )
+        return proc
+
+    def error(self, *args: str, env: dict | None = None, says: str) -> str:
+        """Run a command that must fail: exit non-zero, one line on stderr that contains `says`, no traceback."""
+        proc = self(*args, ok=False, env=env)
+        assert proc.returncode != 0, f"mview {' '.join(args)} succeeded: {proc.stdout}"
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert len(lines) == 1 and lines[0].startswith("mview: ") and says in lines[0], proc.stderr
+        return lines[0]
+
+    def json_line(self, *args: str):
+        proc = self(*args, "--json")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def world(redis_server, tmp_path_factory, spark):
+    tmp = tmp_path_factory.mktemp("cli")
+    url = redis_server["url"].rsplit("/", 1)[0] + "/3"
+    redis.Redis.from_url(url).flushdb()
+    settings = make_settings(tmp / "lake", url)
+    env = {
+        **os.environ,
+        "LAKE_DIR": str(settings.lake_dir),
+        "REDIS_URL": url,
+        "SPARK_MASTER": "local[2]",
+        "SHUFFLE_PARTITIONS": "2",
+        "SPARK_DRIVER_MEMORY": "1g",
+        "TRIGGER_INTERVAL": "200 ms",
+        "REPLAY_GRACE": "0 s",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    files = {t: write_jsonl(tmp / f"{t}.jsonl", rs) for t, rs in RECORDS.items()}
+    return {"cli": Cli(env, tmp), "settings": settings, "files": files, "tmp": tmp, "spark": spark}
+
+
+def test_ingest_with_and_without_json_and_its_errors(world):
+    cli, tmp, files = world["cli"], world["tmp"], world["files"]
+    bad = tmp / "tweets-bad.jsonl"
+    bad.write_bytes(Path(files["tweets"]).read_bytes() + b'not json\n{"op":"post"}\n')
+    out = cli("ingest", "tweets", str(bad), "--json").stdout.strip().splitlines()
+    assert json.loads(out[-1]) == {"topic": "tweets", "accepted": 4, "rejected": 2}
+    assert "accepted 4, rejected 2" in out[0]
+    text = cli("ingest", "follows", files["follows"]).stdout
+    assert "accepted 3, rejected 0" in text and not text.strip().splitlines()[-1].startswith("{")
+    dead = [
+        json.loads(x)
+        for x in (world["settings"].lake_dir / "deadletter" / "tweets.jsonl").read_text().splitlines()
+    ]
+    assert [(d["file"], d["line"]) for d in dead] == [(str(bad), 5), (str(bad), 6)]
+    # The other topics through the same code in this process (each CLI ingest is a JVM start).
+    for topic in ("searches", "clicks", "profiles", "activity"):
+        ingest(world["spark"], world["settings"].lake_dir, topic, [files[topic]])
+
+    cli.error("ingest", "nope", files["tweets"], says="unknown topic 'nope'")
+    cli.error("ingest", "tweets", str(tmp / "missing.jsonl"), says="no such file")
+    if _unwritable("/sys/kernel"):  # a directory even root cannot write to (sysfs is read-only here)
+        cli.error(
+            "ingest", "tweets", files["tweets"], env={"LAKE_DIR": "/sys/kernel"}, says="cannot be written"
+        )
+        cli.error(
+            "run", "timeline", "--once", env={"LAKE_DIR": "/sys/kernel/mview"}, says="cannot be written"
+        )
+
+
+def _unwritable(path: str) -> bool:
+    try:
+        Path(path, ".mview-probe").touch()
+    except OSError:
+        return True
+    Path(path, ".mview-probe").unlink()
+    return False
+
+
+def test_run_once_every_job_with_and_without_json(world):
+    cli = world["cli"]
+    summary = cli.json_line("run", "timeline", "--once")
+    assert summary["job"] == "timeline" and summary["events"] == 7 and summary["entries"] >= 2
+    text = cli("run", "clicks", "--once").stdout.strip().splitlines()[-1]
+    assert text.startswith("clicks: batches ") and "events 4" in text
+    summary = cli.json_line("run", "enrichment", "--once")
+    assert summary["job"] == "enrichment" and summary["events"] == 2
+    cli.error("run", "nope", "--once", says="unknown job 'nope'")
+    cli.error(
+        "run", "timeline", "--once", env={"REDIS_URL": "redis://127.0.0.1:1/0"}, says="cannot reach Redis"
+    )
+
+
+def test_query_every_view_with_and_without_json(world):
+    cli = world["cli"]
+    got = cli.json_line("query", "timeline", "b")
+    assert got["user_id"] == "b" and got["generation"] == 1
+    assert [t["tweet_id"] for t in got["tweets"]] == ["t3", "t1"]
+    assert got["tweets"][1] == {"tweet_id": "t1", "user_id": "a", "text": "first", "ts": T0 + 1}
+    text = cli("query", "timeline", "b").stdout
+    assert "\x1b" not in text and "\\x1b[31mred\\x07" in text and "t1  @a: first" in text
+    assert cli.json_line("query", "timeline", "b", "--limit", "1")["tweets"][0]["tweet_id"] == "t3"
+    assert cli.json_line("query", "timeline", "c")["tweets"] == []  # unfollowed: empty, exit 0
+    assert cli("query", "timeline", "nobody").stdout == ""
+
+    s1 = cli.json_line("query", "search_clicks", "s1")
+    line = {"search_id": "s1", "session_id": "x", "query": "q", "ts": T0, "clicked": True, "clicks": 1}
+    assert {k: s1[k] for k in line} == line and s1["final"] is True
+    assert json.loads(cli("query", "search_clicks", "s2").stdout)["clicked"] is False
+    assert cli.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
+    assert cli.json_line("query", "activity_by_country", "NL") == {"country": "NL", "events": 1}
+    assert cli("query", "activity_by_country", "NL").stdout.split() == ["NL", "1"]
+    assert cli("query", "ctr", "no-such-query").stdout.strip() in ("", "{}")
+
+    cli.error("query", "enriched_activity", "e1", says="output log")
+    cli.error("query", "nope", "k", says="unknown view 'nope'")
+    cli.error("query", "timeline", "b", env={"REDIS_URL": "redis://127.0.0.1:1/0"}, says="cannot reach Redis")
+
+
+def test_export_every_view(world):
+    cli = world["cli"]
+
+    def lines(view):
+        return [json.loads(x) for x in cli("export", view).stdout.splitlines()]
+
+    assert lines("timeline") == [{"user_id": "b", "tweet_ids": ["t3", "t1"]}]
+    closed = {r["search_id"]: r for r in lines("search_clicks")}
+    assert closed["s1"]["clicked"] is True and closed["s2"]["clicked"] is False and "s3" not in closed
+    assert lines("ctr") == [{"query": "q", "searches": 2, "clicked": 1}]
+    assert lines("activity_by_country") == [
+        {"country": "NL", "events": 1},
+        {"country": "unknown", "events": 1},
+    ]
+    enriched = lines("enriched_activity")
+    assert enriched == [
+        {"event_id": "e1", "user_id": "a", "action": "view", "ts": T0 + 5 * MIN,
+         "profile_version": f"a@{T0}", "name": "Ann", "country": "NL"},
+        {"event_id": "e2", "user_id": "nobody", "action": "view", "ts": T0 + 6 * MIN,
+         "profile_version": None, "name": None, "country": None},
+    ]  # fmt: skip
+    cli.error("export", "nope", says="unknown view 'nope'")
+
+
+def test_status_deploy_stop_and_replay(world):
+    cli = world["cli"]
+    status = cli.json_line("status")
+    assert set(status) == {"timeline", "clicks", "enrichment"}
+    for job, row in status.items():
+        assert row["running"] is False and row["pid"] is None and row["generation"] == 1, (job, row)
+        assert row["lag_versions"] == 0, (job, row)
+    assert status["timeline"]["rejected"] == 2
+    text = cli("status").stdout
+    assert "timeline: running=False" in text and "generation=1" in text
+
+    assert "deployed" in cli("deploy", "timeline").stdout
+    assert "already running" in cli("deploy", "timeline").stdout
+
+    def running():
+        row = cli.json_line("status")["timeline"]
+        return row if row["running"] and row.get("state") == "running" else None
+
+    row = wait_for(running, "the deployed timeline job", timeout_s=300)
+    assert isinstance(row["pid"], int)
+    assert "stopped" in cli("stop", "timeline").stdout
+    assert "not running" in cli("stop", "timeline").stdout
+    assert cli.json_line("status")["timeline"]["running"] is False
+
+    for job in ("timeline", "clicks", "enrichment"):
+        out = cli("replay", job).stdout
+        assert f"{job}: replayed into generation 2" in out, out
+    assert [json.loads(x) for x in cli("export", "timeline").stdout.splitlines()] == [
+        {"user_id": "b", "tweet_ids": ["t3", "t1"]}
+    ]
+    assert cli.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
+    assert {j: r["generation"] for j, r in cli.json_line("status").items()} == {
+        "timeline": 2, "clicks": 2, "enrichment": 2
+    }  # fmt: skip
+    cli.error("deploy", "nope", says="unknown job 'nope'")
+    cli.error("replay", "nope", says="unknown job 'nope'")
+
+
+def test_read_only_commands_never_create_a_lake(world):
+    cli, tmp = world["cli"], world["tmp"]
+    missing = tmp / "typo" / "lake"
+    cli.error("status", env={"LAKE_DIR": str(missing)}, says="does not exist")
+    cli.error("status", "--json", env={"LAKE_DIR": str(missing)}, says="does not exist")
+    cli("query", "timeline", "b", env={"LAKE_DIR": str(missing)})
+    cli("export", "timeline", env={"LAKE_DIR": str(missing)})
+    assert not (tmp / "typo").exists()
