@@ -1,8 +1,59 @@
-"""Errors of the views layer."""
+"""Errors of the views layer, and the redaction of credentials in Redis URLs (every message that names a URL
+shows it through `redact_url`)."""
 
 from __future__ import annotations
 
-__all__ = ["ViewError", "RedisUnavailable", "UnknownView"]
+import re
+from urllib.parse import unquote
+
+__all__ = [
+    "ViewError",
+    "RedisUnavailable",
+    "RedisMisconfigured",
+    "RedisAuthFailed",
+    "RedisTLSMismatch",
+    "UnknownView",
+    "redact_url",
+    "redact",
+]
+
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd)=)[^&#]*", re.I)
+_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@]*@")
+
+
+def redact_url(url) -> str:
+    """`url` with its password replaced by `***` (user, host, port, db and options kept); a `password=` query
+    option is masked too. Never raises: whatever the text, what looks like a password is not returned."""
+    text = str(url)
+    m = _USERINFO.match(text)  # userinfo: up to the last "@" (a password may hold "?", "#", "/" or "@")
+    if m is not None:
+        user, sep, _password = m["userinfo"].partition(":")
+        rest = text[m.end("userinfo") + 1 :]
+        text = f"{m['scheme'] or ''}{user}{':***' if sep else ''}@{rest}"
+    return _QUERY_SECRET.sub(r"\1***", text)
+
+
+def _password(url: str | None) -> str | None:
+    if not url:
+        return None
+    m = _USERINFO.match(str(url))
+    if m is not None:
+        _user, sep, password = m["userinfo"].partition(":")
+        if sep and password:
+            return password
+    q = re.search(r"[?&](?:password|pass|pwd)=([^&#]+)", str(url), re.I)
+    return q[1] if q else None
+
+
+def redact(text, url: str | None = None) -> str:
+    """`text` with the credentials of every `scheme://user:password@` URL in it masked, and, if `url` carries a
+    password, every occurrence of that password (raw or percent-decoded) too."""
+    out, password = str(text), _password(url)
+    if password:
+        for secret in sorted({password, unquote(password)}, key=len, reverse=True):
+            out = out.replace(secret, "***")
+    return _QUERY_SECRET.sub(r"\1***", _IN_TEXT.sub(r"\1:***@", out))
 
 
 class ViewError(Exception):
@@ -10,11 +61,62 @@ class ViewError(Exception):
 
 
 class RedisUnavailable(ViewError):
-    def __init__(self, url: str, cause: Exception | None = None):
+    """Nothing answers at the Redis URL (refused, timed out, the process is stopping): possibly temporary."""
+
+    def __init__(self, url: str, cause: Exception | str | None = None):
+        self.url = redact_url(url)
+        self.cause = redact(cause, url) if cause is not None else None
+        detail = f" ({self.cause})" if self.cause else ""
         super().__init__(
-            f"cannot reach Redis at {url} ({cause}): start one with `make redis` or point REDIS_URL at a running server"
+            f"cannot reach Redis at {self.url}{detail}: start one with `make redis` or point REDIS_URL at a "
+            "running server"
         )
-        self.url = url
+
+
+class RedisMisconfigured(ViewError):
+    """Redis answers but the connection settings cannot work (credentials, TLS): retrying cannot help, REDIS_URL
+    or the server must change. `url` is redacted."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = redact_url(url)
+
+
+class RedisAuthFailed(RedisMisconfigured):
+    """The server refused the credentials of the URL, or requires some and the URL has none."""
+
+    def __init__(self, url: str, cause: Exception | str | None = None):
+        shown, detail = redact_url(url), redact(cause, url) if cause is not None else ""
+        if _password(url) is None:
+            message = (
+                f"the server at {shown} requires a password: put it in REDIS_URL as "
+                "redis://:PASSWORD@host:port/db"
+            )
+        else:
+            message = (
+                f"the server at {shown} refused the credentials ({detail}): correct the user and password in "
+                "REDIS_URL (redis://[USER]:PASSWORD@host:port/db)"
+            )
+        super().__init__(message, url)
+
+
+class RedisTLSMismatch(RedisMisconfigured):
+    """TLS on one side only (rediss:// to a plain port or redis:// to a TLS port), or a failed TLS handshake."""
+
+    def __init__(self, url: str, cause: Exception | str | None = None):
+        shown, detail = redact_url(url), redact(cause, url) if cause is not None else ""
+        if str(url).lower().startswith("rediss://"):
+            message = (
+                f"TLS handshake with the server at {shown} failed ({detail}): use redis:// for a plain port, "
+                "rediss:// only for a TLS port (with ?ssl_ca_certs=PATH if its certificate is not publicly "
+                "trusted)"
+            )
+        else:
+            message = (
+                f"the server at {shown} speaks TLS ({detail}): use rediss:// for a TLS port, redis:// for a "
+                "plain one"
+            )
+        super().__init__(message, url)
 
 
 class UnknownView(ViewError):
