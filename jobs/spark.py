@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
+import shutil
 import sys
+import threading
+from pathlib import Path
 
 from jobs.jvmcache import driver_java
 from jobs.settings import Settings
@@ -31,6 +36,9 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/jvmcache.py)
         os.environ["JAVA_HOME"], extra = aot
         driver_opts = f"{driver_opts} {extra}"
+    java_home = os.environ.get("JAVA_HOME")
+    if master.startswith("local"):
+        _java_dies_with_driver()
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -74,7 +82,14 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
         .config("spark.driver.extraJavaOptions", driver_opts)
         .config("spark.executor.extraJavaOptions", "-Xss16m")
     )
-    spark = configure_spark_with_delta_pip(builder).getOrCreate()
+    try:
+        spark = configure_spark_with_delta_pip(builder).getOrCreate()
+    finally:  # the wrapper is for this driver only, not for JVMs that later child processes start
+        if java_home is None:
+            os.environ.pop("JAVA_HOME", None)
+        else:
+            os.environ["JAVA_HOME"] = java_home
+    atexit.register(spark.stop)  # a clean exit stops Spark (its temporary files go) before the JVM is killed
     spark.sparkContext.setLogLevel("ERROR")
     _jars_off_python_path(spark.sparkContext)
     return spark
@@ -91,3 +106,36 @@ def _jars_off_python_path(sc) -> None:
     if includes:
         sc._python_includes = [p for p in includes if not p.lower().endswith(".jar")]
     sys.path[:] = [p for p in sys.path if not p.lower().endswith(".jar")]
+
+
+_DEATHSIG = """#!/bin/sh
+# Written by jobs/spark.py: the JVM below, killed by the kernel the moment the process that started it dies.
+exec setpriv --pdeathsig KILL "@JAVA@" "$@"
+"""
+
+
+def _java_dies_with_driver() -> None:
+    """Point JAVA_HOME at a wrapper that starts Spark's driver JVM with a parent-death signal (SIGKILL).
+
+    PySpark's JVM exits on its own only when it reads the end of its stdin, and then runs Spark's shutdown hooks
+    for seconds while its tasks may still be writing; after a SIGKILL of the Python driver it went on for 4-25 s.
+    With the signal it dies with the driver. The kernel sends it when the *thread* that started the JVM ends, so
+    this is done only from the main thread (whose end is the process's end), on Linux with `setpriv`."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return
+    home = os.environ.get("JAVA_HOME", "")
+    java = Path(home, "bin", "java") if home else Path(shutil.which("java") or "")
+    root = Path(sys.prefix) / "mview-java"
+    if not java.is_file() or java.is_relative_to(root):
+        return
+    wrapper_home = root / hashlib.sha256(str(java).encode()).hexdigest()[:12]
+    wrapper = wrapper_home / "bin" / "java"
+    text = _DEATHSIG.replace("@JAVA@", str(java))
+    if not wrapper.is_file() or wrapper.read_text() != text:
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        tmp = wrapper.with_suffix(f".{os.getpid()}")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(wrapper)
+    os.environ["JAVA_HOME"] = str(wrapper_home)

@@ -3,7 +3,11 @@ path, where each new Python worker had spent about 1 s reading them on its first
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 
 
 def test_delta_jars_are_off_the_python_path_of_driver_and_workers(spark):
@@ -58,3 +62,49 @@ def test_building_a_column_costs_no_call_site_round_trips(spark):
     # 3 functions (each a class lookup, a method lookup and the call) and the Seq of concat's two arguments (6);
     # with the call sites recorded, 25.
     assert len(sent) <= 15, sent
+
+
+_DRIVER = """
+import os, sys, threading, time
+from jobs.settings import Settings
+from jobs.spark import get_spark
+spark = get_spark(Settings.from_env(), "mview-test-deathsig")
+busy = threading.Thread(target=lambda: spark.range(10**12).selectExpr("sum(id)").collect(), daemon=True)
+busy.start()
+time.sleep(2)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                out.append(int(p))
+    return out
+
+
+def test_the_driver_jvm_dies_with_a_killed_driver(tmp_path):
+    env = {**os.environ, "LAKE_DIR": str(tmp_path), "SPARK_MASTER": "local[1]", "SPARK_DRIVER_MEMORY": "512m"}
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        jvms = [c for c in _children(proc.pid) if b"java" in open(f"/proc/{c}/cmdline", "rb").read()]
+        assert len(jvms) == 1, jvms
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 2.0  # the kernel kills it at once; Spark's own exit took 4-25 s
+        while os.path.exists(f"/proc/{jvms[0]}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        state = (
+            open(f"/proc/{jvms[0]}/stat").read().split()[2] if os.path.exists(f"/proc/{jvms[0]}") else None
+        )
+        assert state in (None, "Z"), f"the driver's JVM {jvms[0]} still runs after its driver was killed"
+    finally:
+        proc.kill()
