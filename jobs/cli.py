@@ -129,7 +129,17 @@ def cmd_export(args) -> int:
 
     job = view_job(args.view)
     out = sys.stdout
-    for row in export_view(_redis(_settings()), args.view, job=job, settings=_settings()):
+    settings = _settings()
+    if args.view == "enriched_activity":  # an output log in the lake, read with Spark
+        _lake(settings, write=False)
+    rows = export_view(
+        _redis(settings),
+        args.view,
+        job=job,
+        lake_dir=settings.lake_dir,
+        spark=lambda: _spark(settings, f"mview-export-{args.view}"),
+    )
+    for row in rows:
         out.write(json.dumps(row) + "\n")
     return 0
 

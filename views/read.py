@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from views import enrichment as _enrichment
 from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
 from views.errors import ViewError
+from views.redis_io import current_generation
 from views.timeline import export_timeline, query_timeline
 
 __all__ = ["query_view", "export_view", "format_result", "printable"]
@@ -31,7 +32,9 @@ def query_view(client, view: str, key: str, *, limit: int | None = None, job: st
     raise ViewError(f"view {view!r} has no query")
 
 
-def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]:
+def export_view(client, view: str, *, job: str, lake_dir=None, spark=None) -> Iterator[dict]:
+    """Every key of `view` as export lines. `enriched_activity` is an output log in the lake: it needs `lake_dir`
+    and `spark`, a callable returning a SparkSession, called only for that view."""
     if view == "timeline":
         return export_timeline(client, job=job)
     if view == "search_clicks":
@@ -41,7 +44,7 @@ def export_view(client, view: str, *, job: str, settings=None) -> Iterator[dict]
     if view == _enrichment.COUNTRY_VIEW:
         return _enrichment.export_activity_by_country(client, job=job)
     if view == _enrichment.ENRICHED_VIEW:
-        return _export_enriched(client, job=job, settings=settings)
+        return _enrichment.export_enriched(spark(), lake_dir, current_generation(client, job))
     raise ViewError(f"view {view!r} has no export")
 
 
@@ -70,14 +73,3 @@ def format_result(view: str, result: dict) -> str:
     if view == _enrichment.COUNTRY_VIEW:
         return printable(f"{result['country']}  {result['events']}") if result.get("events") else ""
     return "" if not result else printable(result)
-
-
-def _export_enriched(client, *, job: str, settings) -> Iterator[dict]:
-    """The serving generation's output log, read with Spark (the only export that needs it)."""
-    from jobs.settings import Settings
-    from jobs.spark import get_spark  # the one place a view reads with Spark: its data is a Delta log
-    from views.redis_io import current_generation
-
-    settings = settings or Settings.from_env()
-    spark = get_spark(settings, "mview-export-enriched_activity")
-    return _enrichment.export_enriched(spark, settings.lake_dir, current_generation(client, job))
