@@ -8,6 +8,8 @@ export REDIS_URL
 JOB ?= timeline
 VIEW ?= timeline
 KEY ?= u1
+BENCH_ARGS ?=
+WEB_PORT ?= 8765
 
 .DEFAULT_GOAL := help
 .PHONY: help setup redis test lint fmt demo demo-web jvm-cache bench deploy stop status query export replay maintain clean
@@ -45,8 +47,8 @@ fmt: setup ## ruff format and autofix
 demo: setup redis ## generate a workload, ingest it, run the timeline job, print and verify timelines
 	$(PY) -m timeline_demo
 
-demo-web: setup redis ## serve the live home-timeline page on :8765 while the job runs and new tweets arrive
-	$(PY) -m timeline_demo.web --live
+demo-web: setup redis ## serve the live home-timeline page on :WEB_PORT (8765) while the job runs and new tweets arrive
+	$(PY) -m timeline_demo.web --live --port $(WEB_PORT)
 
 jvm-cache: setup ## build the driver JVM's AOT cache (needs a JDK 25+; ~2 min): faster cold start of every job
 	$(PY) -m jobs.jvmcache
@@ -54,8 +56,8 @@ jvm-cache: setup ## build the driver JVM's AOT cache (needs a JDK 25+; ~2 min): 
 $(VENV)/mview-jvm/stamp.json: $(VENV)/.installed
 	$(PY) -m jobs.jvmcache
 
-bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json and the README table
-	$(PY) -m timeline_demo.bench
+bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json and the README table; BENCH_ARGS passes options (--only, --scale, --out ...)
+	$(PY) -m timeline_demo.bench $(BENCH_ARGS)
 
 deploy: setup redis ## start JOB as a background streaming query (make deploy JOB=timeline)
 	$(MVIEW) deploy $(JOB)
