@@ -255,3 +255,9 @@ def test_read_only_commands_never_create_a_lake(world):
     cli("query", "timeline", "b", env={"LAKE_DIR": str(missing)})
     cli("export", "timeline", env={"LAKE_DIR": str(missing)})
     assert not (tmp / "typo").exists()
+    # A read-only lake with no job in it: status reads, reports, creates nothing.
+    if _unwritable("/sys/kernel"):
+        rows = json.loads(cli("status", "--json", env={"LAKE_DIR": "/sys/kernel"}).stdout.splitlines()[-1])
+        assert {j: (r["running"], r["lag_versions"]) for j, r in rows.items()} == {
+            "timeline": (False, 0), "clicks": (False, 0), "enrichment": (False, 0)
+        }  # fmt: skip
