@@ -5,7 +5,7 @@ classes and profiling methods before the JIT compiles them (measured: a cold 52k
 16-19 s, the same batch in a warm JVM 9 s). JDK 25's AOT cache (JEPs 483, 514, 515) stores the classes of a
 training run already loaded and linked, with their method profiles, and a later JVM maps it at start.
 
-`build()` makes it: a training run of the timeline job on a generated workload (not the benchmark's) in a JVM
+`build()` makes it: a training run of the timeline job on a generated workload (`_training_workload`) in a JVM
 started with `-XX:AOTMode=record`, then `-XX:AOTMode=create` with the same class path and options. `driver_java`
 tells `jobs.spark.get_spark` to use it: a JDK 25+ and the cache's options, for a local master only.
 
@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from jobs.settings import Settings
@@ -109,23 +111,61 @@ def driver_java(settings: Settings, master: str | None = None) -> tuple[str, str
     return str(home), f"-XX:AOTCache={d / 'spark.aot'} -Xlog:aot*=error"
 
 
+def _training_workload(
+    seed: int = 5, users: int = 2_000, follows: int = 6_000, tweets: int = 6_000
+) -> tuple[list[dict], list[dict]]:
+    """(tweets, follows) records for the training run, seeded: every kind the ingest and the timeline job handle
+    (posts, deletes, follows, unfollows, `ts` as epoch ms and as ISO-8601), authors and followees drawn with a
+    strong bias to the first three users (celebrities), so both fan-out paths of the job get exercised."""
+    rng = random.Random(seed)
+    t0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+    def ts(ms: int):
+        iso = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+        return iso.replace("+00:00", "Z") if rng.random() < 0.5 else ms
+
+    def user(celebrity_share: float) -> str:
+        return f"u{rng.randrange(3) if rng.random() < celebrity_share else rng.randrange(users)}"
+
+    tw, fo = [], []
+    for i in range(tweets):
+        author, at = user(0.3), t0 + rng.randrange(6 * 3_600_000)
+        tw.append(
+            {"op": "post", "tweet_id": f"t{i:07d}", "user_id": author, "text": f"tweet {i}", "ts": ts(at)}
+        )
+        if rng.random() < 0.08:
+            tw.append({"op": "delete", "tweet_id": f"t{i:07d}", "user_id": author, "ts": ts(at + 60_000)})
+    for _ in range(follows):
+        a, b, at = user(0.0), user(0.5), t0 + rng.randrange(6 * 3_600_000)
+        if a != b:
+            fo.append({"op": "follow", "follower_id": a, "followee_id": b, "ts": ts(at)})
+            if rng.random() < 0.15:
+                fo.append({"op": "unfollow", "follower_id": a, "followee_id": b, "ts": ts(at + 600_000)})
+    return tw, fo
+
+
+def _ingest(spark, lake: Path, topic: str, records: list[dict], path: Path) -> None:
+    from changelog.ingest import ingest
+
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    ingest(spark, lake, topic, [str(path)])
+
+
 def _train(lake: Path) -> None:
-    """The training run (in its own process and JVM): the timeline job over a generated workload, two batches."""
+    """The training run (in its own process and JVM): the timeline job over `_training_workload()`, two batches."""
     from jobs.devredis import scratch_redis
     from jobs.spark import get_spark
     from jobs.timeline import run_timeline
-    from timeline_demo.bench import _ingest, _settings
-    from timeline_demo.workload import generate
 
     proc, port = scratch_redis(lake.parent)
     try:
-        settings = _settings(lake, port, SPARK_MASTER="local[2]")
+        env = {"LAKE_DIR": str(lake), "REDIS_URL": f"redis://127.0.0.1:{port}/0", "SPARK_MASTER": "local[2]"}
+        settings = Settings.from_env({**os.environ, **env})
         spark = get_spark(settings, "mview-jvm-training")
-        wl = generate(seed=5, users=2_000, celebrities=3, follows=6_000, tweets=6_000)
+        tweets, follows = _training_workload()
         for half in (0, 1):
-            tweets, follows = wl.tweets[half::2], wl.follows[half::2]
-            _ingest(spark, settings, "tweets", tweets, lake.parent / f"tweets{half}.jsonl")
-            _ingest(spark, settings, "follows", follows, lake.parent / f"follows{half}.jsonl")
+            _ingest(spark, lake, "tweets", tweets[half::2], lake.parent / f"tweets{half}.jsonl")
+            _ingest(spark, lake, "follows", follows[half::2], lake.parent / f"follows{half}.jsonl")
             _say(f"training batch {half + 1}/2: {run_timeline(spark, settings, once=True)}")
         # The JVM writes the recorded configuration as it exits, which it does when its stdin closes: wait for it.
         jvm = spark.sparkContext._gateway.proc
