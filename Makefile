@@ -57,7 +57,7 @@ $(VENV)/mview-jvm/stamp.json: $(VENV)/.installed
 	$(PY) -m jobs.jvmcache
 
 bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json and the README table; BENCH_ARGS passes options (--only, --scale, --out ...)
-	$(PY) -m timeline_demo.bench $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 deploy: setup redis ## start JOB as a background streaming query (make deploy JOB=timeline)
 	$(MVIEW) deploy $(JOB)

@@ -8,7 +8,7 @@ Then it deploys the job as a continuous query (TRIGGER_INTERVAL), appends one pr
 change that moves the watermark past it and an event that uses it, and measures the wall time from the append
 to the enriched event's commit in the output log.
 
-`python -m timeline_demo.bench_enrichment --events N [--profiles M]` runs it alone and prints JSON.
+`python -m bench.enrichment --events N [--profiles M]` runs it alone and prints JSON.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings)
         )
         if latency["once"]:
             lat += f"; {latency['once']:.2f}s with `run --once` started after the append"
-        command = f"python -m timeline_demo.bench_enrichment --events {events} --profiles {profiles}"
+        command = f"python -m bench.enrichment --events {events} --profiles {profiles}"
         out["rows"] = [
             {
                 "figure": "enrichment events/s per core",
@@ -266,7 +266,7 @@ def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.enrichment", description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--profiles", type=int, default=100_000)
     args = p.parse_args(argv)

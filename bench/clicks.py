@@ -2,7 +2,7 @@
 micro-batch latency from an append to the outcome in Redis.
 
 Runs in its own lake (`<LAKE_DIR>/bench_clicks`) and a throw-away view generation (deleted afterwards), so it
-never touches the serving views. `python -m timeline_demo.bench_clicks --events N` runs it alone.
+never touches the serving views. `python -m bench.clicks --events N` runs it alone.
 
 Workload: `timeline_demo.clicks_workload.write_clicks_topics` builds it in Spark (sessions with 1-4 searches;
 clicks inside, on the bounds of, after and before the window; 3% duplicate deliveries; arrival = event time + up
@@ -239,7 +239,7 @@ def run(
     seen = [x for x in cont_lat if x is not None]
     once_seen = [x for x in once_lat if x is not None]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    command = f"python -m timeline_demo.bench_clicks --events {events} --chunks {chunks}"
+    command = f"python -m bench.clicks --events {events} --chunks {chunks}"
     workload = f"{n:,} events (searches + clicks, 3% duplicates), {totals['batches']} micro-batches"
     rows = [
         {
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.settings import Settings
 
     p = argparse.ArgumentParser(
-        prog="python -m timeline_demo.bench_clicks", description=__doc__.splitlines()[0]
+        prog="python -m bench.clicks", description=__doc__.splitlines()[0]
     )
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--chunks", type=int, default=4)

@@ -1,4 +1,4 @@
-"""`make bench` (`python -m timeline_demo.bench`): every benchmark on generated workloads, each against a
+"""`make bench` (`python -m bench`): every benchmark on generated workloads, each against a
 reference measured in the same run where possible. Writes `bench/results.json`, the plot `docs/bench.png`
 and the README table between `<!-- bench:start -->` and `<!-- bench:end -->` (printed if the markers are
 missing).
@@ -13,7 +13,7 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   from scratch at each size.
 - freshness: with the job deployed (continuous) under a steady load of tweets, the time from a tweet's append
   (its Delta commit) to its presence in every current follower's timeline in Redis; p50 and p99.
-- clicks, enrichment: `timeline_demo.bench_clicks.run` / `bench_enrichment.run` when those modules exist.
+- clicks, enrichment: `bench.clicks.run` / `bench_enrichment.run` when those modules exist.
 """
 
 from __future__ import annotations
@@ -606,7 +606,7 @@ def table_rows(res: dict) -> list[dict]:
                 {
                     "figure": name,
                     "workload": "",
-                    "command": f"timeline_demo.bench_{name}.run",
+                    "command": f"bench.{name}.run",
                     "measured": summary,
                     "reference": "",
                     "ratio": "",
@@ -757,7 +757,7 @@ def _part(res: dict, name: str, fn, *args, **kwargs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m timeline_demo.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     p.add_argument(
         "--only",
         nargs="*",
@@ -870,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
                 "clicks",
                 bench_other,
                 "clicks",
-                "timeline_demo.bench_clicks",
+                "bench.clicks",
                 _settings(tmp / "lake-clicks", port, 2),
                 (max(1_000, int(args.clicks_events * args.scale)),),
             )
@@ -880,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
                 "enrichment",
                 bench_other,
                 "enrichment",
-                "timeline_demo.bench_enrichment",
+                "bench.enrichment",
                 _settings(tmp / "lake-enrich", port, 3),
                 (
                     max(1_000, int(args.enrichment_events * args.scale)),

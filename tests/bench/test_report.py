@@ -3,7 +3,7 @@ the plot written. (The benchmarks themselves run in `make bench`, not in the tes
 
 from __future__ import annotations
 
-from timeline_demo.bench import END, START, markdown_table, plot, table_rows, update_readme
+from bench.__main__ import END, START, markdown_table, plot, table_rows, update_readme
 
 RESULTS = {
     "meta": {"when": "2026-11-22 05:00 UTC", "machine": "2 cores", "seconds": 600.0},
@@ -49,7 +49,7 @@ RESULTS = {
         "growth_per_doubling": 0.1,
         "recompute_vs_batch": 0.82,
     },
-    "clicks": {"available": False, "note": "timeline_demo.bench_clicks not available on this branch"},
+    "clicks": {"available": False, "note": "bench.clicks not available on this branch"},
     "enrichment": {"error": "RuntimeError: boom"},
 }
 

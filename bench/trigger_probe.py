@@ -1,4 +1,4 @@
-"""`python -m jobs.trigger_probe [--appends N]`: how soon a deployed job sees a new commit.
+"""`python -m bench.trigger_probe [--appends N]`: how soon a deployed job sees a new commit.
 
 Runs the deployed-job supervisor (`jobs.service.serve`, exactly as `mview deploy` runs it) on a throw-away
 `probe` job whose foreachBatch does nothing but record, for each row, the time from the Delta commit that
@@ -46,7 +46,7 @@ def _write(table: str, n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs.trigger_probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.trigger_probe", description=__doc__.splitlines()[0])
     p.add_argument("--appends", type=int, default=15)
     p.add_argument("--write", nargs=2, metavar=("TABLE", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             return {}
 
-        sys.modules.setdefault("jobs.trigger_probe", sys.modules[__name__])
+        sys.modules.setdefault("bench.trigger_probe", sys.modules[__name__])
         globals()["run_probe"] = run_probe
-        registry.JOBS["probe"] = registry.JobSpec("probe", ("tweets",), (), "jobs.trigger_probe:run_probe")
+        registry.JOBS["probe"] = registry.JobSpec("probe", ("tweets",), (), "bench.trigger_probe:run_probe")
 
         def drive():
             time.sleep(3.0)  # the supervisor's query is up
             subprocess.run(
-                [sys.executable, "-m", "jobs.trigger_probe", "--write", str(table), str(args.appends)],
+                [sys.executable, "-m", "bench.trigger_probe", "--write", str(table), str(args.appends)],
                 env=env,
                 check=True,
                 stdout=subprocess.DEVNULL,
