@@ -175,73 +175,46 @@ def _latency_once(spark, settings, generation: int, samples: int, far: int) -> l
     return out
 
 
-def run(
-    events: int = 1_000_000,
-    *,
-    settings,
-    chunks: int = 4,
-    latency_samples: int = 3,
-    latency_timeout_s: float = 30.0,
-    verify: bool = True,
-) -> dict:
-    """Measure the clicks job on about `events` events (see the module docstring). Returns the figures."""
-    from jobs.clicks import run_clicks
-    from jobs.runtime import read_status
-    from jobs.spark import get_spark
-    from timeline_demo.clicks_workload import T0, write_clicks_topics
+def _latencies(spark, settings, generation: int, samples: int, timeout_s: float) -> tuple[list, list]:
+    """(`_latency_once`, `_latency_continuous`) with `samples` each, on events later than every workload event."""
+    from timeline_demo.clicks_workload import T0
+
+    if not samples:
+        return [], []
+    far = T0 + 400 * 24 * 3_600_000  # later than every workload event: never late
+    once_lat = _latency_once(spark, settings, generation, samples, far)
+    return once_lat, _latency_continuous(spark, settings, generation, samples, timeout_s, far + 3_600_000)
+
+
+def _verify(spark, settings, client, generation: int) -> dict:
+    """The clicks and clicked searches of the CTR view in Redis (`generation`) against `_reference`."""
     from views.clicks import export_ctr
-    from views.redis_io import connect, set_generation
+    from views.redis_io import set_generation
 
-    lake = settings.lake_dir / "bench_clicks"
-    shutil.rmtree(lake, ignore_errors=True)
-    settings = dataclasses.replace(settings, lake_dir=lake)
-    spark = get_spark(settings, "mview-bench-clicks")
-    cores = int(spark.sparkContext.defaultParallelism) or os.cpu_count() or 1
-    client = connect(settings.redis_url)
-    generation = 900_000 + random.randrange(99_999)
-    load_before = os.getloadavg()
-
-    t0 = time.monotonic()
-    wl = write_clicks_topics(spark, lake, events=events, chunks=chunks)
-    write_s = time.monotonic() - t0
+    ref = _reference(spark, settings.lake_dir, settings.allowed_lateness_ms)
+    real = client.get("mv:gen:clicks")
+    set_generation(client, "clicks", generation)  # export_ctr reads the pointed-to generation
     try:
-        cpu0, t1 = _cpu_seconds(spark), time.monotonic()
-        totals = run_clicks(spark, settings, once=True, generation=generation, max_files_per_trigger=1)
-        run_s, cpu_s = time.monotonic() - t1, _cpu_seconds(spark) - cpu0
-        status = read_status(settings, "clicks")
-        n, batch_s = totals["events"], totals["seconds"]
-        verified = None
-        if verify:
-            ref = _reference(spark, lake, settings.allowed_lateness_ms)
-            real = client.get("mv:gen:clicks")
-            set_generation(client, "clicks", generation)  # export_ctr reads the pointed-to generation
-            try:
-                rows = list(export_ctr(client))
-            finally:
-                if real is None:
-                    client.delete("mv:gen:clicks")
-                else:
-                    client.set("mv:gen:clicks", real)
-            got = {"searches": sum(r["searches"] for r in rows), "clicked": sum(r["clicked"] for r in rows)}
-            verified = {"reference": ref, "redis_ctr": got, "equal": ref == got}
-        far = T0 + 400 * 24 * 3_600_000  # later than every workload event: never late
-        once_lat = _latency_once(spark, settings, generation, latency_samples, far) if latency_samples else []
-        cont_lat = (
-            _latency_continuous(
-                spark, settings, generation, latency_samples, latency_timeout_s, far + 3_600_000
-            )
-            if latency_samples
-            else []
-        )
+        rows = list(export_ctr(client))
     finally:
-        _cleanup(client, generation)
-    eps_core = n / batch_s / cores if batch_s else 0.0
-    seen = [x for x in cont_lat if x is not None]
-    once_seen = [x for x in once_lat if x is not None]
+        if real is None:
+            client.delete("mv:gen:clicks")
+        else:
+            client.set("mv:gen:clicks", real)
+    got = {"searches": sum(r["searches"] for r in rows), "clicked": sum(r["clicked"] for r in rows)}
+    return {"reference": ref, "redis_ctr": got, "equal": ref == got}
+
+
+def _rows(
+    events: int, chunks: int, n: int, batches: int, rate, seen, once_seen, latency_timeout_s
+) -> list[dict]:
+    """The two rows of the bench table: throughput per core against Nexmark q8, and the append latency.
+    `rate` is (events/s per core, seconds of batches, CPU seconds)."""
+    eps_core, batch_s, cpu_s = rate
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     command = f"python -m bench.clicks --events {events} --chunks {chunks}"
-    workload = f"{n:,} events (searches + clicks, 3% duplicates), {totals['batches']} micro-batches"
-    rows = [
+    workload = f"{n:,} events (searches + clicks, 3% duplicates), {batches} micro-batches"
+    return [
         {
             "figure": "clicks join events/s per core (micro-batch time)",
             "workload": workload,
@@ -267,6 +240,52 @@ def run(
             "met": "n/a",
         },
     ]
+
+
+def run(
+    events: int = 1_000_000,
+    *,
+    settings,
+    chunks: int = 4,
+    latency_samples: int = 3,
+    latency_timeout_s: float = 30.0,
+    verify: bool = True,
+) -> dict:
+    """Measure the clicks job on about `events` events (see the module docstring). Returns the figures."""
+    from jobs.clicks import run_clicks
+    from jobs.runtime import read_status
+    from jobs.spark import get_spark
+    from timeline_demo.clicks_workload import write_clicks_topics
+    from views.redis_io import connect
+
+    lake = settings.lake_dir / "bench_clicks"
+    shutil.rmtree(lake, ignore_errors=True)
+    settings = dataclasses.replace(settings, lake_dir=lake)
+    spark = get_spark(settings, "mview-bench-clicks")
+    cores = int(spark.sparkContext.defaultParallelism) or os.cpu_count() or 1
+    client = connect(settings.redis_url)
+    generation = 900_000 + random.randrange(99_999)
+    load_before = os.getloadavg()
+
+    t0 = time.monotonic()
+    wl = write_clicks_topics(spark, lake, events=events, chunks=chunks)
+    write_s = time.monotonic() - t0
+    try:
+        cpu0, t1 = _cpu_seconds(spark), time.monotonic()
+        totals = run_clicks(spark, settings, once=True, generation=generation, max_files_per_trigger=1)
+        run_s, cpu_s = time.monotonic() - t1, _cpu_seconds(spark) - cpu0
+        status = read_status(settings, "clicks")
+        n, batch_s = totals["events"], totals["seconds"]
+        verified = _verify(spark, settings, client, generation) if verify else None
+        once_lat, cont_lat = _latencies(spark, settings, generation, latency_samples, latency_timeout_s)
+    finally:
+        _cleanup(client, generation)
+    eps_core = n / batch_s / cores if batch_s else 0.0
+    seen = [x for x in cont_lat if x is not None]
+    once_seen = [x for x in once_lat if x is not None]
+    rows = _rows(
+        events, chunks, n, totals["batches"], (eps_core, batch_s, cpu_s), seen, once_seen, latency_timeout_s
+    )
     return {
         "rows": rows,
         "events": n,
@@ -305,9 +324,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     from jobs.settings import Settings
 
-    p = argparse.ArgumentParser(
-        prog="python -m bench.clicks", description=__doc__.splitlines()[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m bench.clicks", description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--latency-samples", type=int, default=3)

@@ -161,6 +161,54 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
     return res
 
 
+def _clear_views(client) -> None:
+    """Delete the enrichment job's keys (its views and its generation pointer) from Redis."""
+    for k in client.scan_iter(match="mv:*enrichment*"):
+        client.delete(k)
+    for k in client.scan_iter(match="mv:activity_by_country:*"):
+        client.delete(k)
+    client.delete("mv:gen:enrichment")
+
+
+def _rows(events: int, profiles: int, per_core: float, batch_s: float, cpu_s, latency: dict) -> list[dict]:
+    """The two rows of the bench table: events/s per core against Nexmark q20, and change -> first use."""
+    cont = latency["continuous"]
+    first_use = cont[0] if cont else None
+    measured = f"{round(per_core):,} events/s/core ({events:,} events in {batch_s:.1f}s batch time)"
+    if cpu_s:
+        measured += f"; {round(events / cpu_s):,} events per JVM CPU-second"
+    lat = (
+        f"{first_use:.2f}s (continuous query, samples {cont})"
+        if first_use is not None
+        else f"not measured with the continuous query ({latency.get('continuous_error')})"
+    )
+    if latency["once"]:
+        lat += f"; {latency['once']:.2f}s with `run --once` started after the append"
+    command = f"python -m bench.enrichment --events {events} --profiles {profiles}"
+    return [
+        {
+            "figure": "enrichment events/s per core",
+            "workload": f"{events:,} activity events x {profiles:,} profiles (1 micro-batch)",
+            "command": command,
+            "measured": measured,
+            "reference": f"Flink Nexmark q20 ~{FLINK_Q20_EVENTS_PER_CORE:,}/s/core",
+            "ratio": f"{per_core / FLINK_Q20_EVENTS_PER_CORE:.3f}",
+            "goal": ">= 0.25 (4,750/s/core); real goal >= 1",
+            "met": "met" if per_core >= FLINK_Q20_EVENTS_PER_CORE / 4 else "**not met**",
+        },
+        {
+            "figure": "enrichment profile change -> first use",
+            "workload": "1 change + 1 event after the load",
+            "command": command,
+            "measured": lat,
+            "reference": "",
+            "ratio": "",
+            "goal": "(none set)",
+            "met": "n/a",
+        },
+    ]
+
+
 def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings) -> dict:
     """Measure the enrichment job; returns a dict of figures (see the module docstring)."""
     from jobs.enrichment import run_enrichment
@@ -184,12 +232,7 @@ def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings)
         "TRIGGER_INTERVAL": "200 ms",
     }
     bench_settings = Settings.from_env(env)
-    client = connect(settings.redis_url)
-    for k in client.scan_iter(match="mv:*enrichment*"):
-        client.delete(k)
-    for k in client.scan_iter(match="mv:activity_by_country:*"):
-        client.delete(k)
-    client.delete("mv:gen:enrichment")
+    _clear_views(connect(settings.redis_url))
     try:
         t = time.monotonic()
         _write_topics(spark, lake, events, profiles)
@@ -227,39 +270,7 @@ def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings)
             "change_to_first_use_continuous_error": latency.get("continuous_error"),
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }
-        measured = f"{round(per_core):,} events/s/core ({events:,} events in {batch_s:.1f}s batch time)"
-        if cpu_s:
-            measured += f"; {round(events / cpu_s):,} events per JVM CPU-second"
-        lat = (
-            f"{first_use:.2f}s (continuous query, samples {cont})"
-            if first_use is not None
-            else f"not measured with the continuous query ({latency.get('continuous_error')})"
-        )
-        if latency["once"]:
-            lat += f"; {latency['once']:.2f}s with `run --once` started after the append"
-        command = f"python -m bench.enrichment --events {events} --profiles {profiles}"
-        out["rows"] = [
-            {
-                "figure": "enrichment events/s per core",
-                "workload": f"{events:,} activity events x {profiles:,} profiles (1 micro-batch)",
-                "command": command,
-                "measured": measured,
-                "reference": f"Flink Nexmark q20 ~{FLINK_Q20_EVENTS_PER_CORE:,}/s/core",
-                "ratio": f"{per_core / FLINK_Q20_EVENTS_PER_CORE:.3f}",
-                "goal": ">= 0.25 (4,750/s/core); real goal >= 1",
-                "met": "met" if per_core >= FLINK_Q20_EVENTS_PER_CORE / 4 else "**not met**",
-            },
-            {
-                "figure": "enrichment profile change -> first use",
-                "workload": "1 change + 1 event after the load",
-                "command": command,
-                "measured": lat,
-                "reference": "",
-                "ratio": "",
-                "goal": "(none set)",
-                "met": "n/a",
-            },
-        ]
+        out["rows"] = _rows(events, profiles, per_core, batch_s, cpu_s, latency)
         return out
     finally:
         shutil.rmtree(work, ignore_errors=True)

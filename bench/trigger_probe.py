@@ -45,6 +45,24 @@ def _write(table: str, n: int) -> None:
         time.sleep(1.0)
 
 
+def _summary(appends: int, settings, latencies: list[float], seen: int) -> dict:
+    """The probe's result: append -> batch start p50/p90/max and every sample, in seconds, and the load."""
+    lat = sorted(latencies)
+    k = len(lat)
+
+    def q(f):
+        return round(lat[min(k - 1, int(f * k))], 2) if k else None
+
+    return {
+        "appends": appends,
+        "seen": seen,
+        "trigger_interval": settings.trigger_interval,
+        "append_to_batch_start_s": {"p50": q(0.5), "p90": q(0.9), "max": q(1.0)},
+        "all_s": [round(x, 2) for x in lat],
+        "load1": round(os.getloadavg()[0], 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.trigger_probe", description=__doc__.splitlines()[0])
     p.add_argument("--appends", type=int, default=15)
@@ -110,25 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
         threading.Thread(target=drive, daemon=True).start()
         service.serve(spark, settings, "probe")
-        lat = sorted(latencies)
-        k = len(lat)
-
-        def q(f):
-            return round(lat[min(k - 1, int(f * k))], 2) if k else None
-
-        print(
-            json.dumps(
-                {
-                    "appends": args.appends,
-                    "seen": len(seen),
-                    "trigger_interval": settings.trigger_interval,
-                    "append_to_batch_start_s": {"p50": q(0.5), "p90": q(0.9), "max": q(1.0)},
-                    "all_s": [round(x, 2) for x in lat],
-                    "load1": round(os.getloadavg()[0], 1),
-                }
-            ),
-            flush=True,
-        )
+        print(json.dumps(_summary(args.appends, settings, latencies, len(seen))), flush=True)
         return 0 if len(seen) == args.appends else 1
     finally:
         rs.terminate()

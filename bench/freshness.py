@@ -1,0 +1,168 @@
+"""The freshness part of `python -m bench`: with the timeline job deployed (continuous) under a steady load of
+tweets, the time from a tweet's append (its Delta commit) to its presence in every current follower's timeline
+in Redis."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from bench.common import ingest_records, say
+
+__all__ = ["bench_freshness"]
+
+
+def _followers(follows: list[dict]) -> dict[str, list[str]]:
+    """Followee -> its current followers, after every follow and unfollow of `follows`."""
+    from timeline_demo.reference import current_tables
+
+    _, pairs = current_tables([], follows)
+    out: dict[str, list[str]] = {}
+    for a, b in pairs:
+        out.setdefault(b, []).append(a)
+    return out
+
+
+def _deploy(settings):
+    """Deploy the timeline job (`mview deploy timeline`); returns the function that stops it."""
+    from jobs.deploy import deploy, stop
+
+    if deploy(settings, "timeline"):
+        raise RuntimeError("mview deploy timeline failed")
+    return lambda: stop(settings, "timeline")
+
+
+class _Visibility:
+    """Appended tweets waiting to be in every follower's timeline, and the seconds each took once it was.
+    `poll` runs in a thread until `finish` and then until nothing is pending or the drain time is over."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.pending: dict[str, tuple[float, list[str]]] = {}
+        self.latencies: list[float] = []
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.drain_until = float("inf")
+
+    def add(self, tweet_ids: list[tuple[str, list[str]]], t_append: float) -> None:
+        with self.lock:
+            for tid, fl in tweet_ids:
+                self.pending[tid] = (t_append, fl)
+
+    def poll(self) -> None:
+        from views.keys import timeline_key
+        from views.redis_io import current_generation
+
+        while not self.done.is_set() or self.pending:
+            gen = current_generation(self.client, "timeline")
+            with self.lock:
+                items = list(self.pending.items())
+            for tid, (t_append, fl) in items:
+                pipe = self.client.pipeline(transaction=False)
+                for f in fl:
+                    pipe.zscore(timeline_key(gen, f), tid)
+                if all(s is not None for s in pipe.execute()):
+                    with self.lock:
+                        self.pending.pop(tid, None)
+                        self.latencies.append(time.monotonic() - t_append)
+            if self.done.is_set() and time.monotonic() > self.drain_until:
+                break
+            time.sleep(0.05)
+
+    def finish(self, drain_s: float | None = None) -> None:
+        if drain_s is not None:
+            self.drain_until = time.monotonic() + drain_s
+        self.done.set()
+
+
+def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: str) -> float:
+    """Append a probe tweet by `author` and wait until the deployed job has put it in `follower`'s timeline;
+    the seconds it took."""
+    from views.keys import timeline_key
+    from views.redis_io import current_generation
+
+    t0 = time.monotonic()
+    probe = {
+        "op": "post",
+        "tweet_id": "probe",
+        "user_id": author,
+        "text": "probe",
+        "ts": int(time.time() * 1000),
+    }
+    ingest_records(spark, settings, "tweets", [probe], tmp / "probe.jsonl")
+    while client.zscore(timeline_key(current_generation(client, "timeline"), follower), "probe") is None:
+        if time.monotonic() - t0 > 300:
+            raise TimeoutError("the deployed job did not publish a probe tweet within 300 s (see its log)")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def _load(spark, settings, tmp: Path, seen: _Visibility, followers, duration_s: float, every_s: float) -> int:
+    """Append 10 tweets every `every_s` for `duration_s` (1 by a celebrity, the rest by random authors with
+    followers), each tracked by `seen`; the number of tweets appended."""
+    authors = sorted(followers, key=lambda a: (-len(followers[a]), a))
+    rng = random.Random(5)
+    n, started = 0, time.monotonic()
+    while time.monotonic() - started < duration_s:
+        tick = time.monotonic()
+        recs = []
+        for _ in range(10):
+            a = authors[rng.randrange(3)] if not recs else rng.choice(authors)
+            recs.append(
+                {
+                    "op": "post",
+                    "tweet_id": f"fresh{n:06d}",
+                    "user_id": a,
+                    "text": f"fresh {n}",
+                    "ts": int(time.time() * 1000),
+                }
+            )
+            n += 1
+        ingest_records(spark, settings, "tweets", recs, tmp / "fresh.jsonl")
+        seen.add([(r["tweet_id"], followers[r["user_id"]]) for r in recs], time.monotonic())
+        time.sleep(max(0.0, every_s - (time.monotonic() - tick)))
+    return n
+
+
+def bench_freshness(
+    spark, settings, tmp: Path, follows: list[dict], duration_s: float, every_s: float
+) -> dict:
+    """Tweets appended every `every_s` by authors with followers; per tweet, append -> in every follower's
+    timeline. The job is deployed first and the load starts once it has caught up with the logs."""
+    from views.redis_io import connect
+
+    followers = _followers(follows)
+    top = min(followers, key=lambda a: (-len(followers[a]), a))
+    stop_job = _deploy(settings)
+    seen = _Visibility(connect(settings.redis_url))
+    try:
+        took = _wait_for_probe(spark, settings, seen.client, tmp, top, followers[top][0])
+        say(f"freshness: job deployed, probe visible after {took:.0f}s; load for {duration_s:.0f}s")
+        poller = threading.Thread(target=seen.poll, daemon=True)
+        poller.start()
+        n = _load(spark, settings, tmp, seen, followers, duration_s, every_s)
+        seen.finish(drain_s=60)
+        poller.join(70)
+    finally:
+        seen.finish()
+        stop_job()
+    lat = sorted(seen.latencies)
+
+    def pct(p: float):
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
+
+    return {
+        "workload": f"{n} tweets appended in files of 10 every {every_s:.0f}s for {duration_s:.0f}s, on the "
+        f"throughput graph (max {len(followers[top]):,} followers)",
+        "command": "mview deploy timeline",
+        "tweets": n,
+        "visible": len(lat),
+        "not_visible_after_60s": n - len(lat),
+        "p50_s": pct(0.50),
+        "p99_s": pct(0.99),
+        "max_s": round(lat[-1], 3) if lat else None,
+        "mean_s": round(statistics.fmean(lat), 3) if lat else None,
+    }
