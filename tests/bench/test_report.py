@@ -3,7 +3,7 @@ the plot written. (The benchmarks themselves run in `make bench`, not in the tes
 
 from __future__ import annotations
 
-from bench.__main__ import END, START, markdown_table, plot, table_rows, update_readme
+from bench.report import END, START, markdown_table, plot, table_rows, update_readme
 
 RESULTS = {
     "meta": {"when": "2026-11-22 05:00 UTC", "machine": "2 cores", "seconds": 600.0},
