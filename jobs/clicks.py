@@ -39,6 +39,8 @@ from pyspark.sql import functions as F
 
 from changelog.ingest import deadletter_path
 from changelog.topics import read_stream
+from jobs.generations import record_batch
+from jobs.replay import serving_or_rebuild
 from jobs.runtime import (
     checkpoint_dir,
     job_dir,
@@ -52,8 +54,7 @@ from jobs.runtime import (
 from jobs.settings import Settings, parse_duration_ms
 from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, batch_constant, interval_join
 from views.clicks import CLICKS_OPS_SCHEMA, ClicksSink
-from views.keys import meta_key
-from views.redis_io import connect, ensure_generation
+from views.redis_io import connect
 
 __all__ = ["run_clicks", "close_idle_windows", "TOPICS", "WINDOW_MS"]
 
@@ -339,7 +340,10 @@ def _late_log(settings: Settings, gen: int) -> Path:
 
 def _status(settings, gen, client, meta, **extra) -> None:
     now = int(time.time() * 1000)
-    client.hset(meta_key(JOB, gen), mapping={"last_fence": meta.get("fence", 0), "last_batch_ms": now})
+    # a micro-batch records its id; an idle tick only updates the fields of a meta hash that exists
+    record_batch(
+        client, JOB, gen, extra.get("last_batch_id"), last_fence=meta.get("fence", 0), last_batch_ms=now
+    )
     write_status(
         settings,
         JOB,
@@ -366,7 +370,7 @@ def close_idle_windows(
     if timeout is None:
         return {}
     client = connect(settings.redis_url)
-    gen = generation if generation is not None else ensure_generation(client, JOB)
+    gen = generation if generation is not None else serving_or_rebuild(spark, settings, JOB)
     store = _Store(state_dir(settings, JOB, gen))
     now = int(time.time() * 1000) if now_ms is None else now_ms
     with _LOCK:
@@ -409,7 +413,7 @@ def run_clicks(
 ) -> dict:
     """Run the clicks job into `generation` (default: the serving one). Returns totals of this run."""
     client = connect(settings.redis_url)
-    gen = generation if generation is not None else ensure_generation(client, JOB)
+    gen = generation if generation is not None else serving_or_rebuild(spark, settings, JOB)
     store = _Store(state_dir(settings, JOB, gen))
     sink = ClicksSink(settings.redis_url, gen)
     lateness = settings.allowed_lateness_ms
@@ -449,6 +453,7 @@ def run_clicks(
         n = st["n"]
         if not n:
             batch.unpersist()
+            record_batch(client, JOB, gen, batch_id)
             return
         n_late = st["late"] or 0
         if n_late:

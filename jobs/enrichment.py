@@ -38,6 +38,8 @@ import time
 from pyspark.sql import functions as F
 
 from changelog.topics import read_stream
+from jobs.generations import record_batch
+from jobs.replay import serving_or_rebuild
 from jobs.runtime import (
     checkpoint_dir,
     ensure_delta_table,
@@ -59,8 +61,7 @@ from joins.asof import (
     version_rows,
 )
 from views.enrichment import UNKNOWN_COUNTRY, CountrySink, enriched_path
-from views.keys import meta_key
-from views.redis_io import connect, ensure_generation
+from views.redis_io import connect
 
 __all__ = ["run_enrichment", "TOPICS", "JOB"]
 
@@ -107,9 +108,10 @@ def _write_mark(sdir, mark: dict) -> None:
 
 
 def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
-    """Run the enrichment job into `generation` (default: the serving one). Returns totals of this run."""
+    """Run the enrichment job into `generation` (default: the serving one, rebuilt first if Redis lost it, see
+    `jobs.replay.serving_or_rebuild`). Returns totals of this run."""
     client = connect(settings.redis_url)
-    gen = generation if generation is not None else ensure_generation(client, JOB)
+    gen = generation if generation is not None else serving_or_rebuild(spark, settings, JOB)
     lateness = settings.allowed_lateness_ms
     sdir = state_dir(settings, JOB, gen)
     versions_path = ensure_delta_table(spark, sdir / "versions", VERSION_SCHEMA)
@@ -139,6 +141,7 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
             F.max(F.when(seen, F.col("ts"))).alias("seen_hi"),
         ).first()
         if s["events"] == 0 and s["changes"] == 0:
+            record_batch(client, JOB, gen, batch_id)
             return
         # 1. The batch's changes into the local copy, as they are (duplicates are resolved on read).
         if s["changes"]:
@@ -221,14 +224,7 @@ def run_enrichment(spark, settings: Settings, *, once: bool = True, generation: 
         totals["held"] = hs
         totals["seconds"] += took
         now = int(time.time() * 1000)
-        client.hset(
-            meta_key(JOB, gen),
-            mapping={
-                "last_batch_id": batch_id,
-                "last_batch_ms": now,
-                "watermark": wm if wm is not None else "",
-            },
-        )
+        record_batch(client, JOB, gen, batch_id, last_batch_ms=now, watermark=wm)
         prev = read_status(settings, JOB)
         same_gen = prev.get("generation") == gen
 

@@ -4,6 +4,13 @@ A generation g of job J is: the Redis keys `mv:<kind>:<g>:*` for every view and 
 `JobSpec.extra_keys`) plus `mv:meta:<J>:<g>`, and the lake dirs `checkpoints/<J>/g<g>` and `state/<J>/g<g>`.
 Readers only ever see the generation `mv:gen:<J>` points at; every other generation is either being built by a
 replay (its marker `LAKE_DIR/jobs/<J>/replay.json` names it while the replaying process lives) or garbage.
+
+Redis is a cache of the logs, and it may lose what it holds (a restart without persistence, FLUSHALL, a restore of
+an older snapshot). The lake says what the serving copy must hold: the serving generation's checkpoint lists the
+micro-batches Spark committed, and every job records each micro-batch it applies, before Spark commits it, in the
+generation's meta hash (`record_batch`: `last_batch_id`). `serving_copy_lost` compares the two. `record_batch`
+never re-creates a meta hash that vanished and never moves `last_batch_id` across a gap, so batches written after
+a loss cannot hide it.
 """
 
 from __future__ import annotations
@@ -15,9 +22,18 @@ import shutil
 from jobs.registry import JobSpec
 from jobs.runtime import checkpoint_dir, read_status, state_dir
 from jobs.settings import Settings
-from views.keys import meta_key, view_pattern
+from views.keys import gen_key, meta_key, view_pattern
 
-__all__ = ["key_kinds", "generations", "drop_generation", "replay_in_progress"]
+__all__ = [
+    "key_kinds",
+    "generations",
+    "drop_generation",
+    "replay_in_progress",
+    "record_batch",
+    "last_committed_batch",
+    "lake_generation",
+    "serving_copy_lost",
+]
 
 _GEN_DIR = re.compile(r"^g(\d+)$")
 
@@ -78,3 +94,92 @@ def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, 
         ):
             shutil.rmtree(d, ignore_errors=True)
     return removed
+
+
+# KEYS[1] = the meta hash; ARGV[1] = the batch id ("" for fields only), ARGV[2..] = field, value, ...
+_RECORD_BATCH = """
+local b = ARGV[1]
+local extra = {}
+for i = 2, #ARGV do extra[#extra + 1] = ARGV[i] end
+if b == '' then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+else
+  local last = redis.call('HGET', KEYS[1], 'last_batch_id')
+  local n = tonumber(b)
+  if last then
+    if tonumber(last) < n - 1 then return 0 end
+    if tonumber(last) > n then b = last end
+  elseif n ~= 0 then
+    return 0
+  end
+  extra[#extra + 1] = 'last_batch_id'
+  extra[#extra + 1] = b
+end
+if #extra > 0 then redis.call('HSET', KEYS[1], unpack(extra)) end
+return 1
+"""
+
+
+def record_batch(client, job: str, generation: int, batch_id: int | None, **fields) -> bool:
+    """Record in `mv:meta:<job>:<generation>` that micro-batch `batch_id` was applied to Redis, with `fields`.
+
+    Every job calls it for every micro-batch, an empty one included, before the batch is committed. The hash is
+    created only by batch 0 of a generation, and `last_batch_id` moves only from `batch_id - 1` or later: a hash
+    that vanished or fell behind (Redis lost data) stays so, for `serving_copy_lost` to see. With `batch_id`
+    None, `fields` are written only if the hash exists. Returns whether anything was written."""
+    args: list = ["" if batch_id is None else int(batch_id)]
+    for k, v in fields.items():
+        args += [k, "" if v is None else v]
+    return bool(client.eval(_RECORD_BATCH, 1, meta_key(job, generation), *args))
+
+
+def last_committed_batch(settings: Settings, job: str, generation: int) -> int | None:
+    """The id of the last micro-batch Spark committed in `generation`'s checkpoint, None if none."""
+    commits = checkpoint_dir(settings, job, generation) / "commits"
+    try:
+        done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return max(done, default=None)
+
+
+def lake_generation(settings: Settings, spec: JobSpec) -> int:
+    """The generation the lake says `spec` last served: the one in its status file if that generation committed a
+    micro-batch, else the newest generation that did; 0 if the job never published anything."""
+    recorded = read_status(settings, spec.name, "status.json").get("generation")
+    if isinstance(recorded, int) and last_committed_batch(settings, spec.name, recorded) is not None:
+        return recorded
+    root = settings.lake_dir / "checkpoints" / spec.name
+    found = (
+        [int(m.group(1)) for p in root.iterdir() if (m := _GEN_DIR.match(p.name))] if root.is_dir() else []
+    )
+    published = [g for g in found if last_committed_batch(settings, spec.name, g) is not None]
+    return max(published, default=0)
+
+
+def serving_copy_lost(settings: Settings, client, spec: JobSpec) -> str | None:
+    """Why Redis no longer holds the whole serving copy of `spec`'s views, or None if it does (or the job never
+    published). Raises redis errors when Redis does not answer.
+
+    Lost when the pointer `mv:gen:<job>` is gone while the lake shows the job published; or the serving
+    generation's checkpoint has committed batches but its meta hash is gone or records an older batch. The
+    checkpoint is read before Redis: a batch is recorded in Redis before Spark commits it, so a batch that
+    commits between the two reads cannot look lost.
+    """
+    job = spec.name
+    published = lake_generation(settings, spec)
+    pointer = client.get(gen_key(job))
+    if pointer is None:
+        if published:
+            return f"the generation pointer {gen_key(job)} is gone; the lake has generation {published}"
+        return None
+    serving = int(pointer)
+    committed = last_committed_batch(settings, job, serving)
+    if committed is None:
+        return None
+    recorded = client.hget(meta_key(job, serving), "last_batch_id")
+    if recorded is None:
+        return f"{meta_key(job, serving)} is gone; the checkpoint has batch {committed}"
+    if int(recorded) < committed:
+        return f"{meta_key(job, serving)} records batch {int(recorded)}; the checkpoint has batch {committed}"
+    return None

@@ -16,6 +16,10 @@
 
 A replay that crashes before the switch leaves n serving, untouched; run it again. One replay per job at a time
 (`LAKE_DIR/jobs/<job>/replay.lock`).
+
+`rebuild` is the same build and switch, run in-process by a deployed job (`jobs.service`) and by `run --once`
+when Redis lost the serving copy (`jobs.generations.serving_copy_lost`): n is then the generation the lake
+says was serving, and what is left of it in Redis is dropped right after the switch.
 """
 
 from __future__ import annotations
@@ -28,14 +32,16 @@ import threading
 import time
 
 from changelog.topics import latest_version
-from jobs.generations import drop_generation
+from jobs import runtime
+from jobs.generations import drop_generation, lake_generation, serving_copy_lost
 from jobs.registry import job_spec
 from jobs.runtime import checkpoint_dir, job_dir, log, read_status, status_file
 from jobs.settings import Settings, parse_duration_ms
 from jobs.status import processed_versions
+from views.keys import gen_key
 from views.redis_io import connect, ensure_generation, set_generation
 
-__all__ = ["replay", "lag_of"]
+__all__ = ["replay", "rebuild", "serving_or_rebuild", "lag_of"]
 
 _MAX_CATCH_UP_ROUNDS = 5
 
@@ -117,18 +123,30 @@ def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: f
     return False
 
 
-def replay(spark, settings: Settings, job: str) -> int:
-    """Rebuild `job` into generation n+1 and switch to it. Returns the exit code (0 on success)."""
-    spec = job_spec(job)
-    guard = open(job_dir(settings, job) / "replay.lock", "w")  # noqa: SIM115 - held until the end
+def _lock(settings: Settings, job: str, *, wait: bool):
+    """The open lock file `replay.lock` of `job`, locked exclusively; None if `wait` is False and it is held."""
+    guard = open(job_dir(settings, job) / "replay.lock", "w")  # noqa: SIM115 - held until the caller closes it
     try:
-        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(guard, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
-        print(f"mview: a replay of {job} is already running", file=sys.stderr)
-        return 1
-    client = connect(settings.redis_url)
-    old = ensure_generation(client, job)
-    new = old + 1
+        guard.close()
+        return None
+    return guard
+
+
+def _serving_or_published(settings: Settings, client, job: str) -> int:
+    """The serving generation; if the pointer is gone, the generation the lake says was serving (else 1)."""
+    value = client.get(gen_key(job))
+    if value is not None:
+        return int(value)
+    return lake_generation(settings, job_spec(job)) or ensure_generation(client, job)
+
+
+def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new: int) -> float:
+    """Build generation `new` of `job` from the logs (catching up with versions appended meanwhile), then point
+    `mv:gen:<job>` at it. Returns the seconds it took. Raises InterruptedError, without switching, if a
+    stop (`runtime.STOP`) arrives meanwhile."""
+    spec = job_spec(job)
     started = time.monotonic()
     cleared = drop_generation(settings, client, spec, new)
     if cleared:
@@ -137,21 +155,77 @@ def replay(spark, settings: Settings, job: str) -> int:
     _write_replay(
         settings, job, pid=os.getpid(), building=new, serving=old, started_ms=int(time.time() * 1000)
     )
-    log(f"replay {job}: building generation {new} from the logs while generation {old} serves")
     progress = _Progress(settings, job, new, spark)
     progress.start()
     try:
         with status_file("replay.json"):
             for round_ in range(1, _MAX_CATCH_UP_ROUNDS + 1):
                 totals = spec.run(spark, settings, once=True, generation=new)
+                if runtime.STOP.is_set():
+                    raise InterruptedError(f"replay {job}: stopped before generation {new} was complete")
                 processed, total = lag_of(settings, job, new)
                 log(f"replay {job}: round {round_}: {totals}; {processed}/{total} log versions")
                 if processed >= total:
                     break
         progress.done.set()
         progress.draw(final=True)
-        build_s = time.monotonic() - started
         set_generation(client, job, new)  # the one atomic step: readers and the deployed job follow it
+        return time.monotonic() - started
+    finally:
+        progress.done.set()
+
+
+def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
+    """Rebuild `job`'s serving copy, which Redis lost (`reason`, from `serving_copy_lost`), from the logs into
+    generation n+1 (n: the serving generation, or the one the lake says served if the pointer is gone), switch
+    to it and drop n. Waits for a replay of the same job in flight. Returns n+1."""
+    spec = job_spec(job)
+    guard = _lock(settings, job, wait=True)
+    try:
+        client = connect(settings.redis_url)
+        pointer = client.get(gen_key(job))
+        old = int(pointer) if pointer is not None else lake_generation(settings, spec)
+        new = old + 1
+        log(f"Redis lost the serving copy of {job} ({reason}): rebuilding generation {new} from the logs")
+        try:
+            build_s = _build_and_switch(spark, settings, job, client, old, new)
+            log(f"replay {job}: generation {new} is current (rebuilt in {build_s:.1f}s)")
+            if pointer is not None:  # readers may still be on `old`: let them finish
+                time.sleep(parse_duration_ms(settings.replay_grace) / 1000)
+            removed = drop_generation(settings, client, spec, old)
+            log(f"replay {job}: removed generation {old} ({removed:,} keys)")
+            _write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
+        finally:
+            _write_replay(settings, job, finished=True)
+        return new
+    finally:
+        guard.close()
+
+
+def serving_or_rebuild(spark, settings: Settings, job: str) -> int:
+    """The generation a run of `job` writes into: the serving one, 1 on the job's first run, or, if Redis lost
+    the serving copy, a new one rebuilt from the logs first (`rebuild`)."""
+    client = connect(settings.redis_url)
+    reason = serving_copy_lost(settings, client, job_spec(job))
+    if reason is not None:
+        return rebuild(spark, settings, job, reason)
+    return ensure_generation(client, job)
+
+
+def replay(spark, settings: Settings, job: str) -> int:
+    """Rebuild `job` into generation n+1 and switch to it. Returns the exit code (0 on success)."""
+    spec = job_spec(job)
+    guard = _lock(settings, job, wait=False)
+    if guard is None:
+        print(f"mview: a replay of {job} is already running", file=sys.stderr)
+        return 1
+    client = connect(settings.redis_url)
+    old = _serving_or_published(settings, client, job)
+    new = old + 1
+    started = time.monotonic()
+    log(f"replay {job}: building generation {new} from the logs while generation {old} serves")
+    try:
+        build_s = _build_and_switch(spark, settings, job, client, old, new)
         log(f"replay {job}: generation {new} is current (built in {build_s:.1f}s)")
         if not _wait_for_job_on(settings, job, new):
             log(f"replay {job}: the deployed job has not moved to g{new}; leaving g{old} to `mview maintain`")
@@ -170,5 +244,5 @@ def replay(spark, settings: Settings, job: str) -> int:
         print(f"{job}: replayed into generation {new} in {time.monotonic() - started:.1f}s (was {old})")
         return 0
     finally:
-        progress.done.set()
         _write_replay(settings, job, finished=True)
+        guard.close()

@@ -16,6 +16,13 @@
 - Redis unreachable: every Redis call waits with backoff (`views.redis_io.WaitingRetry`), the log says
   `waiting for Redis at URL (attempt n)`, and a watcher thread records it in the status (`redis`:
   `"waiting since ..."`) until Redis answers again; then the job catches up from its checkpoint.
+- Redis lost the serving copy (restarted without its data, flushed, restored from an older snapshot; see
+  `jobs.generations.serving_copy_lost`), seen by the guard within a second and before every query start: the
+  query stops at once (its batch in flight wrote only into the lost copy), the log says `Redis lost the
+  serving copy of <job> (<reason>): rebuilding generation N+1 from the logs`, the status says `state:
+  rebuilding` (with the reason, a `rebuilds` count and the replay's progress), the job rebuilds its views from
+  the logs into generation N+1 (`jobs.replay.rebuild`), switches to it, records `last_rebuild` and continues
+  there. Until the switch, readers get what Redis holds (for a lost pointer: generation 0, empty).
 - Holds an exclusive lock (`LAKE_DIR/jobs/<job>/lock`) for its lifetime, so two copies of a job never run at once
   even if two deploys race. The kernel releases it on any death, SIGKILL included.
 - Optionally runs the scheduled maintenance (`MAINTENANCE_IN_JOB`, see `jobs.maintain`).
@@ -32,8 +39,9 @@ import time
 import redis
 
 from jobs import runtime
+from jobs.generations import serving_copy_lost
 from jobs.registry import job_spec
-from jobs.runtime import job_dir, log, write_status
+from jobs.runtime import job_dir, log, read_status, write_status
 from jobs.settings import Settings
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation
@@ -97,26 +105,72 @@ def _serving(client: redis.Redis, job: str) -> int | None:
 
 
 class _Guard(threading.Thread):
-    """Stops the job's query between micro-batches when SIGTERM arrives or the generation pointer moves, so
-    a stop waits only for the batch in flight and nothing is written to a generation that is no longer current.
+    """Stops the job's query between micro-batches when SIGTERM arrives, the generation pointer moves, or Redis
+    lost the serving copy (`jobs.generations.serving_copy_lost`), so a stop waits only for the batch in flight and
+    nothing is written to a generation that is no longer current. On a loss the query is stopped at once, its
+    batch in flight interrupted (it writes into a copy that is being replaced anyway), and `lost` names why.
 
-    Queries are named `<job>_g<generation>` (`run_stream`'s name); on a pointer move only queries of another
-    generation are stopped, so the query the supervisor starts on the new generation is never hit by a stale
-    check.
+    Queries are named `<job>_g<generation>` (`run_stream`'s name). Only the supervisor's own query, on
+    `self.generation`, is stopped on a pointer move or a loss (never the query of a rebuild in the same
+    process), so the query the supervisor starts on the new generation is never hit by a stale check.
     """
 
-    def __init__(self, spark, job: str, fast: redis.Redis):
+    def __init__(self, spark, job: str, fast: redis.Redis, settings: Settings | None = None):
         super().__init__(daemon=True, name="query-guard")
-        self.spark, self.job, self.fast = spark, job, fast
+        self.spark, self.job, self.fast, self.settings = spark, job, fast, settings
         self.done = threading.Event()
+        self.generation: int | None = None  # what the supervisor's query serves; None between queries
+        self.lost: str | None = None
+
+    def _lost(self) -> str | None:
+        if self.settings is None:
+            return None
+        try:
+            return serving_copy_lost(self.settings, self.fast, job_spec(self.job))
+        except (redis.RedisError, OSError):
+            return None  # Redis does not answer: the sink waits for it, and the check runs again after
 
     def run(self) -> None:
         while not self.done.wait(0.5):
             stopping = runtime.STOP.is_set()
-            serving = None if stopping else _serving(self.fast, self.job)
+            own = self.generation
+            serving = lost = None
+            if not stopping and own is not None:
+                serving = _serving(self.fast, self.job)
+                lost = self._lost()
             for q in self.spark.streams.active:
-                if stopping or (serving is not None and q.name != f"{self.job}_g{serving}"):
+                if q.name == f"{self.job}_g{own}" and lost is not None and not stopping:
+                    self.lost = lost
+                    q.stop()
+                elif stopping or (q.name == f"{self.job}_g{own}" and serving not in (None, own)):
                     runtime._stop_between_batches(q)
+
+
+def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
+    """Rebuild the serving copy Redis lost (`jobs.replay.rebuild`), saying so in the status; the new generation."""
+    from jobs.replay import rebuild
+
+    rebuilds = int(read_status(settings, job, "status.json").get("rebuilds", 0)) + 1
+    since = time.time()
+    write_status(
+        settings,
+        job,
+        state="rebuilding",
+        rebuilds=rebuilds,
+        rebuilding={"reason": reason, "since_ms": int(since * 1000)},
+    )
+    new = rebuild(spark, settings, job, reason)
+    took = round(time.time() - since, 1)
+    write_status(
+        settings,
+        job,
+        state="running",
+        generation=new,
+        rebuilding=None,
+        last_rebuild={"reason": reason, "generation": new, "seconds": took, "at_ms": int(since * 1000)},
+    )
+    log(f"{job}: serving generation {new}, rebuilt from the logs in {took}s")
+    return new
 
 
 def serve(spark, settings: Settings, job: str) -> int:
@@ -148,24 +202,35 @@ def serve(spark, settings: Settings, job: str) -> int:
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
     )
-    guard = _Guard(spark, job, fast)
+    guard = _Guard(spark, job, fast, settings)
     guard.start()
     try:
         gen = None
         while not runtime.STOP.is_set():
-            serving = ensure_generation(client, job)  # waits for Redis
-            if serving != gen:
-                if gen is not None:
-                    log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
-                gen = serving
-                write_status(settings, job, generation=gen, state="running")
-                log(f"{job}: serving generation {gen}")
             started = time.monotonic()
             try:
-                # Returns when the guard stopped the query (SIGTERM, or the pointer moved): loop to follow it.
+                reason = serving_copy_lost(settings, client, spec)  # waits for Redis
+                if reason is not None:
+                    gen = _rebuild(spark, settings, job, reason)
+                    continue
+                serving = ensure_generation(client, job)  # the job's first run: generation 1
+                if serving != gen:
+                    if gen is not None:
+                        log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
+                    gen = serving
+                    write_status(settings, job, generation=gen, state="running")
+                    log(f"{job}: serving generation {gen}")
+                guard.generation = gen
+                # Returns when the guard stopped the query (SIGTERM, the pointer moved, Redis lost the serving
+                # copy): loop to follow it.
                 spec.run(spark, settings, once=False, generation=gen)
                 failures = 0
             except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
+                if runtime.STOP.is_set():
+                    break
+                if guard.lost is not None:  # the guard interrupted the batch in flight: rebuild now
+                    log(f"{job}: query stopped: Redis lost the serving copy ({guard.lost})")
+                    continue
                 if time.monotonic() - started > _HEALTHY_S:
                     failures = 0
                 failures += 1
@@ -178,6 +243,8 @@ def serve(spark, settings: Settings, job: str) -> int:
                 runtime.STOP.wait(delay)
                 if not runtime.STOP.is_set():
                     write_status(settings, job, state="running")
+            finally:
+                guard.generation, guard.lost = None, None
     finally:
         guard.done.set()
         watch.done.set()

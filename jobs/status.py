@@ -4,7 +4,10 @@ generation pointer in Redis (if Redis does not answer, the last generation the j
 Fields: `running`, `pid` (the driver's pid or null), `generation` (serving), `lag_versions` (log versions of the
 job's topics that the serving generation's checkpoint has not fully processed; 0 when caught up), `rejected`
 (dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok" or "waiting for
-Redis at ..."), `replay` (progress of a replay in flight), and whatever counters the job writes (late, held ...).
+Redis at ..."; for a stopped job whose serving copy Redis lost, "lost the serving copy ..." with what to run),
+`replay` (progress of a replay in flight), and whatever the job writes: counters (late, held ...), `state`
+("rebuilding" while a deployed job rebuilds a serving copy Redis lost, with `rebuilding`: the reason and since
+when), `rebuilds` (how many times it did) and `last_rebuild` (reason, generation, seconds).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import redis
 
 from changelog.ingest import deadletter_path
 from changelog.topics import latest_version
-from jobs.generations import replay_in_progress
+from jobs.generations import lake_generation, replay_in_progress
 from jobs.registry import JOBS
 from jobs.runtime import checkpoint_dir, read_status
 from jobs.settings import Settings
@@ -121,7 +124,14 @@ def job_status(settings: Settings) -> dict:
             "rejected": _rejected(settings, spec.topics),
         }
         row.update({k: v for k, v in s.items() if k not in row})
-        if pid is None and row.get("state") in ("running", "starting", "restarting"):
+        if serving is not None and name not in serving and pid is None:
+            published = lake_generation(settings, spec)
+            if published:  # a running job rebuilds by itself (state "rebuilding"); a stopped one cannot
+                row["redis"] = (
+                    f"lost the serving copy ({gen_key(name)} is gone; the lake has generation {published}): "
+                    f"`mview deploy {name}` or `mview run {name} --once` rebuilds it"
+                )
+        if pid is None and row.get("state") in ("running", "starting", "restarting", "rebuilding"):
             row["state"] = "dead (killed or crashed: `mview deploy` resumes from the checkpoint)"
         replay = read_status(settings, name, "replay.json")
         if replay_in_progress(settings, name) is not None:

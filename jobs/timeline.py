@@ -27,6 +27,8 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from changelog.topics import read_stream
+from jobs.generations import record_batch
+from jobs.replay import serving_or_rebuild
 from jobs.runtime import (
     checkpoint_dir,
     log,
@@ -37,8 +39,7 @@ from jobs.runtime import (
 )
 from jobs.settings import Settings
 from joins.table_table import TimelineState, maintain_timeline
-from views.keys import meta_key
-from views.redis_io import connect, ensure_generation
+from views.redis_io import connect
 from views.timeline import TimelineSink, entry, member
 
 __all__ = ["run_timeline", "TOPICS"]
@@ -205,9 +206,10 @@ def _next_batch_id(checkpoint: Path) -> int:
 
 
 def run_timeline(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
-    """Run the timeline job into `generation` (default: the serving one). Returns totals of this run."""
+    """Run the timeline job into `generation` (default: the serving one, rebuilt first if Redis lost it, see
+    `jobs.replay.serving_or_rebuild`). Returns totals of this run."""
     client = connect(settings.redis_url)
-    gen = generation if generation is not None else ensure_generation(client, JOB)
+    gen = generation if generation is not None else serving_or_rebuild(spark, settings, JOB)
     store = _StateStore(spark, state_dir(settings, JOB, gen) / "changes")
     sink = TimelineSink(settings.redis_url, gen, settings.timeline_cap)
     totals = {"batches": 0, "events": 0, "timeline_ops": 0, "entries": 0, "seconds": 0.0}
@@ -220,6 +222,7 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
         per_topic = dict(batch.groupBy("topic").count().collect())
         n_events = sum(per_topic.values())
         if n_events == 0:
+            record_batch(client, JOB, gen, batch_id)
             return
         tweets_b = follows_b = None
         if per_topic.get("tweets"):
@@ -252,7 +255,7 @@ def run_timeline(spark, settings: Settings, *, once: bool = True, generation: in
         totals["entries"] += n_entries
         totals["seconds"] += took
         now = int(time.time() * 1000)
-        client.hset(meta_key(JOB, gen), mapping={"last_batch_id": batch_id, "last_batch_ms": now})
+        record_batch(client, JOB, gen, batch_id, last_batch_ms=now)
         write_status(
             settings,
             JOB,

@@ -19,10 +19,11 @@ from jobs.status import job_status
 
 
 class OwnRedis:
-    """A redis-server on its own port with an fsync-always AOF, so a stop/start keeps every acknowledged write."""
+    """A redis-server on its own port with an fsync-always AOF, so a stop/start keeps every acknowledged write;
+    with `persist=False`, no persistence at all: a restart starts empty."""
 
-    def __init__(self, data_dir: Path):
-        self.port, self.dir = free_port(), data_dir
+    def __init__(self, data_dir: Path, *, persist: bool = True):
+        self.port, self.dir, self.persist = free_port(), data_dir, persist
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen | None = None
 
@@ -41,10 +42,11 @@ class OwnRedis:
                 str(self.dir),
                 "--save",
                 "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
+                *(
+                    ["--appendonly", "yes", "--appendfsync", "always"]
+                    if self.persist
+                    else ["--appendonly", "no"]
+                ),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -57,6 +59,13 @@ class OwnRedis:
             except redis.ConnectionError:
                 time.sleep(0.05)
         raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: nothing is saved."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(20)
+        self.proc = None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
