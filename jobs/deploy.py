@@ -2,11 +2,13 @@
 
 Layout under `LAKE_DIR/jobs/<job>/`: `pid` (the driver's pid, which is also its process group), `job.log`
 (stdout and stderr of the driver, the Spark JVM and local executors, appended across runs), `status.json`
-(written by the job), `lock` (held by the running job, see `jobs.service`).
+(written by the job), `lock` (held by the running job, see `jobs.service`). The job runs with umask 077: its
+log, status and other files are readable by their owner only.
 
-- deploy: if the job runs, says so and does nothing (exit 0). Otherwise removes what a killed run may have left
-  (its JVM, its process group), starts `python -m jobs run JOB` in a new session with the settings in its
-  environment, writes the pid file and returns 0 once the process is up (1, with the log's tail, if it died).
+- deploy: if Redis answers but cannot be used (refused credentials, TLS mismatch), a one-line error, exit 1,
+  nothing started. If the job runs, says so and does nothing (exit 0). Otherwise removes what a killed run may
+  have left (its JVM, its process group), starts `python -m jobs run JOB` in a new session with the settings in
+  its environment, writes the pid file and returns 0 once the process is up (1, with the log's tail, if it died).
 - stop: SIGTERM to the driver, which finishes its micro-batch in flight and exits; waits up to STOP_TIMEOUT,
   then SIGKILLs the process group (safe: the next start replays the interrupted batch). Not running: says so,
   exit 0.
@@ -26,6 +28,8 @@ from pathlib import Path
 from jobs.registry import job_spec
 from jobs.runtime import job_dir
 from jobs.settings import Settings, parse_duration_ms
+from views.errors import RedisMisconfigured
+from views.redis_io import probe
 
 __all__ = ["deploy", "stop", "pid_of", "log_path", "settings_env"]
 
@@ -51,7 +55,7 @@ def log_path(settings: Settings, job: str) -> Path:
 
 
 def _pid_file(settings: Settings, job: str) -> Path:
-    return job_dir(settings, job) / "pid"
+    return settings.lake_dir / "jobs" / job / "pid"  # not job_dir(): reading a status must create nothing
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -105,8 +109,16 @@ def _reap_group(pgid: int, *, grace_s: float) -> None:
 
 
 def deploy(settings: Settings, job: str) -> int:
-    """Start `job` in the background unless it runs. Returns the exit code."""
+    """Start `job` in the background unless it runs. Returns the exit code.
+
+    Raises `RedisMisconfigured` (refused credentials, TLS mismatch: one line saying what to do) and starts
+    nothing if Redis answers but cannot be used; an unreachable Redis does not prevent the start (the job waits
+    for it, and says so).
+    """
     spec = job_spec(job)
+    problem = probe(settings.redis_url)
+    if isinstance(problem, RedisMisconfigured):
+        raise problem
     d = job_dir(settings, job)
     with open(d / "deploy.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys at once: the second sees the first's process
@@ -122,7 +134,9 @@ def deploy(settings: Settings, job: str) -> int:
         env = {**os.environ, **settings_env(settings)}
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         log = log_path(settings, spec.name)
-        with open(log, "ab") as out:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # also a log an older version created world-readable
+        with os.fdopen(fd, "ab") as out:
             out.write(f"\n==== deploy {spec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
             out.flush()
             proc = subprocess.Popen(
@@ -132,6 +146,7 @@ def deploy(settings: Settings, job: str) -> int:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                umask=0o077,  # the job's files (status, logs, checkpoints) are readable by their owner only
             )
         tmp = _pid_file(settings, spec.name).with_suffix(".tmp")
         tmp.write_text(f"{proc.pid}\n")
@@ -143,6 +158,8 @@ def deploy(settings: Settings, job: str) -> int:
         print("\n".join(tail), file=sys.stderr)
         return 1
     print(f"{spec.name}: deployed (pid {proc.pid}); log {log}; `mview status` shows progress")
+    if problem is not None:
+        print(f"{spec.name}: {problem.url} does not answer yet: the job waits for Redis and then catches up")
     return 0
 
 

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 import redis
 
 from jobs.settings import Settings
+from views.errors import RedisMisconfigured
+from views.redis_io import probe, redact_url
 
 __all__ = ["main", "scratch_redis", "free_port"]
 
@@ -53,15 +55,17 @@ def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
 
 def main() -> int:
     s = Settings.from_env()
-    try:
-        redis.Redis.from_url(s.redis_url, socket_connect_timeout=1).ping()
-        print(f"redis answers at {s.redis_url}")
+    shown = redact_url(s.redis_url)
+    problem = probe(s.redis_url)
+    if problem is None:
+        print(f"redis answers at {shown}")
         return 0
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        pass
+    if isinstance(problem, RedisMisconfigured):  # a server answers there: starting another cannot help
+        print(problem, file=sys.stderr)
+        return 1
     u = urlparse(s.redis_url)
     if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-        print(f"nothing answers at {s.redis_url} and it is not local: start that server", file=sys.stderr)
+        print(f"nothing answers at {shown} and it is not local: start that server", file=sys.stderr)
         return 1
     exe = shutil.which("redis-server")
     if exe is None:
@@ -92,11 +96,11 @@ def main() -> int:
     for _ in range(50):
         try:
             redis.Redis.from_url(s.redis_url, socket_connect_timeout=1).ping()
-            print(f"started redis-server at {s.redis_url} (data and log in {data})")
+            print(f"started redis-server at {shown} (data and log in {data})")
             return 0
         except (redis.ConnectionError, OSError):
             time.sleep(0.1)
-    print(f"redis-server did not answer at {s.redis_url}; see {data / 'redis.log'}", file=sys.stderr)
+    print(f"redis-server did not answer at {shown}; see {data / 'redis.log'}", file=sys.stderr)
     return 1
 
 

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from jobs.settings import Settings, parse_duration_ms
+from views.redis_io import STOP as _REDIS_STOP
+from views.redis_io import redact
 
 __all__ = [
     "job_dir",
@@ -23,12 +25,17 @@ __all__ = [
     "log_sources",
     "ensure_delta_table",
     "STOP",
+    "REDIS_DOWN",
     "status_file",
     "process_cpu",
 ]
 
-# Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`).
-STOP = threading.Event()
+# Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`). It is
+# `views.redis_io.STOP`: a Redis call of this process waiting for Redis gives up when it is set.
+STOP = _REDIS_STOP
+# Set while a deployed job's watcher finds Redis unreachable (`jobs.service`): a stop then does not wait for the
+# micro-batch in flight, which may be waiting for Redis (it is interrupted and replayed at the next start).
+REDIS_DOWN = threading.Event()
 _STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), not the serving job's
 
 
@@ -70,7 +77,12 @@ def process_cpu(pid: int, *, waited: bool = False) -> tuple[float, float]:
 
 
 def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    """A timestamped line on stderr (a deployed job's `job.log`), with the credentials of any URL masked."""
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {redact(msg, os.environ.get('REDIS_URL'))}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def log_sources(settings: Settings, job: str, generation: int, topics) -> None:
@@ -96,12 +108,16 @@ def state_dir(settings: Settings, job: str, generation: int) -> Path:
 
 
 def write_status(settings: Settings, job: str, **fields) -> None:
-    """Merge `fields` into the job's status file (atomic replace), read by `mview status`."""
+    """Merge `fields` into the job's status file (atomic replace, readable by its owner only), read by
+    `mview status`."""
     path = job_dir(settings, job) / _STATUS_FILE[0]
     current = read_status(settings, job)
     current.update(fields)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(current, sort_keys=True))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(current, sort_keys=True))
     tmp.replace(path)
 
 
@@ -140,10 +156,11 @@ def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool
 
 
 def _stop_between_batches(q, patience_s: float = 600.0) -> None:
-    """Stop `q` once no micro-batch is in flight (waits up to `patience_s`). A batch that starts in the instant
-    between the check and the stop is interrupted and replayed at the next start (its effect is idempotent)."""
+    """Stop `q` once no micro-batch is in flight (waits up to `patience_s`; not at all when the process is
+    stopping while Redis is down, `REDIS_DOWN`: that batch may wait for Redis indefinitely). An interrupted batch
+    is replayed at the next start (its effect is idempotent)."""
     deadline = time.monotonic() + patience_s
-    while q.isActive and time.monotonic() < deadline:
+    while q.isActive and time.monotonic() < deadline and not (STOP.is_set() and REDIS_DOWN.is_set()):
         try:
             if not q.status.get("isTriggerActive", False):
                 break

@@ -16,6 +16,10 @@
 - Redis unreachable: every Redis call waits with backoff (`views.redis_io.WaitingRetry`), the log says
   `waiting for Redis at URL (attempt n)`, and a watcher thread records it in the status (`redis`:
   `"waiting since ..."`) until Redis answers again; then the job catches up from its checkpoint.
+  A stop while Redis is down does not wait for it: the waiting calls give up, the query stops at once, and the
+  interrupted micro-batch is replayed at the next start. URLs in the log and the status show no password.
+- Redis refuses the credentials or TLS is on one side only (`views.errors.RedisMisconfigured`, permanent): no
+  retrying; the log and the status say why (`state: "failed"`, `error`), and the process exits 1.
 - Redis lost the serving copy (restarted without its data, flushed, restored from an older snapshot; see
   `jobs.generations.serving_copy_lost`), seen by the guard within a second and before every query start: the
   query stops at once (its batch in flight wrote only into the lost copy), the log says `Redis lost the
@@ -43,8 +47,9 @@ from jobs.generations import serving_copy_lost
 from jobs.registry import job_spec
 from jobs.runtime import job_dir, log, read_status, write_status
 from jobs.settings import Settings
+from views.errors import RedisMisconfigured, redact
 from views.keys import gen_key
-from views.redis_io import connect, ensure_generation
+from views.redis_io import connect, ensure_generation, probe, quick_client, redact_url
 
 __all__ = ["serve"]
 
@@ -54,27 +59,42 @@ _HEALTHY_S = 300.0
 
 def _fast_client(settings: Settings) -> redis.Redis:
     """A client that fails at once (no waiting): for the watcher and the pointer poll, which must not block."""
-    return redis.Redis.from_url(settings.redis_url, socket_connect_timeout=1, socket_timeout=2, retry=None)
+    return quick_client(settings.redis_url)
 
 
 class _RedisWatch(threading.Thread):
-    """Pings Redis every second; records outages in the status file and the log."""
+    """Checks Redis every second on a new connection (so changed credentials show at once) and records what it
+    finds in the status file and the log, the URL always redacted:
+
+    - unreachable: `redis: "waiting for Redis at URL since ..."` and `runtime.REDIS_DOWN` set, until it answers;
+    - a permanent problem (`RedisMisconfigured`: refused credentials, TLS mismatch): `fail` - the job stops
+      retrying, the status says `state: "failed"` with the reason (`error`), and the process exits 1.
+    """
 
     def __init__(self, settings: Settings, job: str):
         super().__init__(daemon=True, name="redis-watch")
         self.settings, self.job = settings, job
         self.client = _fast_client(settings)
         self.done = threading.Event()
+        self.failed: str | None = None
+
+    def fail(self, problem) -> None:
+        """Record a permanent Redis problem and stop the job (`serve` then exits 1 with `state: "failed"`)."""
+        if self.failed is None:
+            self.failed = redact(problem, self.settings.redis_url)
+            log(f"{self.job}: {self.failed}; not retrying: stopping")
+            write_status(self.settings, self.job, error=self.failed, redis=self.failed)
+        runtime.STOP.set()
 
     def run(self) -> None:
-        down_since, attempt = None, 0
+        down_since, attempt, url = None, 0, redact_url(self.settings.redis_url)
         while not self.done.wait(1.0):
-            try:
-                self.client.ping()
+            problem = probe(self.settings.redis_url, self.client)
+            self.client.connection_pool.disconnect()
+            if problem is None:
+                runtime.REDIS_DOWN.clear()
                 if down_since is not None:
-                    log(
-                        f"{self.job}: Redis at {self.settings.redis_url} answers again after {attempt} attempts"
-                    )
+                    log(f"{self.job}: Redis at {url} answers again after {attempt} attempts")
                     write_status(
                         self.settings,
                         self.job,
@@ -82,15 +102,19 @@ class _RedisWatch(threading.Thread):
                         redis_outages_s=round(time.time() - down_since, 1),
                     )
                     down_since, attempt = None, 0
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            elif isinstance(problem, RedisMisconfigured):
+                self.fail(problem)
+                return
+            else:
+                runtime.REDIS_DOWN.set()
                 attempt += 1
                 if down_since is None:
                     down_since = time.time()
-                log(f"{self.job}: waiting for Redis at {self.settings.redis_url} (attempt {attempt}): {e}")
+                log(f"{self.job}: waiting for Redis at {url} (attempt {attempt}): {problem.cause}")
                 write_status(
                     self.settings,
                     self.job,
-                    redis=f"waiting for Redis at {self.settings.redis_url} since "
+                    redis=f"waiting for Redis at {url} since "
                     f"{time.strftime('%H:%M:%S', time.localtime(down_since))} (attempt {attempt})",
                 )
 
@@ -197,7 +221,7 @@ def serve(spark, settings: Settings, job: str) -> int:
         from jobs.maintain import start_scheduler
 
         scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
-    client, fast = connect(settings.redis_url), _fast_client(settings)
+    client, fast = connect(settings.redis_url, check=False), _fast_client(settings)
     failures = restarts = 0
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
@@ -226,6 +250,8 @@ def serve(spark, settings: Settings, job: str) -> int:
                 spec.run(spark, settings, once=False, generation=gen)
                 failures = 0
             except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
+                if isinstance(e, RedisMisconfigured):  # refused credentials, TLS: retrying cannot help
+                    watch.fail(e)
                 if runtime.STOP.is_set():
                     break
                 if guard.lost is not None:  # the guard interrupted the batch in flight: rebuild now
@@ -250,6 +276,7 @@ def serve(spark, settings: Settings, job: str) -> int:
         watch.done.set()
         if scheduler is not None:
             scheduler.shutdown(wait=True)
-        write_status(settings, job, state="stopped", stopped_ms=int(time.time() * 1000))
-        log(f"{job}: stopped")
-    return 0
+        state = "failed" if watch.failed else "stopped"
+        write_status(settings, job, state=state, stopped_ms=int(time.time() * 1000))
+        log(f"{job}: {state}")
+    return 1 if watch.failed else 0

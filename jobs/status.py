@@ -3,8 +3,9 @@ generation pointer in Redis (if Redis does not answer, the last generation the j
 
 Fields: `running`, `pid` (the driver's pid or null), `generation` (serving), `lag_versions` (log versions of the
 job's topics that the serving generation's checkpoint has not fully processed; 0 when caught up), `rejected`
-(dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok" or "waiting for
-Redis at ..."; for a stopped job whose serving copy Redis lost, "lost the serving copy ..." with what to run),
+(dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok", "waiting for
+Redis at ...", or why Redis cannot be used, the URL without its password; for a stopped job whose serving copy
+Redis lost, "lost the serving copy ..." with what to run),
 `replay` (progress of a replay in flight), and whatever the job writes: counters (late, held ...), `state`
 ("rebuilding" while a deployed job rebuilds a serving copy Redis lost, with `rebuilding`: the reason and since
 when), `rebuilds` (how many times it did) and `last_rebuild` (reason, generation, seconds).
@@ -23,7 +24,9 @@ from jobs.generations import lake_generation, replay_in_progress
 from jobs.registry import JOBS
 from jobs.runtime import checkpoint_dir, read_status
 from jobs.settings import Settings
+from views.errors import ViewError
 from views.keys import gen_key
+from views.redis_io import classify, quick_client
 
 __all__ = ["job_status", "pid_of", "processed_versions", "lag_versions"]
 
@@ -85,12 +88,12 @@ def lag_versions(settings: Settings, job: str, generation: int) -> int:
     return lag
 
 
-def _serving_generations(settings: Settings) -> dict[str, int] | None:
+def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
+    """The serving generation of each job that has one, or why Redis cannot tell (URL redacted)."""
     try:
-        client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=1, socket_timeout=2)
-        values = client.mget([gen_key(j) for j in JOBS])
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return None
+        values = quick_client(settings.redis_url).mget([gen_key(j) for j in JOBS])
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        return classify(settings.redis_url, e)
     return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
 
 
@@ -110,11 +113,11 @@ def job_status(settings: Settings) -> dict:
     out = {}
     for name, spec in JOBS.items():
         s = read_status(settings, name, "status.json")
-        if serving is not None:
+        if not isinstance(serving, ViewError):
             gen = serving.get(name, 0)
         else:
             gen = int(s.get("generation", 0))
-            s.setdefault("redis", f"cannot reach Redis at {settings.redis_url}")
+            s.setdefault("redis", str(serving))
         pid = pid_of(settings, name)
         row = {
             "running": pid is not None,
@@ -124,7 +127,7 @@ def job_status(settings: Settings) -> dict:
             "rejected": _rejected(settings, spec.topics),
         }
         row.update({k: v for k, v in s.items() if k not in row})
-        if serving is not None and name not in serving and pid is None:
+        if isinstance(serving, dict) and name not in serving and pid is None:
             published = lake_generation(settings, spec)
             if published:  # a running job rebuilds by itself (state "rebuilding"); a stopped one cannot
                 row["redis"] = (

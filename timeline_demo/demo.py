@@ -134,7 +134,7 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
     from changelog.topics import ensure_topic
     from timeline_demo.verify import verify_timelines
     from timeline_demo.workload import SIZES, sized, write_chunks
-    from views.redis_io import connect
+    from views.redis_io import connect, redact_url
 
     client = connect(settings.redis_url)
     started = time.monotonic()
@@ -145,7 +145,9 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
         f"workload {size!r} (seed {seed}): {p['users']:,} users ({p['celebrities']} celebrities), "
         f"{len(wl.tweets):,} tweet events, {len(wl.follows):,} follow events, in {chunks} chunks"
     )
-    _say(f"lake {settings.lake_dir}, redis {settings.redis_url}, TIMELINE_CAP {settings.timeline_cap}")
+    _say(
+        f"lake {settings.lake_dir}, redis {redact_url(settings.redis_url)}, TIMELINE_CAP {settings.timeline_cap}"
+    )
     for topic in ("tweets", "follows"):  # before the job starts, so the job and ingest never race to create
         ensure_topic(spark, settings.lake_dir, topic)
     _say("starting the timeline job (continuous) and ingesting...")

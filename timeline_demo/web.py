@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from views.keys import meta_key
-from views.redis_io import connect
+from views.redis_io import connect, redact_url
 from views.timeline import query_timeline
 
 __all__ = ["make_server", "serve_in_thread", "main"]
@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env()
     server = serve_in_thread(settings.redis_url, args.host, args.port)
     url = f"http://{args.host}:{server.server_port}/"
-    print(f"timeline page at {url}?user=u1  (reading {settings.redis_url}; Ctrl-C stops)", flush=True)
+    print(
+        f"timeline page at {url}?user=u1  (reading {redact_url(settings.redis_url)}; Ctrl-C stops)",
+        flush=True,
+    )
     try:
         if args.live:
             from timeline_demo.live import run_live

@@ -19,7 +19,7 @@ __all__ = [
 
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
 _QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd)=)[^&#]*", re.I)
-_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@]*@")
+_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@]*@")  # the placeholder PASSWORD stays
 
 
 def redact_url(url) -> str:
@@ -53,7 +53,8 @@ def redact(text, url: str | None = None) -> str:
     if password:
         for secret in sorted({password, unquote(password)}, key=len, reverse=True):
             out = out.replace(secret, "***")
-    return _QUERY_SECRET.sub(r"\1***", _IN_TEXT.sub(r"\1:***@", out))
+    out = _IN_TEXT.sub(lambda m: m[0] if m[0].endswith(":PASSWORD@") else f"{m[1]}:***@", out)
+    return _QUERY_SECRET.sub(r"\1***", out)
 
 
 class ViewError(Exception):

@@ -26,9 +26,11 @@ class OwnRedis:
         self.port, self.dir, self.persist = free_port(), data_dir, persist
         self.dir.mkdir(parents=True, exist_ok=True)
         self.proc: subprocess.Popen | None = None
+        self.password: str | None = None  # --requirepass at the next start, and in url()
 
     def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
 
     def start(self) -> OwnRedis:
         self.proc = subprocess.Popen(
@@ -40,6 +42,7 @@ class OwnRedis:
                 "127.0.0.1",
                 "--dir",
                 str(self.dir),
+                *(["--requirepass", self.password] if self.password else []),
                 "--save",
                 "",
                 *(

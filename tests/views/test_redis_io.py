@@ -56,6 +56,8 @@ def test_redact_url_masks_the_password_and_keeps_the_rest(url, shown):
     assert redact_url(url) == shown
     assert "s3cret" not in redact(f"failed at {url}", url)
     assert redact("AUTH s3cret failed", "redis://:s3cret@h/0") == "AUTH *** failed"
+    advice = str(RedisAuthFailed("redis://:s3cret@h/0", "WRONGPASS"))
+    assert redact(advice) == advice and "redis://[USER]:PASSWORD@host" in advice  # the placeholder stays
 
 
 @pytest.fixture
