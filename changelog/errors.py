@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ChangelogError", "InvalidRecord", "UnknownTopic"]
+__all__ = ["ChangelogError", "InvalidRecord", "NotStored", "UnknownTopic"]
 
 
 class ChangelogError(Exception):
@@ -15,6 +15,17 @@ class InvalidRecord(ChangelogError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class NotStored(ChangelogError):
+    """The validated records of `file` could not be stored exactly as validated; none of them was committed."""
+
+    def __init__(self, topic: str, file: str, accepted: int, cause: str):
+        super().__init__(
+            f"{topic}: {file}: nothing was committed: Spark could not read the file's {accepted:,} validated"
+            f" record(s) back exactly ({cause}); this is a bug in mview's validation, please report it with the file"
+        )
+        self.topic, self.file, self.accepted, self.cause = topic, file, accepted, cause
 
 
 class UnknownTopic(ChangelogError):

@@ -1,27 +1,40 @@
 """Validated ingest: JSON lines -> the topic's Delta log, one commit per file; bad lines -> dead letters.
 
 Every line is decoded with orjson and validated (`changelog.records`). Valid records are appended to the topic's
-table in one Delta commit per input file (a file with no valid line makes no commit). A rejected line is
-appended to `LAKE_DIR/deadletter/<topic>.jsonl` as `{"file","line","reason","raw","at"}` and never reaches a
-view; ingestion goes on with the next line. Blank (whitespace-only) lines are skipped, not rejected.
+table in one Delta commit per input file (a file with no valid line makes no commit), each stored exactly as
+validated: if Spark could not read a validated record back as it was written, nothing of the file is committed
+and `NotStored` is raised. A rejected line is appended to `LAKE_DIR/deadletter/<topic>.jsonl` as
+`{"file","line","reason","raw","raw_bytes","at"}` and never reaches a view; ingestion goes on with the next line.
+`raw` is the line as text (without its terminator), or for a line over `MAX_RECORD_BYTES` only its first
+`DEADLETTER_RAW_CHARS` characters; `raw_bytes` is the line's whole size in bytes. A line over the maximum is never
+held in memory whole. Blank (whitespace-only) lines are skipped, not rejected. A UTF-8 byte order mark at the
+start of a file is dropped (anywhere else it makes the line invalid JSON).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import orjson
 
-from changelog.errors import InvalidRecord
-from changelog.records import parse_line
+from changelog import records
+from changelog.errors import InvalidRecord, NotStored
+from changelog.records import check_record_size, parse_line
 from changelog.topics import ensure_topic, topic_schema
 
-__all__ = ["IngestResult", "ingest", "deadletter_path", "AFTER_APPEND"]
+__all__ = ["IngestResult", "ingest", "deadletter_path", "AFTER_APPEND", "DEADLETTER_RAW_CHARS"]
+
+# A dead letter of a line over the maximum record size keeps this many characters of it.
+DEADLETTER_RAW_CHARS = 1_000
+
+_BOM = b"\xef\xbb\xbf"
 
 # topic -> hook(spark, lake_dir, appended_df) run after each append (the profiles table applies its changes here).
 AFTER_APPEND: dict[str, Callable] = {}
@@ -42,12 +55,63 @@ def deadletter_path(lake_dir: Path, topic: str) -> Path:
     return Path(lake_dir) / "deadletter" / f"{topic}.jsonl"
 
 
-def _lines(source: str) -> Iterable[bytes]:
+def _terminator(chunk: bytes) -> int:
+    return 2 if chunk.endswith(b"\r\n") else 1 if chunk.endswith(b"\n") else 0
+
+
+def _read_lines(fh: BinaryIO) -> Iterator[tuple[bytes, int]]:
+    """(line, size) per line of `fh`; size is the line's length in bytes without its terminator. A line over
+    `MAX_RECORD_BYTES` is read in bounded chunks: only its first chunk is yielded, with the whole line's size.
+    A UTF-8 byte order mark at the start of the first line is dropped."""
+    limit = records.MAX_RECORD_BYTES + 2  # a line at the maximum, and its "\r\n"
+    first = True
+    while line := fh.readline(limit + len(_BOM) if first else limit):
+        whole = len(line) < limit or line.endswith(b"\n")
+        size, rest = len(line), line
+        while not whole and not rest.endswith(b"\n") and (rest := fh.readline(1 << 20)):
+            size += len(rest)
+        size -= _terminator(rest)
+        if first:
+            first = False
+            if line.startswith(_BOM):
+                line, size = line[len(_BOM) :], size - len(_BOM)
+        yield line, size
+
+
+def _lines(source: str) -> Iterator[tuple[bytes, int]]:
     if source == "-":
-        yield from sys.stdin.buffer
+        yield from _read_lines(sys.stdin.buffer)
     else:
         with open(source, "rb") as fh:
-            yield from fh
+            yield from _read_lines(fh)
+
+
+def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> bytes:
+    if size <= records.MAX_RECORD_BYTES:
+        text = raw[:size].decode("utf-8", "replace")
+    else:
+        text = raw[: 4 * DEADLETTER_RAW_CHARS].decode("utf-8", "replace")[:DEADLETTER_RAW_CHARS]
+    at = int(time.time() * 1000)
+    entry = {"file": name, "line": lineno, "reason": reason, "raw": text, "raw_bytes": size, "at": at}
+    return orjson.dumps(entry) + b"\n"
+
+
+def _read_validated(spark, topic: str, path: str):
+    """The validated records written to `path`, read back; a record Spark cannot read exactly fails the read
+    (FAILFAST) instead of becoming a row of nulls."""
+    return spark.read.schema(topic_schema(topic)).option("mode", "FAILFAST").json(path)
+
+
+_JACKSON = re.compile(r"Json\w*Exception: ([^\n]{1,200})")
+
+
+def _malformed(e: Exception) -> str | None:
+    """The cause, if `e` is Spark's FAILFAST failure on a malformed record; else None."""
+    text = str(e)
+    if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
+        return None
+    m = _JACKSON.search(text)
+    return m.group(1).split(" at [Source", 1)[0].strip() if m else "a malformed record"
 
 
 def ingest(
@@ -56,7 +120,6 @@ def ingest(
     """Append the valid records of each source file (`-` = stdin) to `topic`; return the counts."""
     lake_dir = Path(lake_dir)
     path = ensure_topic(spark, lake_dir, topic)
-    schema = topic_schema(topic)
     dl_path = deadletter_path(lake_dir, topic)
     dl_path.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = lake_dir / "tmp"
@@ -70,25 +133,15 @@ def ingest(
             tempfile.NamedTemporaryFile("wb", dir=tmp_dir, suffix=".jsonl", delete=False) as good,
             open(dl_path, "ab") as dead,
         ):
-            for lineno, raw in enumerate(_lines(source), start=1):
-                if not raw.strip():
-                    continue
+            for lineno, (raw, size) in enumerate(_lines(source), start=1):
                 try:
+                    check_record_size(size)
+                    if not raw.strip():
+                        continue
                     record = parse_line(topic, raw)
                 except InvalidRecord as e:
                     rejected += 1
-                    dead.write(
-                        orjson.dumps(
-                            {
-                                "file": name,
-                                "line": lineno,
-                                "reason": e.reason,
-                                "raw": raw.decode("utf-8", "replace").rstrip("\r\n"),
-                                "at": int(time.time() * 1000),
-                            }
-                        )
-                        + b"\n"
-                    )
+                    dead.write(_dead_letter(name, lineno, raw, size, e.reason))
                     continue
                 good.write(orjson.dumps(record) + b"\n")
                 accepted += 1
@@ -96,11 +149,19 @@ def ingest(
                     progress(f"{topic}: {name}: {lineno:,} lines read")
         try:
             if accepted:
-                df = spark.read.schema(schema).json(good.name)
-                (df.write.format("delta").mode("append").option("userMetadata", f"ingest {name}").save(path))
+                df = _read_validated(spark, topic, good.name)
+                try:
+                    df.write.format("delta").mode("append").option("userMetadata", f"ingest {name}").save(
+                        path
+                    )
+                except Exception as e:
+                    cause = _malformed(e)
+                    if cause is None:
+                        raise
+                    raise NotStored(topic, name, accepted, cause) from None
                 hook = AFTER_APPEND.get(topic)
                 if hook is not None:
-                    hook(spark, lake_dir, spark.read.schema(schema).json(good.name))
+                    hook(spark, lake_dir, _read_validated(spark, topic, good.name))
         finally:
             Path(good.name).unlink(missing_ok=True)
         result.accepted += accepted
