@@ -3,10 +3,15 @@
 A record's offset is (Delta commit version, index in the commit). Consumers read a topic as a stream from a
 checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batch`). `latest_version` reads the
 Delta log directory directly, so `mview status` can measure lag without starting Spark.
+
+Creating a topic is safe under concurrency: creators of the same topic take turns on an exclusive lock
+(`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
+first counts as done.
 """
 
 from __future__ import annotations
 
+import fcntl
 import re
 from pathlib import Path
 
@@ -58,12 +63,32 @@ def topic_schema(topic: str):
     )
 
 
+def _exists(path: Path) -> bool:
+    """Whether the Delta table at `path` has a committed version (a `_delta_log` without one is no table)."""
+    log = path / "_delta_log"
+    return (
+        (log / f"{0:020d}.json").exists() or (log / "_last_checkpoint").exists() or table_version(path) >= 0
+    )
+
+
 def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
-    """Create the topic's Delta table (version 0, empty) if it does not exist; return its path."""
+    """Create the topic's Delta table (version 0, empty) if it does not exist; return its path.
+
+    Concurrent callers, in this process or others, create it once: the rest wait for the creator and go on."""
     path = topic_path(lake_dir, topic)
-    if not (path / "_delta_log").exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        spark.createDataFrame([], topic_schema(topic)).write.format("delta").mode("ignore").save(str(path))
+    if _exists(path):
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{topic}.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file is closed
+        if not _exists(path):
+            try:
+                spark.createDataFrame([], topic_schema(topic)).write.format("delta").mode("ignore").save(
+                    str(path)
+                )
+            except Exception:
+                if not _exists(path):  # not a writer outside the lock that created it first
+                    raise
     return str(path)
 
 

@@ -1,7 +1,20 @@
 import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
+import orjson
+import pytest
+
+from changelog import records
+from changelog.errors import NotStored
 from changelog.ingest import deadletter_path, ingest
-from changelog.topics import latest_version, read_batch
+from changelog.records import MAX_RECORD_BYTES
+from changelog.topics import ensure_topic, latest_version, read_batch
+
+MVIEW = str(Path(sys.executable).with_name("mview"))
 
 
 def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_rest(spark, tmp_path):
@@ -25,3 +38,132 @@ def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_r
     assert [(d["file"], d["line"]) for d in dead] == [(str(a), 2), (str(b), 1)]
     assert "not valid JSON" in dead[0]["reason"] and "unknown op" in dead[1]["reason"]
     assert dead[0]["raw"] == "garbage"
+
+
+def _post(tweet_id: str, text: str = "hi", ts: int = 1767225600000) -> bytes:
+    return orjson.dumps({"op": "post", "tweet_id": tweet_id, "user_id": "u1", "text": text, "ts": ts})
+
+
+def _texts(spark, lake) -> list[tuple]:
+    return sorted(
+        (r.tweet_id, r.text) for r in read_batch(spark, lake, "tweets").select("tweet_id", "text").collect()
+    )
+
+
+def test_a_line_over_the_maximum_record_size_is_dead_lettered_with_a_bounded_prefix(spark, tmp_path):
+    """25 MB of text: Spark's JSON reader used to turn the record into a row of nulls, counted as accepted."""
+    lake, src = tmp_path / "lake", tmp_path / "big.jsonl"
+    huge = _post("big", "x" * 25_000_000)
+    at_max = _post("max", "")
+    at_max = _post("max", "y" * (MAX_RECORD_BYTES - len(at_max)))
+    assert len(at_max) == MAX_RECORD_BYTES
+    src.write_bytes(_post("t1") + b"\n" + huge + b"\r\n" + at_max + b"\n" + _post("t2") + b"\n")
+    result = ingest(spark, lake, "tweets", [str(src)])
+    assert result.summary() == {"topic": "tweets", "accepted": 3, "rejected": 1}
+    expected = [("max", "y" * (MAX_RECORD_BYTES - len(_post("max", "")))), ("t1", "hi"), ("t2", "hi")]
+    assert _texts(spark, lake) == expected
+    raw = deadletter_path(lake, "tweets").read_bytes()
+    assert len(raw) < 2_000
+    (dead,) = [json.loads(x) for x in raw.splitlines()]
+    assert dead["reason"] == (
+        f"record of {len(huge):,} bytes exceeds the maximum record size of {MAX_RECORD_BYTES:,} bytes"
+    )
+    assert (dead["file"], dead["line"], dead["raw_bytes"]) == (str(src), 2, len(huge))
+    assert dead["raw"] == huge[:1000].decode()
+
+
+def test_records_that_spark_cannot_read_back_exactly_are_not_stored(spark, tmp_path, monkeypatch):
+    """With no size limit, a 25 MB record is beyond Spark's JSON reader: the file fails, it is not half-stored."""
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 30_000_000)
+    lake, src = tmp_path / "lake", tmp_path / "big.jsonl"
+    src.write_bytes(_post("t1") + b"\n" + _post("big", "x" * 25_000_000) + b"\n")
+    with pytest.raises(NotStored) as e:
+        ingest(spark, lake, "tweets", [str(src)])
+    assert str(e.value).startswith(
+        f"tweets: {src}: nothing was committed: Spark could not read the file's 2 "
+    )
+    assert "\n" not in str(e.value)
+    assert latest_version(lake, "tweets") == 0  # the table was created; no append was committed
+
+
+def test_a_byte_order_mark_is_dropped_at_the_start_of_a_file_only(spark, tmp_path):
+    lake, src = tmp_path / "lake", tmp_path / "bom.jsonl"
+    src.write_bytes(
+        b"\xef\xbb\xbf" + _post("t1") + b"\n\xef\xbb\xbf" + _post("t2") + b"\n" + _post("t3") + b"\n"
+    )
+    result = ingest(spark, lake, "tweets", [str(src)])
+    assert result.summary() == {"topic": "tweets", "accepted": 2, "rejected": 1}
+    assert _texts(spark, lake) == [("t1", "hi"), ("t3", "hi")]
+    (dead,) = [json.loads(x) for x in deadletter_path(lake, "tweets").read_text().splitlines()]
+    assert dead["line"] == 2 and "byte order mark" in dead["reason"]
+
+
+def test_concurrent_creators_of_a_topic_and_concurrent_appends_all_succeed(spark, tmp_path):
+    """Creators racing on a new topic used to fail with ProtocolChangedException (threads share one JVM here;
+    the lock is per open file, so they exclude each other as processes do)."""
+    lake = tmp_path / "lake"
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def run(fn):
+        start.wait()
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    creators = [
+        threading.Thread(target=run, args=(lambda: ensure_topic(spark, lake, "tweets"),)) for _ in range(4)
+    ]
+    for t in creators:
+        t.start()
+    for t in creators:
+        t.join()
+    assert errors == [] and latest_version(lake, "tweets") == 0
+
+    start = threading.Barrier(2)
+    files = []
+    for n in range(2):
+        files.append(tmp_path / f"part{n}.jsonl")
+        files[-1].write_bytes(b"".join(_post(f"p{n}-{i}") + b"\n" for i in range(50)))
+    appenders = [
+        threading.Thread(target=run, args=(lambda f=f: ingest(spark, lake, "tweets", [str(f)]),))
+        for f in files
+    ]
+    for t in appenders:
+        t.start()
+    for t in appenders:
+        t.join()
+    assert errors == [] and latest_version(lake, "tweets") == 2
+    assert _texts(spark, lake) == sorted((f"p{n}-{i}", "hi") for n in range(2) for i in range(50))
+
+
+def test_two_mview_ingest_processes_creating_a_new_topic_at_once_both_succeed(spark, tmp_path):
+    lake = tmp_path / "lake"
+    env = {
+        **os.environ,
+        "LAKE_DIR": str(lake),
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "SPARK_MASTER": "local[1]",
+        "SHUFFLE_PARTITIONS": "1",
+    }
+    files = []
+    for n in range(2):
+        files.append(tmp_path / f"producer{n}.jsonl")
+        files[-1].write_bytes(b"".join(_post(f"p{n}-{i}") + b"\n" for i in range(20)))
+    procs = [
+        subprocess.Popen(
+            [MVIEW, "ingest", "tweets", str(f), "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for f in files
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+        assert json.loads(out.splitlines()[-1]) == {"topic": "tweets", "accepted": 20, "rejected": 0}
+    assert latest_version(lake, "tweets") == 2
+    assert _texts(spark, lake) == sorted((f"p{n}-{i}", "hi") for n in range(2) for i in range(20))
