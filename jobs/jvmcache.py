@@ -20,6 +20,7 @@ tells `jobs.spark.get_spark` to use it: a JDK 25+ and the cache's options, for a
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
@@ -115,8 +116,9 @@ def _training_workload(
     seed: int = 5, users: int = 2_000, follows: int = 6_000, tweets: int = 6_000
 ) -> tuple[list[dict], list[dict]]:
     """(tweets, follows) records for the training run, seeded: every kind the ingest and the timeline job handle
-    (posts, deletes, follows, unfollows, `ts` as epoch ms and as ISO-8601), authors and followees drawn with a
-    strong bias to the first three users (celebrities), so both fan-out paths of the job get exercised."""
+    (posts, deletes, follows, unfollows, re-follows, duplicate deliveries, `ts` as epoch ms and as ISO-8601),
+    authors and followees drawn with a strong bias to the first three users (celebrities), so both fan-out paths
+    of the job get exercised."""
     rng = random.Random(seed)
     t0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -141,6 +143,10 @@ def _training_workload(
             fo.append({"op": "follow", "follower_id": a, "followee_id": b, "ts": ts(at)})
             if rng.random() < 0.15:
                 fo.append({"op": "unfollow", "follower_id": a, "followee_id": b, "ts": ts(at + 600_000)})
+                if rng.random() < 0.4:
+                    fo.append({"op": "follow", "follower_id": a, "followee_id": b, "ts": ts(at + 1_200_000)})
+    for recs in (tw, fo):  # duplicate deliveries
+        recs.extend(rng.choice(recs) for _ in range(len(recs) * 3 // 100))
     return tw, fo
 
 
@@ -170,6 +176,7 @@ def _train(lake: Path) -> None:
         # The JVM writes the recorded configuration as it exits, which it does when its stdin closes: wait for it.
         jvm = spark.sparkContext._gateway.proc
         spark.stop()
+        atexit.unregister(spark.stop)  # get_spark's stop at exit would find the JVM gone
         jvm.stdin.close()
         jvm.wait(timeout=600)
     finally:
