@@ -1,9 +1,10 @@
 """`python -m bench.trigger_probe [--appends N]`: how soon a deployed job sees a new commit.
 
 Runs the deployed-job supervisor (`jobs.service.serve`, exactly as `mview deploy` runs it) on a throw-away
-`probe` job whose foreachBatch does nothing but record, for each row, the time from the Delta commit that
-brought it (the commit file's mtime) to the start of the foreachBatch call that received it. Another process
-(its own SparkSession, `local[1]`) appends one record per commit, one commit a second, to the probe's topic.
+`probe` job whose foreachBatch records, for each row, the time from the Delta commit that brought it (the commit
+file's mtime) to the start of the foreachBatch call that received it, and then the batch in the probe's meta
+hash, as a view's sink does. Another process (its own SparkSession, `local[1]`) appends one record per commit,
+one commit a second, to the probe's topic.
 Prints `append->batch-start` p50/p90/max in seconds and the load average, as one JSON line.
 
 Everything lives in a temporary LAKE_DIR and a redis-server of its own on a free port; nothing of a real lake
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     from jobs import registry, runtime, service
     from jobs.settings import Settings
     from jobs.spark import get_spark
+    from views.keys import meta_key
+    from views.redis_io import connect
 
     work = Path(tempfile.mkdtemp(prefix="trigger_probe_"))
     rs, port = scratch_redis(work)
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(env)
         spark = get_spark(settings, "trigger-probe")
         table = topic_path(settings.lake_dir, "tweets")
+        client = connect(url)
         ensure_topic(spark, settings.lake_dir, "tweets")
         latencies: list[float] = []
         seen: set[int] = set()
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                     v = int(r["tweet_id"])
                     latencies.append(start - (table / "_delta_log" / f"{v:020d}.json").stat().st_mtime)
                     seen.add(v)
+                # the batch recorded in the meta hash, as a view's sink does: the supervisor checks it
+                client.hset(meta_key("probe", generation), "last_batch_id", batch_id)
 
             runtime.run_stream(
                 read_stream(spark, settings.lake_dir, "tweets"),
