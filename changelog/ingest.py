@@ -13,6 +13,7 @@ start of a file is dropped (anywhere else it makes the line invalid JSON).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
@@ -49,6 +50,11 @@ class IngestResult:
 
     def summary(self) -> dict:
         return {"topic": self.topic, "accepted": self.accepted, "rejected": self.rejected}
+
+
+def _owner_only(path, flags):
+    """Open (and create) a file readable and writable by its owner only: dead letters hold raw input."""
+    return os.open(path, flags, 0o600)
 
 
 def deadletter_path(lake_dir: Path, topic: str) -> Path:
@@ -131,7 +137,7 @@ def ingest(
         started = time.monotonic()
         with (
             tempfile.NamedTemporaryFile("wb", dir=tmp_dir, suffix=".jsonl", delete=False) as good,
-            open(dl_path, "ab") as dead,
+            open(dl_path, "ab", opener=_owner_only) as dead,
         ):
             for lineno, (raw, size) in enumerate(_lines(source), start=1):
                 try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Settings", "parse_duration_ms"]
@@ -73,7 +73,7 @@ class Settings:
     """
 
     lake_dir: Path
-    redis_url: str
+    redis_url: str = field(repr=False)  # may hold a password: never in a repr or traceback
     spark_master: str
     timeline_cap: int
     allowed_lateness: str

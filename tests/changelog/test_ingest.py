@@ -38,6 +38,7 @@ def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_r
     assert [(d["file"], d["line"]) for d in dead] == [(str(a), 2), (str(b), 1)]
     assert "not valid JSON" in dead[0]["reason"] and "unknown op" in dead[1]["reason"]
     assert dead[0]["raw"] == "garbage"
+    assert deadletter_path(lake, "follows").stat().st_mode & 0o777 == 0o600  # raw input: its owner's only
 
 
 def _post(tweet_id: str, text: str = "hi", ts: int = 1767225600000) -> bytes:
