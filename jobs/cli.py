@@ -173,8 +173,10 @@ def cmd_stop(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from jobs.registry import job_spec
     from jobs.replay import replay
 
+    job_spec(args.job)  # an unknown job is one line at once, not after Spark's start
     settings = _settings()
     _lake(settings, write=True)
     _redis(settings)
