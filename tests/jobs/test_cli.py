@@ -220,18 +220,22 @@ def test_status_deploy_stop_and_replay(world):
     text = cli("status").stdout
     assert "timeline: running=False" in text and "generation=1" in text
 
-    assert "deployed" in cli("deploy", "timeline").stdout
+    jobs = ("timeline", "clicks", "enrichment")
+    for job in jobs:
+        assert "deployed" in cli("deploy", job).stdout
     assert "already running" in cli("deploy", "timeline").stdout
 
     def running():
-        row = cli.json_line("status")["timeline"]
-        return row if row["running"] and row.get("state") == "running" else None
+        rows = cli.json_line("status")
+        return rows if all(rows[j]["running"] and rows[j].get("state") == "running" for j in jobs) else None
 
-    row = wait_for(running, "the deployed timeline job", timeout_s=300)
-    assert isinstance(row["pid"], int)
-    assert "stopped" in cli("stop", "timeline").stdout
+    rows = wait_for(running, "the three deployed jobs", timeout_s=600)
+    assert all(isinstance(rows[j]["pid"], int) for j in jobs) and len({rows[j]["pid"] for j in jobs}) == 3
+    assert "running=True" in cli("status").stdout
+    for job in jobs:
+        assert "stopped" in cli("stop", job).stdout
     assert "not running" in cli("stop", "timeline").stdout
-    assert cli.json_line("status")["timeline"]["running"] is False
+    assert not any(r["running"] for r in cli.json_line("status").values())
 
     for job in ("timeline", "clicks", "enrichment"):
         out = cli("replay", job).stdout
