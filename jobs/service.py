@@ -57,11 +57,6 @@ __all__ = ["serve"]
 _HEALTHY_S = 300.0
 
 
-def _fast_client(settings: Settings) -> redis.Redis:
-    """A client that fails at once (no waiting): for the watcher and the pointer poll, which must not block."""
-    return quick_client(settings.redis_url)
-
-
 class _RedisWatch(threading.Thread):
     """Checks Redis every second on a new connection (so changed credentials show at once) and records what it
     finds in the status file and the log, the URL always redacted:
@@ -74,7 +69,7 @@ class _RedisWatch(threading.Thread):
     def __init__(self, settings: Settings, job: str):
         super().__init__(daemon=True, name="redis-watch")
         self.settings, self.job = settings, job
-        self.client = _fast_client(settings)
+        self.client = quick_client(settings.redis_url)
         self.done = threading.Event()
         self.failed: str | None = None
 
@@ -139,7 +134,7 @@ class _Guard(threading.Thread):
     process), so the query the supervisor starts on the new generation is never hit by a stale check.
     """
 
-    def __init__(self, spark, job: str, fast: redis.Redis, settings: Settings | None = None):
+    def __init__(self, spark, job: str, fast: redis.Redis, settings: Settings):
         super().__init__(daemon=True, name="query-guard")
         self.spark, self.job, self.fast, self.settings = spark, job, fast, settings
         self.done = threading.Event()
@@ -147,8 +142,6 @@ class _Guard(threading.Thread):
         self.lost: str | None = None
 
     def _lost(self) -> str | None:
-        if self.settings is None:
-            return None
         try:
             return serving_copy_lost(self.settings, self.fast, job_spec(self.job))
         except (redis.RedisError, OSError):
@@ -221,7 +214,7 @@ def serve(spark, settings: Settings, job: str) -> int:
         from jobs.maintain import start_scheduler
 
         scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
-    client, fast = connect(settings.redis_url, check=False), _fast_client(settings)
+    client, fast = connect(settings.redis_url, check=False), quick_client(settings.redis_url)
     failures = restarts = 0
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
