@@ -51,7 +51,7 @@ from jobs.runtime import (
     state_dir,
     write_status,
 )
-from jobs.settings import Settings, parse_duration_ms
+from jobs.settings import Settings
 from joins.interval import MATCHES, MIN_WATERMARK, JoinSide, batch_constant, interval_join
 from views.clicks import CLICKS_OPS_SCHEMA, ClicksSink
 from views.redis_io import connect
@@ -530,7 +530,7 @@ def run_clicks(
     stop = threading.Event()
     ticker = None
     if not once and settings.clicks_idle_timeout_ms is not None:
-        every = max(0.5, parse_duration_ms(settings.trigger_interval) / 1000)
+        every = max(0.5, settings.trigger_interval_ms / 1000)
 
         def _tick_loop():
             while not stop.wait(every):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from jobs.registry import job_spec
 from jobs.runtime import job_dir
-from jobs.settings import Settings, parse_duration_ms
+from jobs.settings import Settings
 from views.errors import RedisMisconfigured
 from views.redis_io import probe
 
@@ -172,7 +172,7 @@ def stop(settings: Settings, job: str) -> int:
         return 0
     os.kill(pid, signal.SIGTERM)
     print(f"{spec.name}: stopping pid {pid} after the batch in flight ...", flush=True)
-    deadline = time.monotonic() + parse_duration_ms(settings.stop_timeout) / 1000
+    deadline = time.monotonic() + settings.stop_timeout_ms / 1000
     while _proc_stat(pid) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
     killed = _proc_stat(pid) is not None

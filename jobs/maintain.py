@@ -38,7 +38,7 @@ from jobs.deploy import pid_of
 from jobs.generations import drop_generation, generations, replay_in_progress
 from jobs.registry import JOBS
 from jobs.runtime import log, read_status
-from jobs.settings import Settings, parse_duration_ms
+from jobs.settings import Settings
 from views.redis_io import connect, current_generation
 
 __all__ = ["maintain", "start_scheduler", "compact_topic", "delta_tables"]
@@ -103,7 +103,7 @@ def maintain(spark, settings: Settings, *, inside: str | None = None) -> dict:
             "errors": [],
         }
         lake = settings.lake_dir
-        hours = parse_duration_ms(settings.log_retention) / 3_600_000
+        hours = settings.log_retention_ms / 3_600_000
         if hours < 168:
             spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
         for topic in settings.compact_topics:
@@ -177,7 +177,7 @@ def start_scheduler(spark, settings: Settings, *, background: bool, jobs: tuple[
     from apscheduler.schedulers.background import BackgroundScheduler
     from apscheduler.schedulers.blocking import BlockingScheduler
 
-    seconds = parse_duration_ms(settings.maintenance_interval) / 1000
+    seconds = settings.maintenance_interval_ms / 1000
     inside = jobs[0] if background and jobs else None
     sched = BackgroundScheduler() if background else BlockingScheduler()
     kwargs = {} if background else {"next_run_time": __import__("datetime").datetime.now()}

@@ -36,7 +36,7 @@ from jobs import runtime
 from jobs.generations import drop_generation, lake_generation, serving_copy_lost
 from jobs.registry import job_spec
 from jobs.runtime import checkpoint_dir, job_dir, log, read_status, status_file
-from jobs.settings import Settings, parse_duration_ms
+from jobs.settings import Settings
 from jobs.status import processed_versions
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation, set_generation
@@ -191,7 +191,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
             build_s = _build_and_switch(spark, settings, job, client, old, new)
             log(f"replay {job}: generation {new} is current (rebuilt in {build_s:.1f}s)")
             if pointer is not None:  # readers may still be on `old`: let them finish
-                time.sleep(parse_duration_ms(settings.replay_grace) / 1000)
+                time.sleep(settings.replay_grace_ms / 1000)
             removed = drop_generation(settings, client, spec, old)
             log(f"replay {job}: removed generation {old} ({removed:,} keys)")
             _write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
@@ -230,7 +230,7 @@ def replay(spark, settings: Settings, job: str) -> int:
         if not _wait_for_job_on(settings, job, new):
             log(f"replay {job}: the deployed job has not moved to g{new}; leaving g{old} to `mview maintain`")
             return 0
-        time.sleep(parse_duration_ms(settings.replay_grace) / 1000)
+        time.sleep(settings.replay_grace_ms / 1000)
         removed = drop_generation(settings, client, spec, old)
         log(f"replay {job}: removed generation {old} ({removed:,} keys)")
         _write_replay(

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from jobs.settings import Settings, parse_duration_ms
+from jobs.settings import Settings
 from views.redis_io import STOP as _REDIS_STOP
 from views.redis_io import redact
 
@@ -188,7 +188,7 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
         q = writer.trigger(availableNow=True).start()
         q.awaitTermination()
         return q
-    interval_ms = parse_duration_ms(settings.trigger_interval)
+    interval_ms = settings.trigger_interval_ms
     q = writer.trigger(processingTime=f"{interval_ms} milliseconds").start()
     stopping = STOP
 

@@ -37,6 +37,24 @@ def parse_duration_ms(text: str) -> int:
     return int(float(m.group(1)) * _UNITS_MS[unit])
 
 
+_DURATIONS = (
+    "allowed_lateness",
+    "trigger_interval",
+    "maintenance_interval",
+    "log_retention",
+    "replay_grace",
+    "stop_timeout",
+)
+
+
+def _duration(name: str, text: str) -> int:
+    """`text` (the value of setting `name`) in milliseconds; ValueError names the environment variable."""
+    try:
+        return parse_duration_ms(text)
+    except ValueError as e:
+        raise ValueError(f"{name.upper()}: {e}") from None
+
+
 def _jvm_cache(text: str) -> Path | None:
     if text.strip().lower() in ("off", "false", "no", "0"):
         return None
@@ -88,6 +106,24 @@ class Settings:
     replay_grace: str = "2 s"
     stop_timeout: str = "10 minutes"
     jvm_cache: Path | None = None
+    # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
+    allowed_lateness_ms: int = field(init=False)
+    trigger_interval_ms: int = field(init=False)
+    clicks_idle_timeout_ms: int | None = field(init=False)  # None: off
+    maintenance_interval_ms: int = field(init=False)
+    log_retention_ms: int = field(init=False)
+    replay_grace_ms: int = field(init=False)
+    stop_timeout_ms: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.timeline_cap < 1:
+            raise ValueError(f"TIMELINE_CAP must be >= 1, got {self.timeline_cap}")
+        for name in _DURATIONS:
+            object.__setattr__(self, f"{name}_ms", _duration(name, getattr(self, name)))
+        idle = self.clicks_idle_timeout
+        object.__setattr__(
+            self, "clicks_idle_timeout_ms", _duration("clicks_idle_timeout", idle) if idle.strip() else None
+        )
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -113,17 +149,4 @@ class Settings:
             stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
             jvm_cache=_jvm_cache(e.get("JVM_CACHE", "")),
         )
-        if s.timeline_cap < 1:
-            raise ValueError(f"TIMELINE_CAP must be >= 1, got {s.timeline_cap}")
-        parse_duration_ms(s.allowed_lateness)
-        for d in (s.maintenance_interval, s.log_retention, s.replay_grace, s.stop_timeout):
-            parse_duration_ms(d)
         return s
-
-    @property
-    def allowed_lateness_ms(self) -> int:
-        return parse_duration_ms(self.allowed_lateness)
-
-    @property
-    def clicks_idle_timeout_ms(self) -> int | None:
-        return parse_duration_ms(self.clicks_idle_timeout) if self.clicks_idle_timeout.strip() else None
