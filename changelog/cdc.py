@@ -5,7 +5,7 @@ Two logs describe the profiles, and each has one job:
   ever received, in arrival order, duplicates included. It is the history: every version of every user.
 - the `profiles` *table* (`LAKE_DIR/tables/profiles`, Delta, `delta.enableChangeDataFeed = true`): the
   application's table as it is now, one row per user, maintained from each ingested file of the topic by
-  `apply_profile_changes` (registered as `changelog.ingest.AFTER_APPEND["profiles"]`).
+  `apply_profile_changes` (run by `changelog.ingest` after each append: `AFTER_APPEND["profiles"]`).
 
 Sequencing (like AUTO CDC's `SEQUENCE BY ts`): a change is applied to a user's row only if its sequence
 `(ts, deleted, name, country)` is greater than the row's; a change older than the row's current one never
@@ -35,8 +35,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-from changelog.ingest import AFTER_APPEND
 
 __all__ = [
     "PROFILES_TABLE_SCHEMA",
@@ -121,13 +119,6 @@ def apply_profile_changes(spark, lake_dir: Path, changes) -> None:
         .whenNotMatchedInsertAll()
         .execute()
     )
-
-
-def _apply_hook(spark, lake_dir, appended_df) -> None:
-    apply_profile_changes(spark, lake_dir, appended_df)
-
-
-AFTER_APPEND["profiles"] = _apply_hook
 
 
 def table_version(spark, lake_dir: Path) -> int:

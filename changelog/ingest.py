@@ -26,6 +26,7 @@ from typing import BinaryIO
 import orjson
 
 from changelog import records
+from changelog.cdc import apply_profile_changes
 from changelog.errors import InvalidRecord, NotStored
 from changelog.records import check_record_size, parse_line
 from changelog.topics import ensure_topic, topic_schema
@@ -38,7 +39,7 @@ DEADLETTER_RAW_CHARS = 1_000
 _BOM = b"\xef\xbb\xbf"
 
 # topic -> hook(spark, lake_dir, appended_df) run after each append (the profiles table applies its changes here).
-AFTER_APPEND: dict[str, Callable] = {}
+AFTER_APPEND: dict[str, Callable] = {"profiles": apply_profile_changes}
 
 
 @dataclass
@@ -181,6 +182,3 @@ def ingest(
             }
         )
     return result
-
-
-import changelog.cdc  # noqa: E402,F401  (registers AFTER_APPEND["profiles"]: the profiles table applies changes)

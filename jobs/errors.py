@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["JobsError", "LakeUnusable"]
+__all__ = ["JobsError", "LakeUnusable", "UnknownName", "QueryFailed"]
 
 
 class JobsError(Exception):
@@ -19,3 +19,20 @@ class LakeUnusable(JobsError):
         super().__init__(f"LAKE_DIR {path} {reason}")
         self.path = Path(path)
         self.reason = reason
+
+
+class UnknownName(JobsError):
+    """A job or view name that does not exist. `kind` is "job" or "view", `name` the name given, `choices` the
+    names there are."""
+
+    def __init__(self, kind: str, name: str, choices):
+        super().__init__(f"unknown {kind} {name!r}: choose one of {', '.join(choices)}")
+        self.kind, self.name, self.choices = kind, name, tuple(choices)
+
+
+class QueryFailed(JobsError):
+    """A job's streaming query `name` ended with an error (`cause`: Spark's exception)."""
+
+    def __init__(self, name: str, cause: BaseException):
+        super().__init__(f"{name}: streaming query failed: {cause}")
+        self.name, self.cause = name, cause

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import import_module
 
+from jobs.errors import UnknownName
+
 __all__ = ["JobSpec", "JOBS", "VIEWS", "job_spec", "view_job"]
 
 
@@ -41,11 +43,11 @@ VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in s
 
 def job_spec(name: str) -> JobSpec:
     if name not in JOBS:
-        raise SystemExit(f"mview: unknown job {name!r}: choose one of {', '.join(JOBS)}")
+        raise UnknownName("job", name, JOBS)
     return JOBS[name]
 
 
 def view_job(view: str) -> str:
     if view not in VIEWS:
-        raise SystemExit(f"mview: unknown view {view!r}: choose one of {', '.join(VIEWS)}")
+        raise UnknownName("view", view, VIEWS)
     return VIEWS[view]

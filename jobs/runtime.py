@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -10,7 +9,9 @@ import threading
 import time
 from pathlib import Path
 
+from jobs.errors import QueryFailed
 from jobs.settings import Settings
+from joins.state import read_json, write_json
 from views.redis_io import STOP as _REDIS_STOP
 from views.redis_io import redact
 
@@ -113,12 +114,7 @@ def write_status(settings: Settings, job: str, **fields) -> None:
     path = job_dir(settings, job) / _STATUS_FILE[0]
     current = read_status(settings, job)
     current.update(fields)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(current, sort_keys=True))
-    tmp.replace(path)
+    write_json(path, current)
 
 
 class status_file:
@@ -136,11 +132,7 @@ class status_file:
 
 
 def read_status(settings: Settings, job: str, name: str | None = None) -> dict:
-    path = settings.lake_dir / "jobs" / job / (name or _STATUS_FILE[0])
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    return read_json(settings.lake_dir / "jobs" / job / (name or _STATUS_FILE[0]), {})
 
 
 def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool = False) -> str:
@@ -177,7 +169,7 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
     Otherwise one long-lived query with a processingTime trigger of TRIGGER_INTERVAL: a commit to a source log
     is planned at the next trigger, i.e. within one interval after the batch in flight. It runs until
     SIGTERM/SIGINT (`STOP`), then stops after the micro-batch in flight, or until another thread stops it (the
-    deployed job's guard on a generation switch); both return normally. A failed query raises RuntimeError.
+    deployed job's guard on a generation switch); both return normally. A failed query raises QueryFailed.
     """
     writer = (
         stream_df.writeStream.queryName(name)
@@ -204,5 +196,5 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
     if q.isActive:
         _stop_between_batches(q)
     if q.exception() is not None:
-        raise RuntimeError(f"{name}: streaming query failed: {q.exception()}")
+        raise QueryFailed(name, q.exception())
     return q

@@ -19,15 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["changelog", "joins", "views", "jobs", "timeline_demo", "bench"]
 
-# Known violations, to be removed by the work of #17 (others are working in these files): the test fails on any
-# violation not listed here. An edge is (importing module, imported module).
-KNOWN_UPWARD: set[tuple[str, str]] = set()  # views/read.py's imports of jobs were removed in d937859 (#17)
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # changelog/ingest.py imports changelog/cdc.py at its end to register the profiles hook, and cdc imports
-    # ingest's AFTER_APPEND (#17).
-    frozenset({"changelog.ingest", "changelog.cdc"}),
-}
-
 
 def _modules() -> dict[str, Path]:
     """Dotted name -> file of every module of the layered packages (a package is its __init__.py)."""
@@ -99,7 +90,7 @@ def test_no_import_points_up_a_layer():
             f"{MODULES[m].relative_to(ROOT)}:{line}: {m} imports {t} ({t.split('.')[0]} is above {m.split('.')[0]})"
             for m, found in IMPORTS.items()
             for t, line, _ in found
-            if _layer(t) > _layer(m) and (m, t) not in KNOWN_UPWARD
+            if _layer(t) > _layer(m)
         }
     )
     assert not upward, "imports pointing up a layer:\n" + "\n".join(upward)
@@ -142,7 +133,7 @@ def _cycles() -> list[list[str]]:
 
 
 def test_no_import_cycle_at_module_level():
-    cycles = [c for c in _cycles() if frozenset(c) not in KNOWN_CYCLES]
+    cycles = _cycles()
     assert not cycles, "modules importing each other at module level: " + "; ".join(
         " <-> ".join(c) for c in cycles
     )

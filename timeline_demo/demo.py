@@ -129,7 +129,6 @@ def _show(client, users: list[str], n: int) -> None:
 
 def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, every: float = 3.0) -> int:
     """The whole demo in an existing Spark session; returns the exit code (0 only if every timeline matches)."""
-    import jobs.hooks  # noqa: F401  (per-topic ingest hooks, as `mview ingest` does)
     from changelog.ingest import ingest
     from changelog.topics import ensure_topic
     from timeline_demo.verify import verify_timelines

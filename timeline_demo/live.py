@@ -13,7 +13,6 @@ __all__ = ["run_live"]
 
 def run_live(settings, *, every: float = 3.0, size: str = "demo", seed: int = 7, on_ready=None) -> None:
     """Run until KeyboardInterrupt. `on_ready(user)` is called with a user worth watching (follows u0)."""
-    import jobs.hooks  # noqa: F401
     from changelog.ingest import ingest
     from changelog.topics import ensure_topic, latest_version, read_batch
     from jobs.spark import get_spark

@@ -1,0 +1,160 @@
+"""The shape every job shares: source -> join (with its state) -> view, one micro-batch at a time.
+
+A job module only wires its parts: `run_job(spark, settings, name, wire, once=..., generation=...)` connects to
+Redis, picks the generation (the serving one, rebuilt first if Redis lost it: `jobs.replay.serving_or_rebuild`),
+calls `wire(run)` for the job's source and per-batch function, and runs the streaming query with exactly-once
+checkpointing (`jobs.runtime.run_stream`). Per micro-batch it times the job's function and, for a batch that
+did something, records the batch id in Redis with the job's metadata (`jobs.generations.record_batch`, before
+Spark commits the batch), merges the job's fields into the status file and logs one line; an empty batch only
+records its id. Steps of one run (micro-batches and idle ticks) never overlap: they hold `run.lock`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+
+from jobs.generations import last_committed_batch, record_batch
+from jobs.registry import job_spec
+from jobs.replay import serving_or_rebuild
+from jobs.runtime import checkpoint_dir, log, log_sources, read_status, run_stream, state_dir, write_status
+from jobs.settings import Settings
+from views.redis_io import connect
+
+__all__ = ["JobRun", "Batch", "Wiring", "run_job"]
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run of job `job` into generation `generation`: what its wiring needs."""
+
+    spark: object
+    settings: Settings
+    job: str
+    generation: int
+    client: object  # redis client of the serving Redis
+    totals: dict = field(default_factory=lambda: {"batches": 0, "events": 0, "seconds": 0.0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def state_dir(self) -> Path:
+        return state_dir(self.settings, self.job, self.generation)
+
+    @property
+    def checkpoint(self) -> Path:
+        return checkpoint_dir(self.settings, self.job, self.generation)
+
+    def next_batch_id(self) -> int:
+        """The id of the next micro-batch the query runs: one past the checkpoint's last committed batch."""
+        last = last_committed_batch(self.settings, self.job, self.generation)
+        return 0 if last is None else last + 1
+
+
+@dataclass
+class Batch:
+    """What one micro-batch did.
+
+    events: input records of the batch. summary: the log line's text after `<job> g<g> batch <id>: `.
+    status: fields merged into the status file. counters: added to the generation's running totals in the
+    status file. meta: recorded with the batch id in Redis. totals: added to the run's totals.
+    """
+
+    events: int
+    summary: str
+    status: dict = field(default_factory=dict)
+    counters: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    totals: dict = field(default_factory=dict)
+
+
+@dataclass
+class Wiring:
+    """A job's parts for one run. `process(batch_df, batch_id)` returns a Batch, or None when the batch was empty.
+    `idle()` (optional) runs every trigger interval of a continuous run and once at the end of a `--once` run."""
+
+    source: DataFrame
+    process: Callable[[DataFrame, int], Batch | None]
+    idle: Callable[[], None] | None = None
+
+
+def _record(run: JobRun, batch_id: int, b: Batch, took: float) -> None:
+    now = int(time.time() * 1000)
+    record_batch(run.client, run.job, run.generation, batch_id, last_batch_ms=now, **b.meta)
+    prev = read_status(run.settings, run.job)
+    same = prev.get("generation") == run.generation
+    running = {k: (prev.get(k, 0) if same else 0) + v for k, v in b.counters.items()}
+    write_status(
+        run.settings,
+        run.job,
+        generation=run.generation,
+        last_batch_id=batch_id,
+        last_batch_ms=now,
+        last_batch_seconds=round(took, 3),
+        last_batch_events=b.events,
+        **b.status,
+        **running,
+    )
+    log(f"{run.job} g{run.generation} batch {batch_id}: {b.summary} in {took:.2f}s")
+
+
+def _ticker(run: JobRun, idle: Callable[[], None], stop: threading.Event) -> threading.Thread:
+    every = max(0.5, run.settings.trigger_interval_ms / 1000)
+
+    def loop() -> None:
+        while not stop.wait(every):
+            try:
+                with run.lock:
+                    idle()
+            except Exception as e:  # noqa: BLE001 - a failed tick is retried at the next interval
+                log(f"{run.job} g{run.generation}: idle tick failed: {e}")
+
+    t = threading.Thread(target=loop, name=f"{run.job}-idle", daemon=True)
+    t.start()
+    return t
+
+
+def run_job(
+    spark, settings: Settings, job: str, wire: Callable[[JobRun], Wiring], *, once: bool, generation=None
+) -> dict:
+    """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
+    docstring). once: everything available now, then return; else until stopped (`jobs.runtime.run_stream`)."""
+    client = connect(settings.redis_url)
+    gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
+    run = JobRun(spark, settings, job, gen, client)
+    w = wire(run)
+
+    def each(batch_df, batch_id: int) -> None:
+        with run.lock:
+            started = time.monotonic()
+            b = w.process(batch_df, batch_id)
+            if b is None:
+                record_batch(client, job, gen, batch_id)
+                return
+            took = time.monotonic() - started
+            run.totals["batches"] += 1
+            run.totals["events"] += b.events
+            run.totals["seconds"] += took
+            for k, v in b.totals.items():
+                run.totals[k] = run.totals.get(k, 0) + v
+            _record(run, batch_id, b, took)
+
+    log_sources(settings, job, gen, job_spec(job).topics)
+    stop = threading.Event()
+    ticker = _ticker(run, w.idle, stop) if w.idle is not None and not once else None
+    try:
+        run_stream(
+            w.source, each, checkpoint=run.checkpoint, once=once, settings=settings, name=f"{job}_g{gen}"
+        )
+    finally:
+        stop.set()
+        if ticker is not None:
+            ticker.join(5)
+    if once and w.idle is not None:
+        with run.lock:
+            w.idle()
+    return run.totals

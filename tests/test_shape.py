@@ -1,0 +1,60 @@
+"""The code keeps the design's shape: the jobs are wiring and no function is too long to read.
+
+Show it with `.venv/bin/python -m pytest -q tests/test_shape.py`.
+- A job module (`jobs/<name>.py` of each job in `jobs.registry.JOBS`) is under 150 lines.
+- No function in `joins/`, `views/` or `jobs/` is over 60 lines, unless the comment line right above its `def`
+  (or its decorators) starts with `# long:` and says why.
+Read with `ast`, not imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_LINES, FUNCTION_LINES = 150, 60
+
+
+def _job_modules() -> list[Path]:
+    tree = ast.parse((ROOT / "jobs" / "registry.py").read_text())
+    runners = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and n.value.startswith("jobs.")
+        and ":" in n.value
+    ]
+    return [ROOT / (r.split(":")[0].replace(".", "/") + ".py") for r in runners]
+
+
+@pytest.mark.parametrize("path", _job_modules(), ids=lambda p: p.name)
+def test_a_job_module_is_wiring(path):
+    n = len(path.read_text().splitlines())
+    assert n < JOB_LINES, f"{path.relative_to(ROOT)} has {n} lines (a job module is wiring: < {JOB_LINES})"
+
+
+def _long_functions(package: str) -> list[str]:
+    out = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            length = node.end_lineno - node.lineno + 1
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            above = lines[first - 2].strip() if first >= 2 else ""
+            if length > FUNCTION_LINES and not above.startswith("# long:"):
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+@pytest.mark.parametrize("package", ["joins", "views", "jobs"])
+def test_no_function_is_too_long(package):
+    found = _long_functions(package)
+    assert not found, f"functions over {FUNCTION_LINES} lines without a `# long:` reason:\n" + "\n".join(
+        found
+    )
