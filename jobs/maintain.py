@@ -89,10 +89,67 @@ def _running_jobs(settings: Settings) -> set[str]:
     return {job for job in JOBS if pid_of(settings, job) is not None}
 
 
-def maintain(spark, settings: Settings, *, inside: str | None = None) -> dict:
-    """One maintenance round; returns what was done. `inside`: the job whose deployed process runs it."""
+def _compact_topics(spark, settings: Settings, report: dict) -> None:
+    """Compact each topic of COMPACT_TOPICS to its latest record per key."""
+    for topic in settings.compact_topics:
+        if topic in _COMPACTION and (topic_path(settings.lake_dir, topic) / "_delta_log").is_dir():
+            try:
+                before, after = compact_topic(spark, settings.lake_dir, topic)
+                report["compacted"][topic] = f"{before}->{after}"
+            except Exception as e:  # noqa: BLE001 - e.g. a concurrent append: retried next round
+                report["errors"].append(f"compact {topic}: {str(e)[:300]}")
+
+
+def _optimize_and_vacuum(spark, settings: Settings, report: dict) -> None:
+    """OPTIMIZE topics and the state tables of jobs that are not running (OPTIMIZE would race a running job's
+    MERGE), VACUUM every Delta table with LOG_RETENTION."""
     from delta.tables import DeltaTable
 
+    lake = settings.lake_dir
+    hours = settings.log_retention_ms / 3_600_000
+    if hours < 168:
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    running = _running_jobs(settings)
+    for table in delta_tables(lake):
+        rel = table.relative_to(lake)
+        parts = rel.parts
+        is_topic = parts[0] == "topics"
+        is_idle_state = parts[0] == "state" and len(parts) > 1 and parts[1] not in running
+        try:
+            dt = DeltaTable.forPath(spark, str(table))
+            if is_topic or is_idle_state:
+                dt.optimize().executeCompaction()
+                report["optimized"].append(str(rel))
+            dt.vacuum(hours)
+            report["vacuumed"].append(str(rel))
+        except Exception as e:  # noqa: BLE001 - report and go on with the next table
+            report["errors"].append(f"{rel}: {str(e)[:300]}")
+
+
+def _drop_old_generations(settings: Settings, report: dict) -> None:
+    """Drop every generation that is not serving, not being replayed, and not the one a running job writes."""
+    try:
+        client = connect(settings.redis_url)
+        for name, spec in JOBS.items():
+            serving = current_generation(client, name)
+            if serving == 0:
+                continue
+            keep = {serving, replay_in_progress(settings, name)}
+            if pid_of(settings, name) is not None:
+                keep.add(read_status(settings, name, "status.json").get("generation"))
+            dropped = []
+            for g in sorted(generations(settings, client, spec)):
+                if g not in keep:
+                    drop_generation(settings, client, spec, g)
+                    dropped.append(g)
+            if dropped:
+                report["dropped_generations"][name] = dropped
+    except Exception as e:  # noqa: BLE001
+        report["errors"].append(f"generations: {str(e)[:300]}")
+
+
+def maintain(spark, settings: Settings, *, inside: str | None = None) -> dict:
+    """One maintenance round; returns what was done. `inside`: the job whose deployed process runs it."""
     with _LOCK:
         started = time.monotonic()
         report: dict = {
@@ -102,51 +159,10 @@ def maintain(spark, settings: Settings, *, inside: str | None = None) -> dict:
             "dropped_generations": {},
             "errors": [],
         }
-        lake = settings.lake_dir
-        hours = settings.log_retention_ms / 3_600_000
-        if hours < 168:
-            spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-        for topic in settings.compact_topics:
-            if topic in _COMPACTION and (topic_path(lake, topic) / "_delta_log").is_dir():
-                try:
-                    before, after = compact_topic(spark, lake, topic)
-                    report["compacted"][topic] = f"{before}->{after}"
-                except Exception as e:  # noqa: BLE001 - e.g. a concurrent append: retried next round
-                    report["errors"].append(f"compact {topic}: {str(e)[:300]}")
-        running = _running_jobs(settings)  # their state tables get VACUUM only (OPTIMIZE would race a MERGE)
-        for table in delta_tables(lake):
-            rel = table.relative_to(lake)
-            parts = rel.parts
-            is_topic = parts[0] == "topics"
-            is_idle_state = parts[0] == "state" and len(parts) > 1 and parts[1] not in running
-            try:
-                dt = DeltaTable.forPath(spark, str(table))
-                if is_topic or is_idle_state:
-                    dt.optimize().executeCompaction()
-                    report["optimized"].append(str(rel))
-                dt.vacuum(hours)
-                report["vacuumed"].append(str(rel))
-            except Exception as e:  # noqa: BLE001 - report and go on with the next table
-                report["errors"].append(f"{rel}: {str(e)[:300]}")
-        try:
-            client = connect(settings.redis_url)
-            for name, spec in JOBS.items():
-                serving = current_generation(client, name)
-                if serving == 0:
-                    continue
-                keep = {serving, replay_in_progress(settings, name)}
-                if pid_of(settings, name) is not None:
-                    keep.add(read_status(settings, name, "status.json").get("generation"))
-                dropped = []
-                for g in sorted(generations(settings, client, spec)):
-                    if g not in keep:
-                        drop_generation(settings, client, spec, g)
-                        dropped.append(g)
-                if dropped:
-                    report["dropped_generations"][name] = dropped
-        except Exception as e:  # noqa: BLE001
-            report["errors"].append(f"generations: {str(e)[:300]}")
-        report["removed_temp_files"] = _clean_temp(lake)
+        _compact_topics(spark, settings, report)
+        _optimize_and_vacuum(spark, settings, report)
+        _drop_old_generations(settings, report)
+        report["removed_temp_files"] = _clean_temp(settings.lake_dir)
         report["seconds"] = round(time.monotonic() - started, 2)
         log(f"maintenance: {report}")
         return report

@@ -190,15 +190,18 @@ def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     return new
 
 
-def serve(spark, settings: Settings, job: str) -> int:
-    """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code."""
-    spec = job_spec(job)
+def _single_instance(settings: Settings, job: str):
+    """The job's lock file, held (flock) for the life of the process; None if another process holds it."""
     lock = open(job_dir(settings, job) / "lock", "w")  # noqa: SIM115 - held for the life of the process
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         log(f"{job}: another process of this job holds {lock.name}; exiting")
-        return 1
+        return None
+    return lock
+
+
+def _stop_on_signals(job: str) -> None:
     runtime.STOP.clear()
 
     def _stop(signum, _frame):
@@ -207,6 +210,74 @@ def serve(spark, settings: Settings, job: str) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+
+
+class _Restarts:
+    """Restarts after a failed query: from the checkpoint, after 2, 4, ... 60 s (reset after a healthy run)."""
+
+    def __init__(self, settings: Settings, job: str):
+        self.settings, self.job, self.failures, self.total = settings, job, 0, 0
+
+    def after(self, e: Exception, started: float) -> None:
+        if time.monotonic() - started > _HEALTHY_S:
+            self.failures = 0
+        self.failures += 1
+        self.total += 1
+        delay = min(60, 2**self.failures)
+        log(
+            f"{self.job}: query failed, restarting from its checkpoint in {delay}s (failure {self.failures}): {e}"
+        )
+        write_status(
+            self.settings, self.job, restarts=self.total, last_error=str(e)[:1000], state="restarting"
+        )
+        runtime.STOP.wait(delay)
+        if not runtime.STOP.is_set():
+            write_status(self.settings, self.job, state="running")
+
+
+def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watch: _RedisWatch) -> None:
+    """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
+    pointer moved, Redis lost the serving copy) follow the pointer or rebuild; after a failure restart."""
+    spec = job_spec(job)
+    client = connect(settings.redis_url, check=False)
+    restarts = _Restarts(settings, job)
+    gen = None
+    while not runtime.STOP.is_set():
+        started = time.monotonic()
+        try:
+            reason = serving_copy_lost(settings, client, spec)  # waits for Redis
+            if reason is not None:
+                gen = _rebuild(spark, settings, job, reason)
+                continue
+            serving = ensure_generation(client, job)  # the job's first run: generation 1
+            if serving != gen:
+                if gen is not None:
+                    log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
+                gen = serving
+                write_status(settings, job, generation=gen, state="running")
+                log(f"{job}: serving generation {gen}")
+            guard.generation = gen
+            spec.run(spark, settings, once=False, generation=gen)
+            restarts.failures = 0
+        except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
+            if isinstance(e, RedisMisconfigured):  # refused credentials, TLS: retrying cannot help
+                watch.fail(e)
+            if runtime.STOP.is_set():
+                break
+            if guard.lost is not None:  # the guard interrupted the batch in flight: rebuild now
+                log(f"{job}: query stopped: Redis lost the serving copy ({guard.lost})")
+                continue
+            restarts.after(e, started)
+        finally:
+            guard.generation, guard.lost = None, None
+
+
+def serve(spark, settings: Settings, job: str) -> int:
+    """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code."""
+    lock = _single_instance(settings, job)  # held until this function returns
+    if lock is None:
+        return 1
+    _stop_on_signals(job)
     watch = _RedisWatch(settings, job)
     watch.start()
     scheduler = None
@@ -214,56 +285,13 @@ def serve(spark, settings: Settings, job: str) -> int:
         from jobs.maintain import start_scheduler
 
         scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
-    client, fast = connect(settings.redis_url, check=False), quick_client(settings.redis_url)
-    failures = restarts = 0
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
     )
-    guard = _Guard(spark, job, fast, settings)
+    guard = _Guard(spark, job, quick_client(settings.redis_url), settings)
     guard.start()
     try:
-        gen = None
-        while not runtime.STOP.is_set():
-            started = time.monotonic()
-            try:
-                reason = serving_copy_lost(settings, client, spec)  # waits for Redis
-                if reason is not None:
-                    gen = _rebuild(spark, settings, job, reason)
-                    continue
-                serving = ensure_generation(client, job)  # the job's first run: generation 1
-                if serving != gen:
-                    if gen is not None:
-                        log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
-                    gen = serving
-                    write_status(settings, job, generation=gen, state="running")
-                    log(f"{job}: serving generation {gen}")
-                guard.generation = gen
-                # Returns when the guard stopped the query (SIGTERM, the pointer moved, Redis lost the serving
-                # copy): loop to follow it.
-                spec.run(spark, settings, once=False, generation=gen)
-                failures = 0
-            except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint
-                if isinstance(e, RedisMisconfigured):  # refused credentials, TLS: retrying cannot help
-                    watch.fail(e)
-                if runtime.STOP.is_set():
-                    break
-                if guard.lost is not None:  # the guard interrupted the batch in flight: rebuild now
-                    log(f"{job}: query stopped: Redis lost the serving copy ({guard.lost})")
-                    continue
-                if time.monotonic() - started > _HEALTHY_S:
-                    failures = 0
-                failures += 1
-                restarts += 1
-                delay = min(60, 2**failures)
-                log(
-                    f"{job}: query failed, restarting from its checkpoint in {delay}s (failure {failures}): {e}"
-                )
-                write_status(settings, job, restarts=restarts, last_error=str(e)[:1000], state="restarting")
-                runtime.STOP.wait(delay)
-                if not runtime.STOP.is_set():
-                    write_status(settings, job, state="running")
-            finally:
-                guard.generation, guard.lost = None, None
+        _follow_generations(spark, settings, job, guard, watch)
     finally:
         guard.done.set()
         watch.done.set()
@@ -272,4 +300,5 @@ def serve(spark, settings: Settings, job: str) -> int:
         state = "failed" if watch.failed else "stopped"
         write_status(settings, job, state=state, stopped_ms=int(time.time() * 1000))
         log(f"{job}: {state}")
+        lock.close()
     return 1 if watch.failed else 0

@@ -39,49 +39,9 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     java_home = os.environ.get("JAVA_HOME")
     if master.startswith("local"):
         _java_dies_with_driver()
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        # PySpark's DataFrame debugging records the Python call site of every DataFrame and Column function in the
-        # JVM: three more Py4J round trips and a stack walk per call. The jobs build their plans anew in every
-        # micro-batch, and this doubled the driver's round trips (measured: 4,100 -> 2,000 per timeline batch of
-        # 10 tweets, and the batch 3.2-3.5 s -> 2.4-2.7 s warm). Analysis errors still name the failing expression.
-        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-        .config("spark.default.parallelism", str(max(2, settings.shuffle_partitions)))
-        .config("spark.driver.memory", settings.driver_memory)
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-        .config("spark.databricks.delta.optimizeWrite.enabled", "false")
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
-        )
-        .config("spark.sql.session.timeZone", "UTC")
-        # Plans here are wide (many joins) over small micro-batches: adaptive re-planning cost more CPU than it
-        # saved (measured: 26 s vs 42 s of JVM CPU for one timeline batch).
-        .config("spark.sql.adaptive.enabled", "false")
-        # Compiled generated code is cached by its source, 100 classes by default: a micro-batch job compiles
-        # ~40-60 per batch (plus Delta's own queries), more than the cache keeps under its LRU segments, so the
-        # same code was compiled again in every batch (measured: 37 of a clicks batch's 38 compilations were code
-        # compiled in an earlier batch). Compilation and the JIT of the new classes were most of a batch's CPU.
-        .config("spark.sql.codegen.cache.maxEntries", "2000")
-        .config("spark.sql.autoBroadcastJoinThreshold", str(64 * 1024 * 1024))
-        # Delta's VACUUM lists a table's files in as many Spark tasks as this (Spark's default: 10,000). On two
-        # local cores that made one VACUUM of a small topic log take 1-2 minutes (measured: 116 s per table in
-        # `mview maintain`). It now takes as many tasks as shuffle partitions (SHUFFLE_PARTITIONS, at least 2).
-        .config(
-            "spark.sql.sources.parallelPartitionDiscovery.parallelism",
-            str(max(2, settings.shuffle_partitions)),
-        )
-        # -Xss: a long-lived streaming query's thread overflowed the default 1 MB stack in java.util.regex
-        # (StackOverflowError in the enrichment job's third continuous batch); threads get 16 MB of stack.
-        .config("spark.driver.extraJavaOptions", driver_opts)
-        .config("spark.executor.extraJavaOptions", "-Xss16m")
-    )
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in _config(settings, driver_opts).items():
+        builder = builder.config(key, value)
     try:
         spark = configure_spark_with_delta_pip(builder).getOrCreate()
     finally:  # the wrapper is for this driver only, not for JVMs that later child processes start
@@ -95,13 +55,43 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     return spark
 
 
+def _config(settings: Settings, driver_opts: str) -> dict[str, str]:
+    """The session's configuration (the reasons are in docs/architecture.md, "Spark settings")."""
+    parallel = str(max(2, settings.shuffle_partitions))
+    return {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # no Python call site recorded per DataFrame call: the jobs build their plans anew in every micro-batch
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.default.parallelism": parallel,
+        "spark.driver.memory": settings.driver_memory,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.databricks.delta.optimizeWrite.enabled": "false",
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+        ),
+        "spark.sql.session.timeZone": "UTC",
+        # wide plans over small micro-batches: adaptive re-planning costs more than it saves
+        "spark.sql.adaptive.enabled": "false",
+        # a micro-batch compiles more generated classes than the default cache (100) keeps across batches
+        "spark.sql.codegen.cache.maxEntries": "2000",
+        "spark.sql.autoBroadcastJoinThreshold": str(64 * 1024 * 1024),
+        # VACUUM lists a table's files in this many tasks (Spark's default, 10,000, is minutes on two cores)
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": parallel,
+        # 16 MB thread stacks: a long-lived query's thread overflowed 1 MB in java.util.regex
+        "spark.driver.extraJavaOptions": driver_opts,
+        "spark.executor.extraJavaOptions": "-Xss16m",
+    }
+
+
 def _jars_off_python_path(sc) -> None:
     """Take the Delta jars (and their dependencies) off the Python path of the driver and of every Python worker.
 
-    spark-submit puts each `--packages` jar on the Python path, in case it ships Python code; none of these does.
-    Every import and package-metadata lookup then read the jars' directories first (hadoop-client-runtime alone
-    has tens of thousands of entries): about 1 s of CPU in each new Python worker, before it handled a row, and
-    0.6 s in redis-py's first connection (measured). The jars stay on the JVM's class path."""
+    spark-submit puts each `--packages` jar on the Python path, in case it ships Python code; none of these does,
+    and every import would search them first. The jars stay on the JVM's class path."""
     includes = getattr(sc, "_python_includes", None)
     if includes:
         sc._python_includes = [p for p in includes if not p.lower().endswith(".jar")]
@@ -118,8 +108,7 @@ def _java_dies_with_driver() -> None:
     """Point JAVA_HOME at a wrapper that starts Spark's driver JVM with a parent-death signal (SIGKILL).
 
     PySpark's JVM exits on its own only when it reads the end of its stdin, and then runs Spark's shutdown hooks
-    for seconds while its tasks may still be writing; after a SIGKILL of the Python driver it went on for 4-25 s.
-    With the signal it dies with the driver. The kernel sends it when the *thread* that started the JVM ends, so
+    while its tasks may still be writing; with the signal it dies with the driver. The kernel sends it when the *thread* that started the JVM ends, so
     this is done only from the main thread (whose end is the process's end), on Linux with `setpriv`."""
     setpriv = shutil.which("setpriv")
     if setpriv is None or threading.current_thread() is not threading.main_thread():
