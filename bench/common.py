@@ -20,10 +20,11 @@ def say(msg: str) -> None:
 def start_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
     """A throw-away redis-server on a free port with its files under `workdir`: (process, port)."""
     from jobs.devredis import scratch_redis
+    from jobs.errors import JobsError
 
     try:
         return scratch_redis(workdir)
-    except RuntimeError as e:
+    except JobsError as e:
         raise SystemExit(f"bench: {e}") from None
 
 

@@ -36,6 +36,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from changelog.errors import NoCompaction
+
 __all__ = [
     "PROFILES_TABLE_SCHEMA",
     "profiles_table_path",
@@ -201,7 +203,7 @@ def apply_retention(spark, lake_dir: Path, *, retain_hours: float = 168.0) -> di
     a consumer can always start from the snapshot and read the feed after its version). The effective
     retention is rounded *up* to whole hours (VACUUM itself only honours whole hours).
 
-    Raises `RuntimeError` if no compaction exists: run `compact_profiles` first. Returns
+    Raises `NoCompaction` if no compaction exists: run `compact_profiles` first. Returns
     `{"retain_hours": effective hours, "compacted_version": V}`."""
     import math
     import time
@@ -210,10 +212,7 @@ def apply_retention(spark, lake_dir: Path, *, retain_hours: float = 168.0) -> di
 
     meta = _compaction_meta(lake_dir)
     if not meta.exists():
-        raise RuntimeError(
-            "no compaction of the profiles table yet: run changelog.cdc.compact_profiles before apply_retention, "
-            "so consumers can start from the snapshot once the older change feed is removed"
-        )
+        raise NoCompaction("profiles", "apply_retention", "changelog.cdc.compact_profiles")
     version = json.loads(meta.read_text())["version"]
     path = ensure_profiles_table(spark, lake_dir)
     table = DeltaTable.forPath(spark, path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ChangelogError", "InvalidRecord", "NotStored", "UnknownTopic"]
+__all__ = ["ChangelogError", "InvalidRecord", "NotStored", "UnknownTopic", "NoCompaction"]
 
 
 class ChangelogError(Exception):
@@ -33,3 +33,14 @@ class UnknownTopic(ChangelogError):
         super().__init__(f"unknown topic {topic!r}: choose one of {', '.join(known)}")
         self.topic = topic
         self.known = known
+
+
+class NoCompaction(ChangelogError):
+    """An operation needs a compaction of `table` that does not exist yet (`needed_by` says which operation)."""
+
+    def __init__(self, table: str, needed_by: str, run: str):
+        super().__init__(
+            f"no compaction of the {table} table yet: run {run} before {needed_by}, so consumers can start from the "
+            "snapshot once the older change feed is removed"
+        )
+        self.table, self.needed_by, self.run = table, needed_by, run

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 import redis
 
+from jobs.errors import RedisServerMissing
 from jobs.settings import Settings
 from views.errors import RedisMisconfigured
 from views.redis_io import probe, redact_url
@@ -31,10 +32,10 @@ def free_port() -> int:
 
 def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
     """Start a redis-server on a free local port, without persistence, files under `workdir`; return the process
-    (the caller terminates it) and the port once it answers. RuntimeError (saying what to do) if it cannot."""
+    (the caller terminates it) and the port once it answers. RedisServerMissing (saying what to do) if it cannot."""
     exe = shutil.which("redis-server")
     if exe is None:
-        raise RuntimeError(_MISSING)
+        raise RedisServerMissing(_MISSING)
     port = free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -50,7 +51,7 @@ def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
         except redis.ConnectionError:
             time.sleep(0.05)
     proc.terminate()
-    raise RuntimeError(f"redis-server did not answer on port {port} within 5 s")
+    raise RedisServerMissing(f"redis-server did not answer on port {port} within 5 s")
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["JobsError", "LakeUnusable", "UnknownName", "QueryFailed"]
+__all__ = ["JobsError", "LakeUnusable", "UnknownName", "QueryFailed", "RedisServerMissing"]
 
 
 class JobsError(Exception):
@@ -36,3 +36,11 @@ class QueryFailed(JobsError):
     def __init__(self, name: str, cause: BaseException):
         super().__init__(f"{name}: streaming query failed: {cause}")
         self.name, self.cause = name, cause
+
+
+class RedisServerMissing(JobsError):
+    """A scratch or development redis-server cannot be started (`reason` says why and what to do)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason

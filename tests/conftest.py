@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from jobs.devredis import scratch_redis
+from jobs.errors import JobsError
 from jobs.settings import Settings
 
 
@@ -17,7 +18,7 @@ from jobs.settings import Settings
 def redis_server(tmp_path_factory):
     try:
         proc, port = scratch_redis(tmp_path_factory.mktemp("redis"))
-    except RuntimeError as e:
+    except JobsError as e:
         pytest.fail(str(e))
     url = f"redis://127.0.0.1:{port}/0"
     yield {"url": url, "port": port, "proc": proc}

@@ -13,6 +13,7 @@ __all__ = [
     "RedisAuthFailed",
     "RedisTLSMismatch",
     "UnknownView",
+    "RedisCommandFailed",
     "redact_url",
     "redact",
 ]
@@ -124,3 +125,11 @@ class UnknownView(ViewError):
     def __init__(self, view: str, known: tuple[str, ...]):
         super().__init__(f"unknown view {view!r}: choose one of {', '.join(known)}")
         self.view = view
+
+
+class RedisCommandFailed(ViewError):
+    """Redis answered a command of `what` (a sink, a script) with an error (`error`, Redis's reply)."""
+
+    def __init__(self, what: str, error: str):
+        super().__init__(f"{what}: a command failed in Redis: {error}")
+        self.what, self.error = what, error

@@ -19,6 +19,7 @@ from redis.retry import Retry
 
 from views.errors import (
     RedisAuthFailed,
+    RedisCommandFailed,
     RedisMisconfigured,
     RedisTLSMismatch,
     RedisUnavailable,
@@ -227,7 +228,7 @@ def send_packed(
     client: redis.Redis, payload: bytes, n: int, *, scripts: tuple[str, ...] = (), what: str
 ) -> None:
     """Send `payload` (`n` commands already in the wire protocol) pipelined and read its `n` replies, after loading
-    `scripts` (a restarted Redis has none). Raises RuntimeError naming `what` and the first error any command
+    `scripts` (a restarted Redis has none). Raises RedisCommandFailed naming `what` and the first error any command
     returned (every reply is read first, so the connection stays usable). Retried as a whole on a connection error
     (`WaitingRetry`): callers send only idempotent or fenced commands, so a repeat is harmless."""
     pool = client.connection_pool
@@ -248,7 +249,7 @@ def send_packed(
                     reply = e
                 error = error or _failure(reply)
             if error is not None:
-                raise RuntimeError(f"{what}: a command failed in Redis: {error}")
+                raise RedisCommandFailed(what, str(error))
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             conn.disconnect()
             raise

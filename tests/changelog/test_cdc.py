@@ -14,6 +14,7 @@ from changelog.cdc import (
     profiles_table_path,
     read_change_feed,
 )
+from changelog.errors import NoCompaction
 from changelog.ingest import ingest
 
 SCHEMA = "op string, user_id string, name string, country string, ts bigint"
@@ -74,7 +75,7 @@ def test_sequenced_apply_feed_compaction_and_retention(spark, tmp_path):
             SCHEMA,
         ),
     )
-    with pytest.raises(RuntimeError, match="compact_profiles"):
+    with pytest.raises(NoCompaction, match="compact_profiles"):
         apply_retention(spark, lake)
     compaction = compact_profiles(spark, lake)
     apply_profile_changes(
