@@ -3,6 +3,7 @@
 A record's offset is (Delta commit version, index in the commit). Consumers read a topic as a stream from a
 checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batch`). `latest_version` reads the
 Delta log directory directly, so `mview status` can measure lag without starting Spark.
+`ensure_delta_table` creates the lake's other Delta tables (a join's state tables, a view's output log).
 
 Creating a topic is safe under concurrency: creators of the same topic take turns on an exclusive lock
 (`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
@@ -27,6 +28,7 @@ __all__ = [
     "read_stream",
     "read_batch",
     "latest_version",
+    "ensure_delta_table",
 ]
 
 TOPICS: tuple[str, ...] = tuple(TOPIC_FIELDS)
@@ -124,3 +126,15 @@ def table_version(path: Path | str) -> int:
 def latest_version(lake_dir: Path, topic: str) -> int:
     """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
     return table_version(topic_path(lake_dir, topic))
+
+
+def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool = False) -> str:
+    """Create an empty Delta table with `schema` at `path` if none exists; return the path.
+
+    deletion_vectors: a MERGE then marks replaced rows instead of rewriting whole files (state tables).
+    """
+    if not (path / "_delta_log").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        props = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
+        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({schema}) USING delta{props}")
+    return str(path)

@@ -37,12 +37,11 @@ import time
 
 from pyspark.sql import functions as F
 
-from changelog.topics import read_stream
+from changelog.topics import ensure_delta_table, read_stream
 from jobs.generations import record_batch
 from jobs.replay import serving_or_rebuild
 from jobs.runtime import (
     checkpoint_dir,
-    ensure_delta_table,
     log,
     log_sources,
     read_status,

@@ -24,7 +24,6 @@ __all__ = [
     "run_stream",
     "log",
     "log_sources",
-    "ensure_delta_table",
     "STOP",
     "REDIS_DOWN",
     "status_file",
@@ -133,18 +132,6 @@ class status_file:
 
 def read_status(settings: Settings, job: str, name: str | None = None) -> dict:
     return read_json(settings.lake_dir / "jobs" / job / (name or _STATUS_FILE[0]), {})
-
-
-def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool = False) -> str:
-    """Create an empty Delta table with `schema` at `path` if none exists; return the path.
-
-    deletion_vectors: a MERGE then marks replaced rows instead of rewriting whole files (state tables).
-    """
-    if not (path / "_delta_log").exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        props = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
-        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({schema}) USING delta{props}")
-    return str(path)
 
 
 def _stop_between_batches(q, patience_s: float = 600.0) -> None:
