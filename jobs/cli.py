@@ -198,57 +198,66 @@ def cmd_maintain(args) -> int:
     return 0
 
 
+_JSON = ("--json", {"action": "store_true", "help": "machine-readable output (JSON)"})
+_ONCE = ("--once", {"action": "store_true"})
+
+# command -> (function, help, arguments): every subcommand of the contract, one row each.
+_COMMANDS = {
+    "ingest": (
+        cmd_ingest,
+        "append the valid records of FILEs (- = stdin) to TOPIC's log",
+        [
+            ("topic", {}),
+            ("files", {"nargs": "+"}),
+            ("--json", {"action": "store_true", "help": "end with a JSON summary line"}),
+        ],
+    ),
+    "run": (
+        cmd_run,
+        "run JOB; --once processes everything in its logs now and exits",
+        [("job", {}), _ONCE, _JSON],
+    ),
+    "deploy": (cmd_deploy, "start JOB as a background streaming query", [("job", {})]),
+    "stop": (cmd_stop, "stop a deployed JOB after its batch in flight", [("job", {})]),
+    "query": (
+        cmd_query,
+        "one KEY of VIEW, from Redis",
+        [("view", {}), ("key", {}), ("--limit", {"type": int, "default": None}), _JSON],
+    ),
+    "export": (cmd_export, "every key of VIEW as JSON lines", [("view", {})]),
+    "replay": (
+        cmd_replay,
+        "rebuild JOB's views into a new generation, then switch atomically",
+        [("job", {})],
+    ),
+    "maintain": (
+        cmd_maintain,
+        "OPTIMIZE/VACUUM/compact logs and state, drop old generations",
+        [
+            (
+                "--once",
+                {
+                    "action": "store_true",
+                    "help": "one round now, then exit (default: every MAINTENANCE_INTERVAL)",
+                },
+            ),
+            _JSON,
+        ],
+    ),
+    "status": (cmd_status, "per job: running, generation, last batch, lag, counts", [_JSON]),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mview", description="Stream joins and materialized views on Spark, Delta and Redis"
     )
     sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("ingest", help="append the valid records of FILEs (- = stdin) to TOPIC's log")
-    s.add_argument("topic")
-    s.add_argument("files", nargs="+")
-    s.add_argument("--json", action="store_true", help="end with a JSON summary line")
-    s.set_defaults(func=cmd_ingest)
-
-    s = sub.add_parser("run", help="run JOB; --once processes everything in its logs now and exits")
-    s.add_argument("job")
-    s.add_argument("--once", action="store_true")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_run)
-
-    s = sub.add_parser("deploy", help="start JOB as a background streaming query")
-    s.add_argument("job")
-    s.set_defaults(func=cmd_deploy)
-
-    s = sub.add_parser("stop", help="stop a deployed JOB after its batch in flight")
-    s.add_argument("job")
-    s.set_defaults(func=cmd_stop)
-
-    s = sub.add_parser("query", help="one KEY of VIEW, from Redis")
-    s.add_argument("view")
-    s.add_argument("key")
-    s.add_argument("--limit", type=int, default=None)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_query)
-
-    s = sub.add_parser("export", help="every key of VIEW as JSON lines")
-    s.add_argument("view")
-    s.set_defaults(func=cmd_export)
-
-    s = sub.add_parser("replay", help="rebuild JOB's views into a new generation, then switch atomically")
-    s.add_argument("job")
-    s.set_defaults(func=cmd_replay)
-
-    s = sub.add_parser("maintain", help="OPTIMIZE/VACUUM/compact logs and state, drop old generations")
-    s.add_argument(
-        "--once", action="store_true", help="one round now, then exit (default: every MAINTENANCE_INTERVAL)"
-    )
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_maintain)
-
-    s = sub.add_parser("status", help="per job: running, generation, last batch, lag, counts")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_status)
+    for name, (func, help_text, arguments) in _COMMANDS.items():
+        s = sub.add_parser(name, help=help_text)
+        for flag, options in arguments:
+            s.add_argument(flag, **options)
+        s.set_defaults(func=func)
     return p
 
 
