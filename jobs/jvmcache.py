@@ -1,8 +1,7 @@
 """`python -m jobs.jvmcache` (`make jvm-cache`): an ahead-of-time cache for the Spark driver's JVM.
 
 A `--once` run starts a new JVM, and most of its first batch is the JVM warming up: loading and linking ~20,000
-classes and profiling methods before the JIT compiles them (measured: a cold 52k-event timeline batch took
-16-19 s, the same batch in a warm JVM 9 s). JDK 25's AOT cache (JEPs 483, 514, 515) stores the classes of a
+classes and profiling methods before the JIT compiles them (figures: docs/architecture.md). JDK 25's AOT cache (JEPs 483, 514, 515) stores the classes of a
 training run already loaded and linked, with their method profiles, and a later JVM maps it at start.
 
 `build()` makes it: a training run of the timeline job on a generated workload (`_training_workload`) in a JVM

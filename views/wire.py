@@ -3,8 +3,7 @@ operation: the executors only forward the text (`views.redis_io.send_packed`). L
 (`octet_length`), and the text is sent UTF-8 encoded.
 
 Every function takes and returns the SQL text of an expression (`F.expr` or `selectExpr` turns it into a column):
-a command of a dozen parts is one Py4J round trip to parse, where the same expression built from `functions` was
-hundreds, rebuilt in every micro-batch (measured: 390 of a timeline batch's 2,000 round trips)."""
+a whole command is one expression to parse (why: docs/architecture.md, "Building a micro-batch's plans")."""
 
 from __future__ import annotations
 

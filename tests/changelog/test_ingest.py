@@ -52,7 +52,7 @@ def _texts(spark, lake) -> list[tuple]:
 
 
 def test_a_line_over_the_maximum_record_size_is_dead_lettered_with_a_bounded_prefix(spark, tmp_path):
-    """25 MB of text: Spark's JSON reader used to turn the record into a row of nulls, counted as accepted."""
+    """A 25 MB line is rejected with its size and a 1,000-character prefix; a line of exactly the maximum is kept."""
     lake, src = tmp_path / "lake", tmp_path / "big.jsonl"
     huge = _post("big", "x" * 25_000_000)
     at_max = _post("max", "")
@@ -100,8 +100,8 @@ def test_a_byte_order_mark_is_dropped_at_the_start_of_a_file_only(spark, tmp_pat
 
 
 def test_concurrent_creators_of_a_topic_and_concurrent_appends_all_succeed(spark, tmp_path):
-    """Creators racing on a new topic used to fail with ProtocolChangedException (threads share one JVM here;
-    the lock is per open file, so they exclude each other as processes do)."""
+    """Threads racing to create a new topic and append to it all succeed, each record stored once (threads share
+    one JVM here; the lake's lock is per open file, so they exclude each other as processes do)."""
     lake = tmp_path / "lake"
     start = threading.Barrier(4)
     errors: list[BaseException] = []

@@ -1,4 +1,4 @@
-"""Durations in settings: "ms" is milliseconds (it once parsed as minutes, so "500 ms" meant 500 minutes)."""
+"""Durations in settings: units, plurals, and "ms" as milliseconds (not minutes); a bad duration says what to write."""
 
 from __future__ import annotations
 
