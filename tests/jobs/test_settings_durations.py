@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from jobs.settings import parse_duration_ms
+from jobs.settings import Settings, parse_duration_ms
 
 
 @pytest.mark.parametrize(
@@ -31,3 +33,27 @@ def test_durations(text, ms):
 def test_bad_durations_say_what_to_write(text):
     with pytest.raises(ValueError, match="500 ms"):
         parse_duration_ms(text)
+
+
+@pytest.mark.parametrize(
+    "variable, attribute",
+    [
+        ("ALLOWED_LATENESS", "allowed_lateness_ms"),
+        ("TRIGGER_INTERVAL", "trigger_interval_ms"),
+        ("MAINTENANCE_INTERVAL", "maintenance_interval_ms"),
+        ("LOG_RETENTION", "log_retention_ms"),
+        ("REPLAY_GRACE", "replay_grace_ms"),
+        ("STOP_TIMEOUT", "stop_timeout_ms"),
+        ("CLICKS_IDLE_TIMEOUT", "clicks_idle_timeout_ms"),
+    ],
+)
+def test_settings_parse_each_duration_once_and_name_a_bad_one(variable, attribute):
+    assert getattr(Settings.from_env({variable: "90s"}), attribute) == 90_000
+    with pytest.raises(ValueError, match=f"^{variable}: cannot parse duration 'soon'"):
+        Settings.from_env({variable: "soon"})
+
+
+def test_a_copy_with_another_duration_parses_it_again():
+    s = dataclasses.replace(Settings.from_env({}), trigger_interval="2 s")
+    assert s.trigger_interval_ms == 2_000
+    assert Settings.from_env({}).clicks_idle_timeout_ms is None  # empty: off
