@@ -20,10 +20,9 @@ and the changes to publish, by the product rule d(T join F) = dT join F' + T' jo
 Duplicate records change no state, so they have one effect. Because state is a function of the *set* of
 records, the published timelines never depend on arrival order or on batch boundaries.
 
-Cost: every step is a Spark SQL plan over the batch and the state (no Python per row). Plan branches whose
-input is empty in this batch (no deletes, no unfollows, no new follows, ...) are left out, so a batch of new
-tweets runs a handful of small jobs: the tweet and follow changes are counted by one job, and both tables of the state
-after the batch are materialized by one more (O(state) in memory).
+Every step is a Spark SQL plan over the batch and the state (no Python per row); plan branches whose input is
+empty in a batch (no deletes, no unfollows, no new follows, ...) are left out. The state's durable form between
+micro-batches is `joins.table_table_state.TimelineStore`.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ TWEET_STATE_SCHEMA = (
     "tweet_id string, user_id string, text string, ts bigint, posted boolean, deleted boolean"
 )
 FOLLOW_STATE_SCHEMA = "follower_id string, followee_id string, op string, ts bigint"
-ENTRIES_TYPE = "array<struct<ts:bigint,tweet_id:string,p:string>>"  # p: the payload of the tweet, or null
+ENTRIES_TYPE = "array<struct<ts:bigint,tweet_id:string,p:string>>"  # p: the tweet's `carry` value, or null
 _TWEET_COLS = [c.split()[0] for c in TWEET_STATE_SCHEMA.split(", ")]
 _FOLLOW_COLS = [c.split()[0] for c in FOLLOW_STATE_SCHEMA.split(", ")]
 
@@ -81,8 +80,7 @@ class TimelineChanges:
 
 @functools.lru_cache(maxsize=16)
 def _empty(spark, schema: str) -> DataFrame:
-    """An empty DataFrame of `schema`, made once per session: `createDataFrame([])` takes about 35 Py4J round trips,
-    and a batch needed up to five."""
+    """An empty DataFrame of `schema`, made once per session and reused."""
     return spark.createDataFrame([], schema)
 
 
@@ -97,9 +95,8 @@ def _current(f: DataFrame) -> DataFrame:
 def _newest(entries: Column, cap: int) -> Column:
     """The newest `cap` (ts, tweet_id) structs of `entries` (ties by tweet_id descending), in no particular order.
 
-    Sorted only when there are more than `cap` (the sink's order does not matter: Redis orders by score). No
-    `array_distinct`: callers pass distinct rows, and Spark's array_distinct of structs compares every pair
-    (quadratic: 9 s of one batch for followers of celebrities with thousands of tweets, measured)."""
+    Sorted only when there are more than `cap` (the order of the array carries no meaning). No `array_distinct`:
+    callers pass distinct rows, and Spark's array_distinct of structs compares every pair (quadratic)."""
     return F.when(F.size(entries) <= cap, entries).otherwise(
         F.slice(F.sort_array(entries, asc=False), 1, cap)
     )
@@ -112,9 +109,9 @@ def _timelines(pairs: DataFrame, cap: int) -> DataFrame:
     )
 
 
-def _with_payload(tweets: DataFrame, payload) -> DataFrame:
-    """`tweets` (ts, tweet_id, ...) with column `p`: `payload("ts", "tweet_id")`, or null without a payload."""
-    p = F.expr(payload("ts", "tweet_id")) if payload else F.lit(None).cast("string")
+def _with_carry(tweets: DataFrame, carry: str | None) -> DataFrame:
+    """`tweets` (ts, tweet_id, ...) with column `p`: the SQL expression `carry` evaluated per row, or null."""
+    p = F.expr(carry) if carry else F.lit(None).cast("string")
     return tweets.withColumn("p", p)
 
 
@@ -123,21 +120,20 @@ def _top_per_author(tweets: DataFrame, cap: int) -> DataFrame:
     return tweets.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= cap).drop("_rank")
 
 
-def _backfill(pairs: DataFrame, live: DataFrame, cap: int, payload) -> DataFrame:
+def _backfill(pairs: DataFrame, live: DataFrame, cap: int, carry: str | None) -> DataFrame:
     """follower_id, tweet_id, ts, p: for each (follower_id, followee_id) pair, the followee's newest `cap` tweets
     of `live`. Cut per author before the fan-out to the pairs (a celebrity's thousands of tweets are not joined to
-    each of their followers and cut after), and the payload made once per tweet, before the fan-out too."""
+    each of their followers and cut after), and `carry` evaluated once per tweet, before the fan-out too."""
     authors = pairs.select(F.col("followee_id").alias("user_id")).distinct()
-    top = _with_payload(_top_per_author(live.join(authors, "user_id", "left_semi"), cap), payload)
+    top = _with_carry(_top_per_author(live.join(authors, "user_id", "left_semi"), cap), carry)
     return pairs.join(
         top.select(F.col("user_id").alias("followee_id"), "tweet_id", "ts", "p"), "followee_id"
     ).select("follower_id", "tweet_id", "ts", "p")
 
 
-# The change queries' expressions are SQL text (`F.expr`, `selectExpr`): one Py4J round trip per expression to
-# parse, where the same expressions built from `functions` took about 400 round trips per micro-batch (measured),
-# a third of a small batch's driver time. (Not one `spark.sql` query: the micro-batch belongs to the streaming
-# query's own session, and a temporary view of it is not visible from the state's.)
+# The change queries' expressions are SQL text (`F.expr`, `selectExpr`) rather than built from `functions`. (Not
+# one `spark.sql` query: the micro-batch belongs to the streaming query's own session, and a temporary view of it
+# is not visible from the state's.)
 # In both, the state rows of the batch's keys are selected first (a semi join that streams the state past the small
 # batch), so the outer join never hashes or ships the whole state.
 
@@ -229,8 +225,7 @@ def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: l
 
 
 def _materialize(*dfs: DataFrame) -> None:
-    """Compute every lazy local checkpoint of `dfs` in one Spark job (one job per DataFrame before: each job is a
-    driver round of planning and scheduling, measured at 0.1-0.2 s warm and up to 1 s cold)."""
+    """Compute every lazy local checkpoint of `dfs` in one Spark job."""
     if dfs:
         functools.reduce(
             DataFrame.unionByName, [df.selectExpr("1 AS one") for df in dfs]
@@ -249,9 +244,8 @@ def _changes(
     each condition (SQL text), `((n, n_cond...), (n, n_cond...))`, all computed by one Spark job. A topic without a
     batch has no plan at all: an empty DataFrame and zero counts.
 
-    Local checkpoints rather than `persist()`: Spark did not always substitute a persisted plan where it was used twice
-    in one query (the follow changes were recomputed twice in the adds' plan, measured), while a checkpoint's lineage
-    is cut and cannot be recomputed."""
+    Local checkpoints rather than `persist()`: a checkpoint's lineage is cut, so a result used twice in one query is
+    never recomputed (Spark does not always substitute a persisted plan)."""
     spark = tweets_before.sparkSession
     parts = []
     for i, (changes, before, batch, conds) in enumerate(
@@ -282,30 +276,34 @@ def _changes(
     return (parts[0][0], counts[0]), (parts[1][0], counts[1])
 
 
-def maintain_timeline(
-    state: TimelineState,
-    tweets_batch: DataFrame | None,
-    follows_batch: DataFrame | None,
-    *,
-    cap: int,
-    payload=None,
-) -> TimelineChanges:
-    """The state after one micro-batch, and the timeline changes it causes. See the module docstring.
+_BORN = "live_after AND (NOT live_before OR moved)"  # over _tweet_changes: the tweet (re)enters timelines
+_DIED = "live_before AND (NOT live_after OR moved)"  # ... leaves them (a moved tweet does both)
+_GAINED = "NOT current_before AND current_after"  # over _follow_changes: the pair became current
+_LOST = "current_before AND NOT current_after"
+_TIMELINES_SCHEMA = f"follower_id string, entries {ENTRIES_TYPE}"
 
-    `state` is not modified. `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id,
-    followee_id, ts. Either may be None when the batch has no record of that topic. Batch-sized intermediates are
-    cached until `release()`; the new state is materialized. `payload(ts, tweet_id) -> str` (optional): the SQL
-    text of a string made once per tweet from the SQL texts of its `ts` and `tweet_id`, before the fan-out to its
-    followers, and carried in each entry as `p` (the sink's encoding of the entry: made per tweet rather than per
-    timeline entry, 30k times instead of 800k).
-    """
-    spark = state.tweets.sparkSession
-    born_c, died_c = "live_after AND (NOT live_before OR moved)", "live_before AND (NOT live_after OR moved)"
-    gained_c, lost_c = "NOT current_before AND current_after", "current_before AND NOT current_after"
+
+@dataclass(frozen=True)
+class _Delta:
+    """One batch's effect on the state: the changed rows, the state before and after, and the rows that change
+    the join (born/died tweets, gained/lost pairs), with `n`: how many of each (0 = no plan branch)."""
+
+    before: TimelineState
+    after: TimelineState
+    tweets: DataFrame  # _tweet_changes rows (a local checkpoint)
+    follows: DataFrame  # _follow_changes rows (a local checkpoint)
+    born: DataFrame  # tweet_id, user_id, text, ts
+    died: DataFrame  # tweet_id, user_id (the author before), live_after
+    gained: DataFrame  # follower_id, followee_id
+    lost: DataFrame  # follower_id, followee_id
+    n: dict  # born, died, gained, lost
+
+
+def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None) -> _Delta:
+    """The batch's changed state rows and the state after it (materialized, one Spark job for both tables)."""
     (tc, (n_tc, n_born, n_died)), (fc, (n_fc, n_gained, n_lost)) = _changes(
-        state.tweets, tweets_batch, state.follows, follows_batch, (born_c, died_c), (gained_c, lost_c)
+        state.tweets, tweets_batch, state.follows, follows_batch, (_BORN, _DIED), (_GAINED, _LOST)
     )
-
     tweets_after = _replace_rows(state.tweets, tc, ["tweet_id"], _TWEET_COLS) if n_tc else state.tweets
     follows_after = (
         _replace_rows(state.follows, fc, ["follower_id", "followee_id"], _FOLLOW_COLS)
@@ -313,88 +311,119 @@ def maintain_timeline(
         else state.follows
     )
     _materialize(*[df for df, n in ((tweets_after, n_tc), (follows_after, n_fc)) if n])
-    live_after = _live(tweets_after)
-    cur_after = _current(follows_after)
+    return _Delta(
+        before=state,
+        after=TimelineState(tweets=tweets_after, follows=follows_after),
+        tweets=tc,
+        follows=fc,
+        born=tc.where(_BORN).select("tweet_id", "user_id", "text", "ts"),
+        died=tc.where(_DIED).select("tweet_id", F.col("user_before").alias("user_id"), "live_after"),
+        gained=fc.where(_GAINED).select("follower_id", "followee_id"),
+        lost=fc.where(_LOST).select("follower_id", "followee_id"),
+        n={"born": n_born, "died": n_died, "gained": n_gained, "lost": n_lost},
+    )
 
-    born = tc.where(born_c).select("tweet_id", "user_id", "text", "ts")
-    died = tc.where(died_c).select("tweet_id", F.col("user_before").alias("user_id"), "live_after")
-    gained = fc.where(gained_c).select("follower_id", "followee_id")
-    lost = fc.where(lost_c).select("follower_id", "followee_id")
-    empty_pairs = _empty(spark, "follower_id string, tweet_id string")
-    empty_ids = _empty(spark, "follower_id string")
-    cached = [tc, fc]
 
-    # Followers who lose entries: an unfollow, or a delete of a tweet by someone they followed before the batch.
-    removes, refill = empty_pairs, empty_ids
-    if n_died or n_lost:
-        cur_before = _current(state.follows)
-        parts = []
-        if n_died:
-            died_authors = died.select(F.col("user_id").alias("followee_id"), "tweet_id")
-            parts.append(cur_before.join(died_authors, "followee_id").select("follower_id", "tweet_id"))
-        if n_lost:
-            lost_tweets = _live(state.tweets).select(F.col("user_id").alias("followee_id"), "tweet_id")
-            parts.append(lost.join(lost_tweets, "followee_id").select("follower_id", "tweet_id"))
-        removes_all = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1]).distinct()
-        removes_all = removes_all.persist()
-        losers = removes_all.select("follower_id").distinct()
-        # A loser whose timeline held every entry of the join (at most `cap`) is exact with ZREM; one that had
-        # more than `cap` (Redis keeps only the newest `cap`) is recomputed whole, which refills it.
-        live_per_author = (
-            _live(state.tweets).groupBy(F.col("user_id").alias("followee_id")).agg(F.count("*").alias("n"))
-        )
-        sizes = cur_before.join(losers, "follower_id").join(live_per_author, "followee_id")
-        refill = (
-            sizes.groupBy("follower_id")
-            .agg(F.sum("n").alias("n"))
-            .where(F.col("n") > cap)
-            .select("follower_id")
-        ).persist()
-        removes = removes_all.join(refill, "follower_id", "left_anti")
-        cached += [removes_all, refill]
+def _removals(d: _Delta, cap: int) -> tuple[DataFrame, DataFrame, list[DataFrame]]:
+    """(removes: follower_id, tweet_id; refill: follower_id; persisted intermediates) for the followers who lose
+    entries: an unfollow, or a delete of a tweet by someone they followed before the batch. A loser whose join
+    held at most `cap` rows (the view holds all of them) loses exactly those entries; one that held more than
+    `cap` (the view holds only the newest `cap`) is in `refill`, to be recomputed whole."""
+    cur_before = _current(d.before.follows)
+    parts = []
+    if d.n["died"]:
+        died_authors = d.died.select(F.col("user_id").alias("followee_id"), "tweet_id")
+        parts.append(cur_before.join(died_authors, "followee_id").select("follower_id", "tweet_id"))
+    if d.n["lost"]:
+        lost_tweets = _live(d.before.tweets).select(F.col("user_id").alias("followee_id"), "tweet_id")
+        parts.append(d.lost.join(lost_tweets, "followee_id").select("follower_id", "tweet_id"))
+    removes_all = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1]).distinct()
+    removes_all = removes_all.persist()
+    losers = removes_all.select("follower_id").distinct()
+    live_per_author = (
+        _live(d.before.tweets).groupBy(F.col("user_id").alias("followee_id")).agg(F.count("*").alias("n"))
+    )
+    sizes = cur_before.join(losers, "follower_id").join(live_per_author, "followee_id")
+    refill = (
+        sizes.groupBy("follower_id").agg(F.sum("n").alias("n")).where(F.col("n") > cap).select("follower_id")
+    ).persist()
+    removes = removes_all.join(refill, "follower_id", "left_anti")
+    return removes, refill, [removes_all, refill]
 
-    # dT join F' = dT join (F' minus dF) + dT join dF, and T' join dF holds the second term, so the adds are
-    # dT join (pairs current before and after) + T' join (pairs that became current): disjoint, each
-    # (follower, tweet) once, and a first batch (empty state) computes the join only once.
-    # - a tweet that became live goes to every follower of its author who followed before and still does;
-    # - a new follow brings the followee's newest `cap` live tweets (tweets of this batch included).
+
+def _adds(d: _Delta, refill: DataFrame | None, cap: int, carry: str | None) -> DataFrame:
+    """follower_id, entries: the entries each follower gains (followers in `refill` left out).
+
+    dT join F' = dT join (F' minus dF) + dT join dF, and T' join dF holds the second term, so the adds are
+    dT join (pairs current before and after) + T' join (pairs that became current): disjoint, each
+    (follower, tweet) once, and a first batch (empty state) computes the join only once.
+    - a tweet that became live goes to every follower of its author who followed before and still does;
+    - a new follow brings the followee's newest `cap` live tweets (tweets of this batch included)."""
     candidates = []
-    if n_born:
-        authors = _with_payload(born, payload).select(
+    if d.n["born"]:
+        authors = _with_carry(d.born, carry).select(
             F.col("user_id").alias("followee_id"), "tweet_id", "ts", "p"
         )
-        kept = _current(state.follows)
-        if n_lost:
-            kept = kept.join(lost, ["follower_id", "followee_id"], "left_anti")
+        kept = _current(d.before.follows)
+        if d.n["lost"]:
+            kept = kept.join(d.lost, ["follower_id", "followee_id"], "left_anti")
         candidates.append(kept.join(authors, "followee_id").select("follower_id", "tweet_id", "ts", "p"))
-    if n_gained:
-        candidates.append(_backfill(gained, live_after, cap, payload))
-    if candidates:
-        pairs = candidates[0] if len(candidates) == 1 else candidates[0].unionByName(candidates[1])
-        if n_died or n_lost:
-            pairs = pairs.join(refill, "follower_id", "left_anti")
-        adds = _timelines(pairs, cap)
-    else:
-        adds = _empty(spark, f"follower_id string, entries {ENTRIES_TYPE}")
+    if d.n["gained"]:
+        candidates.append(_backfill(d.gained, _live(d.after.tweets), cap, carry))
+    if not candidates:
+        return _empty(d.before.tweets.sparkSession, _TIMELINES_SCHEMA)
+    pairs = candidates[0] if len(candidates) == 1 else candidates[0].unionByName(candidates[1])
+    if refill is not None:
+        pairs = pairs.join(refill, "follower_id", "left_anti")
+    return _timelines(pairs, cap)
 
-    # Refill: the whole new timeline of each follower recomputed (empty array when nothing is left).
-    if n_died or n_lost:
-        refill_pairs = _backfill(cur_after.join(refill, "follower_id"), live_after, cap, payload)
-        replaces = refill.join(_timelines(refill_pairs, cap), "follower_id", "left").select(
-            "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
-        )
-    else:
-        replaces = _empty(spark, f"follower_id string, entries {ENTRIES_TYPE}")
 
+def _replaces(d: _Delta, refill: DataFrame, cap: int, carry: str | None) -> DataFrame:
+    """follower_id, entries: the whole new timeline of each follower in `refill`, recomputed from the state after
+    the batch (an empty array when nothing is left)."""
+    pairs = _backfill(
+        _current(d.after.follows).join(refill, "follower_id"), _live(d.after.tweets), cap, carry
+    )
+    return refill.join(_timelines(pairs, cap), "follower_id", "left").select(
+        "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
+    )
+
+
+def maintain_timeline(
+    state: TimelineState,
+    tweets_batch: DataFrame | None,
+    follows_batch: DataFrame | None,
+    *,
+    cap: int,
+    carry: str | None = None,
+) -> TimelineChanges:
+    """The state after one micro-batch, and the timeline changes it causes. See the module docstring.
+
+    `state` is not modified. `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id,
+    followee_id, ts. Either may be None when the batch has no record of that topic. Batch-sized intermediates are
+    cached until `release()`; the new state is materialized. `carry` (optional): the SQL text of a string
+    expression over a tweet's columns `ts` and `tweet_id`, evaluated once per tweet (before the tweet is fanned out
+    to its followers) and carried in each of its entries as `p`; without it `p` is null.
+    """
+    spark = state.tweets.sparkSession
+    d = _delta(state, tweets_batch, follows_batch)
+    cached = [d.tweets, d.follows]
+    if d.n["died"] or d.n["lost"]:
+        removes, refill, persisted = _removals(d, cap)
+        replaces = _replaces(d, refill, cap, carry)
+        cached += persisted
+    else:
+        removes, refill = _empty(spark, "follower_id string, tweet_id string"), None
+        replaces = _empty(spark, _TIMELINES_SCHEMA)
     return TimelineChanges(
-        after=TimelineState(tweets=tweets_after, follows=follows_after),
-        tweet_rows=tc.select(*_TWEET_COLS),
-        follow_rows=fc.select(*_FOLLOW_COLS),
-        adds=adds,
+        after=d.after,
+        tweet_rows=d.tweets.select(*_TWEET_COLS),
+        follow_rows=d.follows.select(*_FOLLOW_COLS),
+        adds=_adds(d, refill, cap, carry),
         removes=removes,
         replaces=replaces,
-        tweets_live=born,
-        tweets_dead=died.where(~F.col("live_after")).select("tweet_id"),
-        counts={"born": n_born, "died": n_died, "gained": n_gained, "lost": n_lost},
+        tweets_live=d.born,
+        tweets_dead=d.died.where(~F.col("live_after")).select("tweet_id"),
+        counts=dict(d.n),
         _cached=tuple(cached),
     )

@@ -1,14 +1,20 @@
-"""The `timeline` view in Redis: the sink that applies timeline changes, and the read side.
+"""The `timeline` view in Redis: its operations made from the join's changes, the sink that applies them, and the
+read side.
+
+`timeline_ops(changes)` turns one micro-batch of `joins.table_table.TimelineChanges` into operations:
+removed entries and added entries of a follower become one `add` operation; a follower whose timeline is
+recomputed whole gets one `replace`; a tweet that became live has its JSON stored, one that stopped being live
+deleted.
 
 Sink input (one DataFrame per micro-batch, `TIMELINE_OPS_SCHEMA`):
 - `kind="timeline"`, `id=follower`, `mode="add"`: ZREM the `removes`, ZADD the `entries`, then keep the newest
   `cap`; `mode="replace"`: the entries are the follower's whole new timeline (a refill after a removal).
 - `kind="tweet"`, `id=tweet_id`: `body` is the tweet's JSON to store, or null to delete it.
 `removes` and `entries` are arrays of wire-protocol text made by `member(tweet_id)` and `entry(ts, tweet_id)`, in
-the JVM, once per tweet before it is fanned out to its followers (see `joins.table_table`'s `payload`). The sink
-builds each operation's Redis commands around them in Spark SQL, and the executors' Python only forwards the text,
-about 1 MB per round trip: no Python code and no Lua script handles a single entry (Redis spent 1.1 s applying
-825k entries as ZADD arguments, against 2.0 s splitting them out of joined strings in Lua, measured).
+the JVM; an added entry is made once per tweet before it is fanned out to its followers (the join evaluates
+`ENTRY_CARRY` per tweet: `maintain_timeline(..., carry=ENTRY_CARRY)`). The sink builds each operation's Redis
+commands around them in Spark SQL, and the executors' Python only forwards the text, about 1 MB per round trip:
+no Python code and no Lua script handles a single entry.
 
 Every operation is idempotent on its key (ZADD of the same members, trim to the same cap, replace with the same
 content, SET/DEL of the same body) and the commands of one timeline run in one MULTI/EXEC, so readers never see
@@ -19,13 +25,18 @@ leaves exactly the content of one application.
 from __future__ import annotations
 
 import orjson
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
+from joins.table_table import TimelineChanges
 from views.keys import key_id, timeline_key, tweet_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
 from views.wire import array_command, bulk, command, lit, view_key_column
 
 __all__ = [
     "TIMELINE_OPS_SCHEMA",
+    "ENTRY_CARRY",
+    "timeline_ops",
     "TimelineSink",
     "entry",
     "member",
@@ -49,6 +60,48 @@ def member(tweet_id: str) -> str:
 def entry(ts: str, tweet_id: str) -> str:
     """A timeline entry (score `ts`, member `tweet_id`), as ZADD arguments (SQL text; `ts` a bigint expression)."""
     return f"concat({bulk(f'cast({ts} AS string)')}, {bulk(tweet_id)})"
+
+
+ENTRY_CARRY = entry("ts", "tweet_id")  # the join's `carry`: a tweet's entry, made once per tweet
+
+
+def _op(df: DataFrame, kind: str, mode="NULL", removes="NULL", entries="NULL", body="NULL") -> DataFrame:
+    """`df` as TIMELINE_OPS_SCHEMA rows of `kind` (keyed by follower_id or tweet_id); the rest are SQL texts."""
+    return df.selectExpr(
+        f"'{kind}' AS kind",
+        f"{'follower_id' if kind == 'timeline' else 'tweet_id'} AS id",
+        f"CAST({mode} AS string) AS mode",
+        f"CAST({removes} AS array<string>) AS removes",
+        f"CAST({entries} AS array<string>) AS entries",
+        f"CAST({body} AS string) AS body",
+    )
+
+
+def timeline_ops(changes: TimelineChanges) -> DataFrame:
+    """The operations (TIMELINE_OPS_SCHEMA) of one micro-batch's `changes`, made by `maintain_timeline` with
+    `carry=ENTRY_CARRY` (entries are taken as the join carried them). A follower's removes and adds are one `add`
+    operation; branches with no input in the batch are left out of the plan."""
+    n = changes.counts
+    removing, adding = n["died"] or n["lost"], n["born"] or n["gained"]
+    parts = []
+    adds = changes.adds.selectExpr("follower_id", "entries.p AS entries")
+    if removing:
+        removes = changes.removes.groupBy("follower_id").agg(
+            F.expr(f"collect_list({member('tweet_id')}) AS removes")
+        )
+        touched = adds.join(removes, "follower_id", "full") if adding else removes
+        parts.append(_op(touched, "timeline", "'add'", "removes", "entries" if adding else "NULL"))
+        parts.append(_op(changes.replaces, "timeline", "'replace'", entries="entries.p"))
+    elif adding:
+        parts.append(_op(adds, "timeline", "'add'", entries="entries"))
+    if n["born"]:
+        parts.append(_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))"))
+    if n["died"]:
+        parts.append(_op(changes.tweets_dead, "tweet"))
+    out = parts[0] if parts else _op(changes.tweets_dead, "tweet")
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
 
 
 def _wire(ops_df, generation: int, cap: int):

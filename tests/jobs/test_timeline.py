@@ -88,15 +88,14 @@ def _rows(state) -> tuple[list, list]:
     return sorted(map(tuple, state.tweets.collect())), sorted(map(tuple, state.follows.collect()))
 
 
-def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(spark, tmp_path, monkeypatch):
+def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(spark, tmp_path):
     """The in-memory state equals the state rebuilt from the changes log, before and after compaction, and a
     store that starts fresh at batch N (a restart, or Spark replaying N) gets the state as it was before N."""
-    from jobs import timeline as job
     from joins.table_table import maintain_timeline
+    from joins.table_table_state import TimelineStore
 
-    monkeypatch.setattr(job, "_SNAPSHOT_EVERY", 2)
     path = tmp_path / "changes"
-    store = job._StateStore(spark, path)
+    store = TimelineStore(spark, path, snapshot_every=2)
     tweets = "op string, tweet_id string, user_id string, text string, ts bigint"
     follows = "op string, follower_id string, followee_id string, ts bigint"
     steps = [
@@ -108,17 +107,17 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
     ]
     before = []
     for i, (tw, fo) in enumerate(steps):
-        state = store.before(i)
+        state = store.restore(i)
         before.append(_rows(state))
         batch_t = spark.createDataFrame(tw, tweets) if tw else None
         batch_f = spark.createDataFrame(fo, follows) if fo else None
         changes = maintain_timeline(state, batch_t, batch_f, cap=2)
-        store.write(i, changes)
+        store.stage(i, changes)
         store.advance(i, changes)
-    # before(2) and before(4) compacted: s1 covered b0-b1, s3 covered s1 and b2-b3.
+    # restore(2) and restore(4) compacted: s1 covered b0-b1, s3 covered s1 and b2-b3.
     assert sorted(p.name for p in path.iterdir()) == ["b4", "s3"]
-    assert _rows(job._StateStore(spark, path).before(5)) == _rows(store.state)
-    assert _rows(job._StateStore(spark, path).before(4)) == before[4]
+    assert _rows(TimelineStore(spark, path).restore(5)) == _rows(store.state)
+    assert _rows(TimelineStore(spark, path).restore(4)) == before[4]
     tweets_after, follows_after = _rows(store.state)
     assert [t[:5] for t in tweets_after] == [
         ("t1", "a", "x", 1, True),
