@@ -120,36 +120,24 @@ def _ref_user(col):
     return F.regexp_extract(col, r"^(.*)@-?\d{1,18}$", 1)
 
 
-def asof_join(
-    events: DataFrame, versions: DataFrame, *, watermark_ms: int | None, few_users: bool = False
-) -> AsofResult:
-    """Enrich candidate `events` (EVENT_COLUMNS, one row per event_id) with `versions` (`profile_versions`
-    output or raw `VERSION_SCHEMA` rows) under the profiles watermark `watermark_ms` (None: no change seen yet,
-    everything is held). See the module docstring for semantics.
-
-    few_users: the candidates are few (a small micro-batch): only the versions of their users are sorted,
-    selected by a broadcast semi-join. The results are lazy; the caller persists what it reuses."""
-    wm = F.lit(watermark_ms).cast("bigint")
-    ev = events.select(*EVENT_COLUMNS)
-    pv = F.col("profile_version")
-    ready = F.coalesce(wm >= F.col("ts"), F.lit(False))
-    now = ev.where(ready)
-    waiting = ev.where(~ready).select(
+def _held(events: DataFrame) -> DataFrame:
+    """`events` as undecided rows: profile fields null, `emit` False."""
+    return events.select(
         *EVENT_COLUMNS,
         F.lit(None).cast("string").alias("name"),
         F.lit(None).cast("string").alias("country"),
         F.lit(False).alias("unknown_version"),
         F.lit(False).alias("emit"),
     )
-    if watermark_ms is None:
-        return AsofResult(decided=waiting)
 
-    # One sorted stream per key: events (kind 1) at (reference user, reference ts) if pinned to a well-formed
-    # reference, else at (user, ts); versions (kind 0) at (user, ts), ordered by the tie-break so the winner of
-    # equal (user, ts) comes last.
+
+def _event_keys(events: DataFrame) -> DataFrame:
+    """Events as rows of the sorted stream (kind 1): keyed by (reference user, reference ts) if pinned to a
+    well-formed reference, else by (user, ts)."""
+    pv = F.col("profile_version")
     rts = _ref_ts(pv)
     lookup = pv.isNotNull() & rts.isNotNull()
-    erows = now.select(
+    return events.select(
         F.when(lookup, _ref_user(pv)).otherwise(F.col("user_id")).alias("_k"),
         F.when(lookup, rts).otherwise(F.col("ts")).alias("_s"),
         F.lit(1).alias("_kind"),
@@ -157,12 +145,17 @@ def asof_join(
         F.lit(None).cast("struct<ts:bigint,deleted:boolean,name:string,country:string>").alias("_v"),
         *EVENT_COLUMNS,
     )
+
+
+def _version_keys(versions: DataFrame, erows: DataFrame, *, few_users: bool) -> DataFrame:
+    """Versions as rows of the sorted stream (kind 0) keyed by (user, ts), with the tie-break `_q` that orders
+    the winner of equal (user, ts) last. few_users: only the users of `erows` (a broadcast semi-join)."""
     vers = versions.select(*_VERSION_COLUMNS)
     if few_users:
         keys = erows.select(F.col("_k").alias("user_id")).distinct()
         vers = vers.join(F.broadcast(keys), "user_id", "left_semi")
     none = F.lit(None).cast("string")
-    vrows = vers.select(
+    return vers.select(
         F.col("user_id").alias("_k"),
         F.col("ts").alias("_s"),
         F.lit(0).alias("_kind"),
@@ -178,17 +171,23 @@ def asof_join(
         F.lit(None).cast("bigint").alias("ts"),
         none.alias("profile_version"),
     )
+
+
+def _carry(erows: DataFrame, vrows: DataFrame, wm) -> DataFrame:
+    """Each event of the sorted stream with the version carried to it (`_cur`, the last version at or before
+    it), decided: ENRICHED_COLUMNS + `unknown_version` + `emit`."""
     w = (
         Window.partitionBy("_k")
         .orderBy("_s", "_kind", "_q")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    cur = F.col("_cur")
+    pv, cur = F.col("profile_version"), F.col("_cur")
     pinned = pv.isNotNull()
+    lookup = pinned & _ref_ts(pv).isNotNull()
     found = lookup & F.coalesce(cur["ts"] == F.col("_s"), F.lit(False))
     live = cur.isNotNull() & ~F.coalesce(cur["deleted"], F.lit(True))
     use = F.when(pinned, found & ~cur["deleted"]).otherwise(live)
-    done = (
+    return (
         erows.unionByName(vrows)
         .withColumn("_cur", F.last("_v", ignorenulls=True).over(w))
         .where(F.col("_kind") == 1)
@@ -207,4 +206,23 @@ def asof_join(
             (~lookup | found | (wm >= F.col("_s"))).alias("emit"),
         )
     )
-    return AsofResult(decided=done.unionByName(waiting))
+
+
+def asof_join(
+    events: DataFrame, versions: DataFrame, *, watermark_ms: int | None, few_users: bool = False
+) -> AsofResult:
+    """Enrich candidate `events` (EVENT_COLUMNS, one row per event_id) with `versions` (`profile_versions`
+    output or raw `VERSION_SCHEMA` rows) under the profiles watermark `watermark_ms` (None: no change seen yet,
+    everything is held). See the module docstring for semantics.
+
+    few_users: the candidates are few (a small micro-batch): only the versions of their users are sorted,
+    selected by a broadcast semi-join. The results are lazy; the caller persists what it reuses."""
+    wm = F.lit(watermark_ms).cast("bigint")
+    ev = events.select(*EVENT_COLUMNS)
+    ready = F.coalesce(wm >= F.col("ts"), F.lit(False))
+    waiting = _held(ev.where(~ready))
+    if watermark_ms is None:
+        return AsofResult(decided=waiting)
+    erows = _event_keys(ev.where(ready))
+    decided = _carry(erows, _version_keys(versions, erows, few_users=few_users), wm)
+    return AsofResult(decided=decided.unionByName(waiting))
