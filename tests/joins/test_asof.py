@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from joins.asof import EVENT_COLUMNS, asof_join, dedupe_events, profile_versions
+from joins.asof_state import AsofProgress, AsofState
 
 CHANGES = [  # op, user_id, name, country, ts
     ("upsert", "u", "A", "DE", 100),
@@ -65,3 +68,33 @@ def test_nothing_is_emitted_before_any_change_is_seen(spark):
     )
     result = asof_join(events, profile_versions(changes), watermark_ms=None)
     assert sorted(r["event_id"] for r in result.held.collect()) == ["e1", "e2"]
+
+
+def test_state_restores_its_mark_and_tables_and_stages_a_batch_once(spark, tmp_path):
+    """The layout an existing lake has (`mark.json`, Delta `versions` and `held`) restores; staging or advancing
+    a batch id again (a replay) appends nothing twice; the held set is replaced only when given."""
+    state_dir = tmp_path / "g1"
+    state = AsofState(spark, state_dir, "mview-enrichment-g1")
+    before = state.restore(0)
+    assert (before.max_ts, before.held, before.watermark(10)) == (None, 0, None)
+    assert before.versions().count() == 0 and before.held_events().count() == 0
+    changes = spark.createDataFrame(
+        CHANGES[:3], "op string, user_id string, name string, country string, ts bigint"
+    )
+    for _ in range(2):
+        state.stage(0, changes)
+    assert state.restore(1).versions().count() == 3
+    waiting = spark.createDataFrame(
+        [("e1", "u", "view", 900, None)],
+        ", ".join(f"{c} {'bigint' if c == 'ts' else 'string'}" for c in EVENT_COLUMNS),
+    )
+    state.advance(0, AsofProgress(300, 1, waiting))
+    state.advance(0, AsofProgress(300, 0, waiting.limit(0)))  # a replay's held set: batch 0 is replaced once
+    assert json.loads((state_dir / "mark.json").read_text()) == {"held": 0, "max_ts": 300}
+    state.advance(1, AsofProgress(400, 1))  # held unchanged: the table stays as it is
+    after = state.restore(2)
+    assert (after.max_ts, after.held, after.watermark(100)) == (400, 1, 300)
+    assert [r["event_id"] for r in after.held_events().collect()] == ["e1"]
+    # as the job wrote it before #17
+    (state_dir / "mark.json").write_text(json.dumps({"max_ts": 7, "held": 0}))
+    assert AsofState(spark, state_dir, "mview-enrichment-g1").restore(3).max_ts == 7
