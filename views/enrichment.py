@@ -13,14 +13,21 @@ is not written twice. `export_enriched` reads the serving generation's table, or
 | `mv:activity_by_country:<g>:{<country>}` | hash | `events`: emitted events of that country; `batch`: last batch id applied |
 | `mv:meta:enrichment:<g>` | hash | `last_batch_id`, `last_batch_ms`, `watermark` of the generation |
 
-The counter deltas of a micro-batch are applied by a Lua script per key that adds them only if the key's
-recorded `batch` is below the batch id, and records the batch id in the same call: a replayed batch adds nothing.
+The counter deltas of a micro-batch (`country_counts` of the join's decided rows) are applied by a Lua script per
+key that adds them only if the key's recorded `batch` is below the batch id, and records the batch id in the same
+call: a replayed batch adds nothing (`CountrySink`). The output log's appends are `EnrichedLogSink`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from changelog.topics import ensure_delta_table
+from joins.asof import ENRICHED_COLUMNS
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import connect, current_generation
 
@@ -29,7 +36,10 @@ __all__ = [
     "ENRICHED_VIEW",
     "UNKNOWN_COUNTRY",
     "enriched_path",
+    "CountryCounts",
+    "country_counts",
     "CountrySink",
+    "EnrichedLogSink",
     "query_activity_by_country",
     "export_activity_by_country",
     "export_enriched",
@@ -49,6 +59,7 @@ return 1
 """
 
 _PIPELINE_OPS = 1000
+_OUT_SCHEMA = ", ".join(f"{c} {'bigint' if c == 'ts' else 'string'}" for c in ENRICHED_COLUMNS)
 
 
 def enriched_path(lake_dir: Path, generation: int) -> Path:
@@ -56,35 +67,95 @@ def enriched_path(lake_dir: Path, generation: int) -> Path:
     return Path(lake_dir) / "outputs" / ENRICHED_VIEW / f"g{generation}"
 
 
-def _apply_counts(rows, url: str, generation: int, batch_id: int) -> None:
+def _apply_counts(rows, url: str, generation: int, batch_id: int) -> int:
+    """Add each `(country, events)` of `rows` in one pipeline of fenced calls; the number of keys added to."""
     client = connect(url)
     sha = client.script_load(_FENCED_INCR_LUA)
     pipe = client.pipeline(transaction=False)
-    n = 0
+    added = n = 0
     for country, events in rows:
         pipe.evalsha(sha, 1, view_key(COUNTRY_VIEW, generation, country), batch_id, int(events))
         n += 1
         if n % _PIPELINE_OPS == 0:
-            pipe.execute()
-    pipe.execute()
+            added += sum(pipe.execute())
+    return added + sum(pipe.execute())
+
+
+@dataclass(frozen=True)
+class CountryCounts:
+    """One micro-batch of the join's decided rows, counted: `counts`, the `(country, events)` rows of the emitted
+    events (`"unknown"` for a null country; what `CountrySink.write` takes), and the numbers of `emitted`,
+    `held` and emitted-with-an-unknown-version (`unknown`) events."""
+
+    counts: list[tuple[str, int]]
+    emitted: int
+    held: int
+    unknown: int
+
+
+def country_counts(decided: DataFrame) -> CountryCounts:
+    """Count `joins.asof.AsofResult.decided` (one small aggregate, collected on the driver)."""
+    country = F.coalesce("country", F.lit(UNKNOWN_COUNTRY)).alias("country")
+    stats = (
+        decided.groupBy("emit", country)
+        .agg(F.count("*").alias("n"), F.count(F.when(F.col("unknown_version"), 1)).alias("u"))
+        .collect()
+    )
+    counts = [(r["country"], r["n"]) for r in stats if r["emit"]]
+    return CountryCounts(
+        counts=counts,
+        emitted=sum(n for _, n in counts),
+        held=sum(r["n"] for r in stats if not r["emit"]),
+        unknown=sum(r["u"] for r in stats if r["emit"]),
+    )
 
 
 class CountrySink:
-    """Adds a micro-batch's per-country event counts (`country, events`) to generation `generation`, fenced by
-    batch id: one pipeline of fenced Lua calls (one per country key) per Spark partition or per call."""
+    """Adds a micro-batch's per-country event counts to generation `generation` of `activity_by_country`,
+    fenced by batch id (one fenced Lua call per country key)."""
 
     def __init__(self, url: str, generation: int):
         self.url, self.generation = url, generation
 
-    def write(self, counts_df, batch_id: int) -> None:
-        """From the executors: each partition of `counts_df` (`country, events`) in one pipeline."""
+    def write(self, changes, batch_id: int) -> dict:
+        """Add `changes`, one row per country (`country, events`), and return `{"countries": keys added to}`
+        (0 for a batch already applied). `changes` is a DataFrame, applied from the executors (one pipeline per
+        partition), or the same rows already collected on the driver (a list of `(country, events)`, as
+        `country_counts` gives them), applied from this process in one pipeline, without a Spark job."""
         url, generation = self.url, self.generation
-        counts_df.foreachPartition(lambda rows: _apply_counts(rows, url, generation, batch_id))
+        if not isinstance(changes, DataFrame):
+            return {"countries": _apply_counts(changes, url, generation, batch_id)}
+        added = changes.sparkSession.sparkContext.accumulator(0)
+        changes.foreachPartition(lambda rows: added.add(_apply_counts(rows, url, generation, batch_id)))
+        return {"countries": added.value}
 
-    def apply(self, counts, batch_id: int) -> None:
-        """From the caller's process: `counts` is an already aggregated, small list of `(country, events)`
-        (one row per country), so one pipeline from here costs one round trip and no Spark job."""
-        _apply_counts(counts, self.url, self.generation, batch_id)
+
+class EnrichedLogSink:
+    """Appends a micro-batch's emitted events to the `enriched_activity` output log at `path` (created if
+    missing), idempotent by batch id: Delta `txnAppId` `<app_id>-out`, `txnVersion` the batch id."""
+
+    def __init__(self, spark, path: Path, app_id: str):
+        self.spark, self.app_id = spark, app_id
+        self.path = ensure_delta_table(spark, Path(path), _OUT_SCHEMA)
+
+    def write(self, changes: DataFrame, batch_id: int) -> dict:
+        """Append `changes` (ENRICHED_COLUMNS, extra columns dropped); a batch id already appended adds
+        nothing. Returns `{}`: the caller knows how many rows it emitted."""
+        (
+            changes.select(*ENRICHED_COLUMNS)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", f"{self.app_id}-out")
+            .option("txnVersion", batch_id)
+            .save(self.path)
+        )
+        return {}
+
+    def event_ids(self, ts_from: int, ts_to: int) -> DataFrame:
+        """`event_id` of every event in the log with `ts_from <= ts <= ts_to` (the range lets Delta's file
+        statistics skip the rest of the log)."""
+        log = self.spark.read.format("delta").load(self.path)
+        return log.where(F.col("ts").between(ts_from, ts_to)).select("event_id")
 
 
 def query_activity_by_country(client, country: str, *, job: str = "enrichment") -> dict:
@@ -113,7 +184,6 @@ def export_enriched(spark, lake_dir: Path, generation: int):
     path = enriched_path(lake_dir, generation)
     if not (path / "_delta_log").exists():
         return
-    cols = ["event_id", "user_id", "action", "ts", "profile_version", "name", "country"]
-    df = spark.read.format("delta").load(str(path)).select(*cols).orderBy("event_id")
+    df = spark.read.format("delta").load(str(path)).select(*ENRICHED_COLUMNS).orderBy("event_id")
     for row in df.toLocalIterator():
-        yield {c: row[c] for c in cols}
+        yield {c: row[c] for c in ENRICHED_COLUMNS}
