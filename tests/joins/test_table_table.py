@@ -1,7 +1,11 @@
-"""The timeline join's cost structure: how many Spark jobs one micro-batch's join step runs. (Its semantics are
-tested end to end against the SQL definition in tests/jobs/test_timeline.py.)"""
+"""The timeline join at the DataFrame level: how many Spark jobs one micro-batch's join step runs, a semantics
+table (a batch, the state earlier batches left, the changes it causes), and the same events in different
+micro-batches giving the same state and timelines. (The job is tested end to end against the SQL definition in
+tests/jobs/test_timeline.py.)"""
 
 from __future__ import annotations
+
+import pytest
 
 from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState, maintain_timeline
 
@@ -40,4 +44,274 @@ def test_a_batch_of_both_topics_counts_its_changes_in_one_job_and_materializes_t
         ("u1", "a"),
         ("u1", "b"),
         ("u2", "a"),
+    ]
+
+
+# --- Semantics table: the changes one micro-batch causes, given the state the earlier batches left. ---
+# Events: ("post"|"delete", tweet_id, author, ts) and ("follow"|"unfollow", follower, followee, ts).
+# Expected: adds / replaces {follower: [(tweet_id, ts), ...]}, removes {follower: [tweet_id, ...]}, live / dead
+# [tweet_id, ...] (the tweets that became live / stopped being live); what a case does not name is empty.
+
+_TWEETS = "op string, tweet_id string, user_id string, text string, ts bigint"
+_FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
+
+
+def _empty_state(spark) -> TimelineState:
+    return TimelineState(
+        tweets=spark.createDataFrame([], TWEET_STATE_SCHEMA),
+        follows=spark.createDataFrame([], FOLLOW_STATE_SCHEMA),
+    )
+
+
+def _step(spark, state: TimelineState, events: list[tuple], cap: int):
+    tweets = [
+        (op, a, b, f"{a}!" if op == "post" else None, ts)
+        for op, a, b, ts in events
+        if op in ("post", "delete")
+    ]
+    follows = [e for e in events if e[0] in ("follow", "unfollow")]
+    return maintain_timeline(
+        state,
+        spark.createDataFrame(tweets, _TWEETS) if tweets else None,
+        spark.createDataFrame(follows, _FOLLOWS) if follows else None,
+        cap=cap,
+    )
+
+
+def _per_follower(df, value) -> dict:
+    out: dict = {}
+    for r in df.collect():
+        out.setdefault(r.follower_id, []).extend(value(r))
+    return {f: sorted(v) for f, v in out.items()}
+
+
+def _observed(changes) -> dict:
+    def entries(r):
+        return [(e.tweet_id, e.ts) for e in r.entries]
+
+    return {
+        "adds": _per_follower(changes.adds, entries),
+        "removes": _per_follower(changes.removes, lambda r: [r.tweet_id]),
+        "replaces": _per_follower(changes.replaces, entries),
+        "live": sorted(r.tweet_id for r in changes.tweets_live.collect()),
+        "dead": sorted(r.tweet_id for r in changes.tweets_dead.collect()),
+    }
+
+
+_CASES = [
+    # (id, earlier batches, the batch, cap, expected changes)
+    (
+        "post by a followed author is added to each follower",
+        [[("follow", "r", "a", 1), ("follow", "s", "a", 1)]],
+        [("post", "t1", "a", 5)],
+        5,
+        {"adds": {"r": [("t1", 5)], "s": [("t1", 5)]}, "live": ["t1"]},
+    ),
+    (
+        "post by an unfollowed author adds nothing",
+        [[("follow", "r", "a", 1)]],
+        [("post", "t1", "b", 5)],
+        5,
+        {"live": ["t1"]},
+    ),
+    (
+        "delete of a live tweet removes it",
+        [[("follow", "r", "a", 1), ("post", "t1", "a", 5)]],
+        [("delete", "t1", "a", 6)],
+        5,
+        {"removes": {"r": ["t1"]}, "dead": ["t1"]},
+    ),
+    (
+        "delete before post is a tombstone",
+        [[("follow", "r", "a", 1), ("delete", "t1", "a", 6)]],
+        [("post", "t1", "a", 5)],
+        5,
+        {},
+    ),
+    (
+        "delete and post in one batch is a tombstone",
+        [[("follow", "r", "a", 1)]],
+        [("post", "t1", "a", 5), ("delete", "t1", "a", 1)],
+        5,
+        {},
+    ),
+    (
+        "duplicate post changes nothing",
+        [[("follow", "r", "a", 1), ("post", "t1", "a", 5)]],
+        [("post", "t1", "a", 5)],
+        5,
+        {},
+    ),
+    (
+        "second post of an id with a greater ts moves it",
+        [[("follow", "r", "a", 1), ("post", "t1", "a", 5)]],
+        [("post", "t1", "a", 9)],
+        5,
+        {"removes": {"r": ["t1"]}, "adds": {"r": [("t1", 9)]}, "live": ["t1"]},
+    ),
+    (
+        "second post of an id with a smaller ts changes nothing",
+        [[("follow", "r", "a", 1), ("post", "t1", "a", 5)]],
+        [("post", "t1", "a", 3)],
+        5,
+        {},
+    ),
+    (
+        "follow backfills the followee's newest cap live tweets",
+        [[("post", f"t{i}", "a", i) for i in range(1, 5)] + [("delete", "t4", "a", 9)]],
+        [("follow", "r", "a", 10)],
+        2,
+        {"adds": {"r": [("t2", 2), ("t3", 3)]}},
+    ),
+    (
+        "follow and post of the followee in one batch add the tweet once",
+        [],
+        [("follow", "r", "a", 1), ("post", "t1", "a", 2)],
+        5,
+        {"adds": {"r": [("t1", 2)]}, "live": ["t1"]},
+    ),
+    (
+        "unfollow removes the followee's tweets",
+        [[("follow", "r", "a", 1), ("post", "t1", "a", 2), ("post", "t2", "a", 3), ("post", "t3", "b", 4)]],
+        [("unfollow", "r", "a", 4)],
+        5,
+        {"removes": {"r": ["t1", "t2"]}},
+    ),
+    (
+        "unfollow older than the follow changes nothing",
+        [[("follow", "r", "a", 5), ("post", "t1", "a", 2)]],
+        [("unfollow", "r", "a", 4)],
+        5,
+        {},
+    ),
+    (
+        "follow and unfollow with equal ts in one batch: unfollow wins",
+        [[("post", "t1", "a", 1)]],
+        [("follow", "r", "a", 5), ("unfollow", "r", "a", 5)],
+        5,
+        {},
+    ),
+    (
+        "unfollow with the follow's ts retracts it",
+        [[("post", "t1", "a", 1), ("follow", "r", "a", 5)]],
+        [("unfollow", "r", "a", 5)],
+        5,
+        {"removes": {"r": ["t1"]}},
+    ),
+    (
+        "follow with the unfollow's ts changes nothing",
+        [[("post", "t1", "a", 1), ("unfollow", "r", "a", 5)]],
+        [("follow", "r", "a", 5)],
+        5,
+        {},
+    ),
+    (
+        "a full timeline losing an entry is replaced with the next newest",
+        [[("follow", "r", "a", 0), ("post", "t1", "a", 1), ("post", "t2", "a", 2), ("post", "t3", "a", 3)]],
+        [("delete", "t3", "a", 9)],
+        2,
+        {"replaces": {"r": [("t1", 1), ("t2", 2)]}, "dead": ["t3"]},
+    ),
+    (
+        "a full timeline losing a followee is replaced with what is left",
+        [
+            [("follow", "r", "a", 0), ("follow", "r", "b", 0)]
+            + [("post", f"t{i}", "ab"[i > 1], i) for i in (1, 2, 3)]
+        ],
+        [("unfollow", "r", "b", 4)],
+        2,
+        {"replaces": {"r": [("t1", 1)]}},
+    ),
+    (
+        "a replaced timeline gets no separate adds",
+        [[("follow", "r", "a", 0), ("post", "t1", "a", 1), ("post", "t2", "a", 2), ("post", "t3", "a", 3)]],
+        [("delete", "t3", "a", 9), ("post", "t4", "a", 4)],
+        2,
+        {"replaces": {"r": [("t2", 2), ("t4", 4)]}, "live": ["t4"], "dead": ["t3"]},
+    ),
+    (
+        "a full timeline losing its last followee is replaced with nothing",
+        [[("follow", "r", "a", 0), ("post", "t1", "a", 1), ("post", "t2", "a", 2)]],
+        [("unfollow", "r", "a", 3)],
+        1,
+        {"replaces": {"r": []}},
+    ),
+]
+
+
+@pytest.mark.parametrize("earlier, batch, cap, expected", [c[1:] for c in _CASES], ids=[c[0] for c in _CASES])
+def test_a_batch_changes_the_timelines_as_the_definition_says(spark, earlier, batch, cap, expected):
+    state = _empty_state(spark)
+    for events in earlier:
+        state = _step(spark, state, events, cap).after
+    got = _observed(_step(spark, state, batch, cap))
+    want = {k: expected.get(k, {} if k in ("adds", "removes", "replaces") else []) for k in got}
+    assert got == want
+
+
+def _apply(timelines: dict, changes, cap: int) -> None:
+    """What the view does with one batch's changes: replace, remove, add, keep the newest `cap`."""
+    for r in changes.replaces.collect():
+        timelines[r.follower_id] = {(e.ts, e.tweet_id) for e in r.entries}
+    removes = {(r.follower_id, r.tweet_id) for r in changes.removes.collect()}
+    for f, entries in timelines.items():
+        timelines[f] = {e for e in entries if (f, e[1]) not in removes}
+    for r in changes.adds.collect():
+        timelines.setdefault(r.follower_id, set()).update((e.ts, e.tweet_id) for e in r.entries)
+    for f, entries in timelines.items():
+        timelines[f] = set(sorted(entries, reverse=True)[:cap])
+
+
+_EVENTS = [
+    ("follow", "r", "a", 1),
+    ("post", "t1", "a", 2),
+    ("post", "t2", "a", 3),
+    ("follow", "s", "a", 2),
+    ("post", "t3", "b", 4),
+    ("follow", "r", "b", 5),
+    ("delete", "t2", "a", 6),
+    ("post", "t4", "a", 7),
+    ("unfollow", "s", "a", 8),
+    ("post", "t2", "a", 9),  # after its delete: stays deleted
+    ("follow", "s", "b", 3),
+    ("post", "t1", "a", 10),  # moves t1
+]
+
+
+@pytest.mark.parametrize(
+    "cuts", [(), (4, 8), (1, 2, 6, 7, 11)], ids=["one batch", "three batches", "six batches"]
+)
+def test_a_batch_chunked_any_way_gives_the_same_state_and_timelines(spark, cuts):
+    from timeline_demo.reference import expected_timelines
+
+    cap = 2
+    bounds = [0, *cuts, len(_EVENTS)]
+    state, timelines = _empty_state(spark), {}
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        changes = _step(spark, state, _EVENTS[lo:hi], cap)
+        _apply(timelines, changes, cap)
+        state = changes.after
+    tweets = [
+        {"op": op, "tweet_id": t, "user_id": u, "text": f"{t}!", "ts": ts}
+        for op, t, u, ts in _EVENTS
+        if op in ("post", "delete")
+    ]
+    follows = [
+        {"op": op, "follower_id": a, "followee_id": b, "ts": ts}
+        for op, a, b, ts in _EVENTS
+        if op in ("follow", "unfollow")
+    ]
+    got = {f: [t for _, t in sorted(e, reverse=True)] for f, e in sorted(timelines.items()) if e}
+    assert got == expected_timelines(tweets, follows, cap) == {"r": ["t1", "t4"], "s": ["t3"]}
+    assert sorted(map(tuple, state.tweets.collect())) == [
+        ("t1", "a", "t1!", 10, True, False),
+        ("t2", "a", "t2!", 9, True, True),
+        ("t3", "b", "t3!", 4, True, False),
+        ("t4", "a", "t4!", 7, True, False),
+    ]
+    assert sorted(map(tuple, state.follows.collect())) == [
+        ("r", "a", "follow", 1),
+        ("r", "b", "follow", 5),
+        ("s", "a", "unfollow", 8),
+        ("s", "b", "follow", 3),
     ]
