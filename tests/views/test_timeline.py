@@ -1,5 +1,5 @@
-"""The timeline sink (wire-protocol commands built in Spark SQL, one MULTI/EXEC per timeline) and its read side, on
-the real redis-server."""
+"""The timeline view: its operations made from the join's changes, the sink (wire-protocol commands built in Spark
+SQL, one MULTI/EXEC per timeline) and its read side, on the real redis-server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from pyspark.sql import functions as F
 
 from views.keys import timeline_key, tweet_key
 from views.redis_io import connect, set_generation
-from views.timeline import TimelineSink, entry, export_timeline, member, query_timeline
+from views.sink import ListSink
+from views.timeline import (
+    ENTRY_CARRY,
+    TimelineSink,
+    entry,
+    export_timeline,
+    member,
+    query_timeline,
+    timeline_ops,
+)
 
 _PLAIN = (
     "kind string, id string, mode string, removes array<string>, "
@@ -83,3 +92,63 @@ def test_a_command_redis_rejects_fails_the_write_with_its_error(spark, redis_url
     ops = _ops(spark, [("timeline", "s", "add", None, [(1, "t1")], None)])
     with pytest.raises(Exception, match="WRONGTYPE"):
         TimelineSink(redis_url, 1, cap=3).write(ops, 0)
+
+
+def _bulk(text: str) -> str:
+    return f"${len(text.encode())}\r\n{text}\r\n"
+
+
+def test_timeline_ops_turn_a_batch_of_join_changes_into_one_operation_per_timeline_and_tweet(spark):
+    """r (who follows a, 1 entry) loses t1 and gains t5: one `add`; s (who follows b, 3 entries > cap) loses t4:
+    one `replace` with the next newest; t5 is stored, t1 and t4 deleted."""
+    from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState, maintain_timeline
+
+    tweets, follows = (
+        "op string, tweet_id string, user_id string, text string, ts bigint",
+        "op string, follower_id string, followee_id string, ts bigint",
+    )
+    empty = TimelineState(
+        spark.createDataFrame([], TWEET_STATE_SCHEMA), spark.createDataFrame([], FOLLOW_STATE_SCHEMA)
+    )
+    posts = [
+        ("post", t, u, f"{t}!", ts)
+        for t, u, ts in [("t1", "a", 1), ("t2", "b", 2), ("t3", "b", 3), ("t4", "b", 4)]
+    ]
+    first = maintain_timeline(
+        empty,
+        spark.createDataFrame(posts, tweets),
+        spark.createDataFrame([("follow", "r", "a", 0), ("follow", "s", "b", 0)], follows),
+        cap=2,
+        carry=ENTRY_CARRY,
+    )
+    batch = [("delete", "t1", "a", None, 9), ("post", "t5", "a", "t5!", 5), ("delete", "t4", "b", None, 9)]
+    changes = maintain_timeline(
+        first.after, spark.createDataFrame(batch, tweets), None, cap=2, carry=ENTRY_CARRY
+    )
+    sink = ListSink()
+    assert sink.write(timeline_ops(changes), 1) == {"rows": 5}
+    rows = sorted(
+        ({**r, "entries": sorted(r["entries"]) if r["entries"] is not None else None} for r in sink.rows),
+        key=lambda r: (r["kind"], r["id"]),
+    )
+    none = {"mode": None, "removes": None, "entries": None, "body": None}
+    assert rows == [
+        {
+            **none,
+            "kind": "timeline",
+            "id": "r",
+            "mode": "add",
+            "removes": [_bulk("t1")],
+            "entries": [_bulk("5") + _bulk("t5")],
+        },
+        {
+            **none,
+            "kind": "timeline",
+            "id": "s",
+            "mode": "replace",
+            "entries": sorted([_bulk("3") + _bulk("t3"), _bulk("2") + _bulk("t2")]),
+        },
+        {**none, "kind": "tweet", "id": "t1"},
+        {**none, "kind": "tweet", "id": "t4"},
+        {**none, "kind": "tweet", "id": "t5", "body": '{"tweet_id":"t5","user_id":"a","text":"t5!","ts":5}'},
+    ]
