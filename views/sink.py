@@ -12,8 +12,10 @@ Contract:
 - *Nothing is returned before it is applied*: when `write` returns, readers can see the batch (a failure raises).
 - The sink does not keep the DataFrame: the caller may release it once `write` returns.
 
-The Redis sinks (`views.timeline.TimelineSink`, `views.clicks.ClicksSink`, `views.enrichment.CountrySink`) apply
-from the executors; `ListSink` keeps the rows in memory, for tests of the transforms that make the changes.
+Implementations: the Redis sinks `views.timeline.TimelineSink`, `views.clicks.ClicksSink` (from the executors) and
+`views.enrichment.CountrySink` (from the executors, or from the driver when given rows already collected there);
+the Delta output log `views.enrichment.EnrichedLogSink`; `ListSink` keeps the rows in memory, for tests of the
+transforms that make the changes.
 """
 
 from __future__ import annotations
