@@ -10,10 +10,9 @@ import pytest
 from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState, maintain_timeline
 
 
-def test_a_batch_of_both_topics_counts_its_changes_in_one_job_and_materializes_the_state_in_one(spark):
-    """Every Spark job is a round of driver planning and scheduling (0.1-0.2 s warm, up to 1 s cold, measured).
-    The tweet and follow changes were counted by a job each, and each state table was materialized by a job of
-    its own: 4 jobs, now 2."""
+def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
+    """The join step of a batch with tweets and follows runs one Spark job that counts both topics' changes and one
+    that materializes both state tables (a Spark job is a round of driver planning and scheduling)."""
     state = TimelineState(
         tweets=spark.createDataFrame(
             [("t1", "a", "x", 1, True, False), ("t2", "b", "y", 2, True, False)], TWEET_STATE_SCHEMA
@@ -37,7 +36,7 @@ def test_a_batch_of_both_topics_counts_its_changes_in_one_job_and_materializes_t
     tracker = sc.statusTracker()
     jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup("timeline-join-step")]
     stages = [tracker.getStageInfo(s) for j in jobs for s in j.stageIds]
-    assert len(jobs) == 2, [s.name for s in stages if s is not None]  # 4 before (measured)
+    assert len(jobs) == 2, [s.name for s in stages if s is not None]
     assert changes.counts == {"born": 1, "died": 1, "gained": 1, "lost": 0}
     assert sorted(r.tweet_id for r in changes.after.tweets.collect()) == ["t1", "t2", "t3"]
     assert sorted((r.follower_id, r.followee_id) for r in changes.after.follows.collect()) == [
