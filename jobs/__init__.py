@@ -1,3 +1,28 @@
-"""Entry points: jobs wiring sources, joins and views; the `mview` CLI; deploy, status, replay."""
+"""Jobs and operations.
 
-__all__ = ["cli", "registry", "settings", "spark"]
+Wiring, one module per job on one skeleton (`skeleton.run_job`): `timeline`, `clicks`, `enrichment`, listed in
+`registry`. Operations: `cli` (the `mview` command), `deploy` and `service` (background jobs), `replay` and
+`generations` (rebuilds and the generation pointer), `status`, `maintain`, `submit` (spark-submit entry point).
+Shared: `settings` (the one settings object), `spark` (the SparkSession), `runtime` (paths, status file, the
+streaming query), `errors`.
+"""
+
+__all__ = [
+    "skeleton",
+    "timeline",
+    "clicks",
+    "enrichment",
+    "registry",
+    "cli",
+    "deploy",
+    "service",
+    "replay",
+    "generations",
+    "status",
+    "maintain",
+    "submit",
+    "settings",
+    "spark",
+    "runtime",
+    "errors",
+]

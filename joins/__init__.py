@@ -1,3 +1,21 @@
-"""Joins as DataFrame -> DataFrame transforms, one module per join kind (no Redis, no CLI here)."""
+"""Joins as DataFrame -> DataFrame transforms, one module per join kind, each with its state (no Redis, no CLI).
 
-__all__ = ["table_table", "interval"]
+| module | join kind | state |
+|---|---|---|
+| `table_table` | table-table, maintained incrementally (the home timeline) | `table_table_state.TimelineStore` |
+| `interval` | stream-stream interval join (searches x clicks) | `interval_state` |
+| `asof` | stream-table as-of join with versioned dimensions (`user@ts`) | `asof_state.AsofState` |
+
+Every state class implements `state.JoinState`; errors derive from `errors.JoinError`.
+"""
+
+__all__ = [
+    "table_table",
+    "table_table_state",
+    "interval",
+    "interval_state",
+    "asof",
+    "asof_state",
+    "state",
+    "errors",
+]
