@@ -119,15 +119,13 @@ class IntervalJoinResult:
 
 def batch_constant(value: int) -> Column:
     """`value` (a bigint that changes every micro-batch, e.g. a watermark) as a column whose value is not written
-    into generated code.
+    into generated code, so plans that differ only in it reuse the same compiled code.
 
-    Spark inlines a primitive literal into the Java source it generates and compiles per stage, and caches the
-    compiled classes by their source: a `F.lit(watermark)` would make every micro-batch compile all its stages
-    anew (tens of compilations, most of a small batch's CPU). An array literal is passed to the generated code by
-    reference instead, and its element is read per row at an index the optimizer cannot fold (a nondeterministic
-    zero). (`cast('<value>' as bigint)` is not enough: the optimizer folds it into a long literal, measured:
-    16 of a batch's 47 compilations.) For the same reason the analyzer rejects it inside an aggregate function's
-    arguments: compute it in a projection first."""
+    Spark inlines a primitive literal (also a cast of a string literal, which the optimizer folds) into the Java
+    source it generates per stage and caches compiled classes by their source. An array literal is passed to the
+    generated code by reference instead, and its element is read per row at an index the optimizer cannot fold
+    (a nondeterministic zero). Being nondeterministic, it is rejected inside an aggregate function's arguments:
+    compute it in a projection first."""
     return F.array(F.lit(int(value)).cast("bigint"))[F.spark_partition_id() * F.lit(0)]
 
 
@@ -174,6 +172,114 @@ def _prepare(side: JoinSide, w_before: int, name: str):
     return cols, late, rows
 
 
+def _check(how: str, lower_ms: int, upper_ms: int, watermark_before: int, watermark_after: int) -> None:
+    if how not in _HOWS:
+        raise ValueError(f"how={how!r}: choose one of {', '.join(_HOWS)}")
+    if lower_ms > upper_ms:
+        raise ValueError(f"empty interval: lower_ms={lower_ms} > upper_ms={upper_ms}")
+    if watermark_after < watermark_before:
+        raise ValueError(f"the watermark cannot go back: {watermark_before} -> {watermark_after}")
+
+
+def _struct_type(df: DataFrame):
+    """The type of a struct of all of `df`'s columns."""
+    return df.select(F.struct("*").alias("x")).schema["x"].dataType
+
+
+def _tagged(l_rows: DataFrame, r_rows: DataFrame, keys: list[str], kn: list[str], l_ts: str, r_ts: str):
+    """Both sides' rows in one DataFrame: the join keys as `kn`, `_t` (event time), `_is_l`, `_new`, and the
+    side's row as struct `l` or `r` (the other one null)."""
+    l_type, r_type = _struct_type(l_rows), _struct_type(r_rows)
+
+    def side(rows: DataFrame, ts: str, is_l: bool) -> DataFrame:
+        this = F.struct(*rows.columns)
+        return rows.select(
+            *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
+            F.col(ts).alias("_t"),
+            F.lit(is_l).alias("_is_l"),
+            F.col("_new"),
+            (this if is_l else F.lit(None).cast(l_type)).alias("l"),
+            (F.lit(None).cast(r_type) if is_l else this).alias("r"),
+        )
+
+    return side(l_rows, l_ts, True).unionByName(side(r_rows, r_ts, False))
+
+
+def _increments(kn: list[str], lower_ms: int, upper_ms: int) -> Column:
+    """Each row's new matches (`_inc`): window sums over range frames of `_t` (the other side's rows within the
+    interval), in the JVM. A pair counts once, in the batch of its later row: a new row counts every match in its
+    frame, a state row only the new ones. Rows with a null key match nothing."""
+    key_ok = F.lit(True)
+    for n in kn:
+        key_ok = key_ok & F.col(n).isNotNull()
+    by_ts = Window.partitionBy(*kn).orderBy("_t")
+    # a left row's frame: right rows in [ts + lower, ts + upper]; a right row's: left rows in [ts - upper, ts - lower]
+    of_left, of_right = by_ts.rangeBetween(lower_ms, upper_ms), by_ts.rangeBetween(-upper_ms, -lower_ms)
+    is_l, new = F.col("_is_l"), F.col("_new")
+
+    def n(cond, frame):
+        return F.sum(cond.cast("int")).over(frame)
+
+    return F.when(
+        key_ok,
+        F.when(is_l, F.when(new, n(~is_l, of_left)).otherwise(n(~is_l & new, of_left))).otherwise(
+            F.when(new, n(is_l, of_right)).otherwise(n(is_l & new, of_right))
+        ),
+    ).otherwise(F.lit(0))
+
+
+def _side_out(
+    grouped: DataFrame, side_col: str, is_side: Column, cols, closed, closed_before, keep
+) -> DataFrame:
+    """Every row of one side after the batch (`IntervalJoinResult.left` / `right`): its columns, `_matches`
+    grown by `_inc`, `_new`, `_changed`, `_closed` (closed now and not before, or new) and `_keep`."""
+    x = grouped.where(is_side).select(F.col(side_col).alias("x"), "_inc")
+    return x.select(
+        *[F.col("x")[c].alias(c) for c in cols],
+        (F.col("x")[MATCHES] + F.col("_inc")).alias(MATCHES),
+        F.col("x")["_new"].alias("_new"),
+        (F.col("_inc") > 0).alias("_changed"),
+    ).select(
+        "*",
+        (closed & (F.col("_new") | ~closed_before)).alias("_closed"),
+        keep.alias("_keep"),
+    )
+
+
+def _pairs(grouped: DataFrame, kn: list[str], lcols, rcols, lower_ms: int, upper_ms: int) -> DataFrame:
+    """The new matched pairs (`left`, `right` structs): a range join over the grouped rows, computed only if
+    used (the counts do not need it)."""
+    is_l = F.col("_is_l")
+    a = grouped.where(is_l).select(*[F.col(n).alias(f"a{n}") for n in kn], F.col("_t").alias("a_t"), "l")
+    b = grouped.where(~is_l).select(*[F.col(n).alias(f"b{n}") for n in kn], F.col("_t").alias("b_t"), "r")
+    cond = (F.col("b_t") >= F.col("a_t") + F.lit(lower_ms)) & (F.col("b_t") <= F.col("a_t") + F.lit(upper_ms))
+    for n in kn:
+        cond = cond & (F.col(f"a{n}") == F.col(f"b{n}"))
+    return a.join(b, cond & (F.col("l")["_new"] | F.col("r")["_new"])).select(
+        F.struct(*[F.col("l")[c].alias(c) for c in lcols]).alias("left"),
+        F.struct(*[F.col("r")[c].alias(c) for c in rcols]).alias("right"),
+    )
+
+
+def _outer_rows(pairs, how: str, l_out, r_out, left: JoinSide, right: JoinSide, lcols, rcols) -> DataFrame:
+    """The join's output: the pairs, plus the closed rows of the outer side(s) that never matched (the other side
+    null). l_out / r_out: each side's rows after the batch; lcols / rcols: each side's columns."""
+    rows = pairs
+    if how in ("left", "full"):
+        lonely = l_out.where(F.col("_closed") & (F.col(MATCHES) == 0))
+        r_type = StructType([right.new.schema[c] for c in rcols])
+        rows = rows.unionByName(
+            lonely.select(F.struct(*lcols).alias("left"), F.lit(None).cast(r_type).alias("right"))
+        )
+    if how in ("right", "full"):
+        lonely = r_out.where(F.col("_closed") & (F.col(MATCHES) == 0))
+        l_type = StructType([left.new.schema[c] for c in lcols])
+        rows = rows.unionByName(
+            lonely.select(F.lit(None).cast(l_type).alias("left"), F.struct(*rcols).alias("right"))
+        )
+    return rows
+
+
 def interval_join(
     left: JoinSide,
     right: JoinSide,
@@ -186,12 +292,7 @@ def interval_join(
     watermark_after: int,
 ) -> IntervalJoinResult:
     """Join one micro-batch of `left` and `right` (see the module docstring for the exact semantics)."""
-    if how not in _HOWS:
-        raise ValueError(f"how={how!r}: choose one of {', '.join(_HOWS)}")
-    if lower_ms > upper_ms:
-        raise ValueError(f"empty interval: lower_ms={lower_ms} > upper_ms={upper_ms}")
-    if watermark_after < watermark_before:
-        raise ValueError(f"the watermark cannot go back: {watermark_before} -> {watermark_after}")
+    _check(how, lower_ms, upper_ms, watermark_before, watermark_after)
     keys = [on] if isinstance(on, str) else list(on)
     w0, w1 = int(watermark_before), int(watermark_after)
     lcols, l_late, l_rows = _prepare(left, w0, "left")
@@ -201,70 +302,15 @@ def interval_join(
             raise ValueError(f"join key {k!r} must be a column of both sides")
 
     # One shuffle by the join keys, one sort by event time within each key: every row's new matches are counted
-    # by window aggregates over range frames of `ts` (the other side's rows within the interval), in the JVM.
-    # A pair counts once, in the batch of its later row: a new row counts every match in its frame, a state row
-    # only the new ones.
+    # by window aggregates over range frames of `ts`.
     kn = [f"_k{i}" for i in range(len(keys))]
-    l_type, r_type = (
-        l_rows.select(F.struct("*").alias("x")).schema["x"].dataType,
-        r_rows.select(F.struct("*").alias("x")).schema["x"].dataType,
-    )
-    tagged = l_rows.select(
-        *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
-        F.col(left.ts).alias("_t"),
-        F.lit(True).alias("_is_l"),
-        F.col("_new"),
-        F.struct(*l_rows.columns).alias("l"),
-        F.lit(None).cast(r_type).alias("r"),
-    ).unionByName(
-        r_rows.select(
-            *[F.col(k).alias(n) for k, n in zip(keys, kn, strict=True)],
-            F.col(right.ts).alias("_t"),
-            F.lit(False).alias("_is_l"),
-            F.col("_new"),
-            F.lit(None).cast(l_type).alias("l"),
-            F.struct(*r_rows.columns).alias("r"),
-        )
-    )
-    key_ok = F.lit(True)
-    for n in kn:
-        key_ok = key_ok & F.col(n).isNotNull()
-
-    by_ts = Window.partitionBy(*kn).orderBy("_t")
-    of_left = by_ts.rangeBetween(
-        lower_ms, upper_ms
-    )  # a left row's frame: right rows in [ts + lower, ts + upper]
-    of_right = by_ts.rangeBetween(
-        -upper_ms, -lower_ms
-    )  # a right row's frame: left rows in [ts - upper, ts - lower]
-    is_l, new = F.col("_is_l"), F.col("_new")
-
-    def n(cond, frame):
-        return F.sum(cond.cast("int")).over(frame)
-
-    inc = F.when(
-        key_ok,
-        F.when(is_l, F.when(new, n(~is_l, of_left)).otherwise(n(~is_l & new, of_left))).otherwise(
-            F.when(new, n(is_l, of_right)).otherwise(n(is_l & new, of_right))
-        ),
-    ).otherwise(F.lit(0))
+    tagged = _tagged(l_rows, r_rows, keys, kn, left.ts, right.ts)
+    inc = _increments(kn, lower_ms, upper_ms)
     grouped = tagged.select(*kn, "_t", "_is_l", "l", "r", inc.cast("bigint").alias("_inc")).persist()
 
-    def out(side_col: str, is_side, cols, closed, closed_before, keep) -> DataFrame:
-        x = grouped.where(is_side).select(F.col(side_col).alias("x"), "_inc")
-        return x.select(
-            *[F.col("x")[c].alias(c) for c in cols],
-            (F.col("x")[MATCHES] + F.col("_inc")).alias(MATCHES),
-            F.col("x")["_new"].alias("_new"),
-            (F.col("_inc") > 0).alias("_changed"),
-        ).select(
-            "*",
-            (closed & (F.col("_new") | ~closed_before)).alias("_closed"),
-            keep.alias("_keep"),
-        )
-
-    lts, rts = F.col(left.ts), F.col(right.ts)
-    l_out = out(
+    is_l, lts, rts = F.col("_is_l"), F.col(left.ts), F.col(right.ts)
+    l_out = _side_out(
+        grouped,
         "l",
         is_l,
         lcols,
@@ -272,7 +318,8 @@ def interval_join(
         lts < batch_constant(w0 - upper_ms),
         lts >= batch_constant(w1 - max(upper_ms, 0)),
     )
-    r_out = out(
+    r_out = _side_out(
+        grouped,
         "r",
         ~is_l,
         rcols,
@@ -280,36 +327,9 @@ def interval_join(
         rts < batch_constant(w0 + lower_ms),
         rts >= batch_constant(w1 + min(lower_ms, 0)),
     )
-    # The pairs themselves (not needed for the counts above): a range join, computed only if used.
-    a = grouped.where(is_l).select(*[F.col(n).alias(f"a{n}") for n in kn], F.col("_t").alias("a_t"), "l")
-    b = grouped.where(~is_l).select(*[F.col(n).alias(f"b{n}") for n in kn], F.col("_t").alias("b_t"), "r")
-    cond = (F.col("b_t") >= F.col("a_t") + F.lit(lower_ms)) & (F.col("b_t") <= F.col("a_t") + F.lit(upper_ms))
-    for n in kn:
-        cond = cond & (F.col(f"a{n}") == F.col(f"b{n}"))
-    pairs = a.join(b, cond & (F.col("l")["_new"] | F.col("r")["_new"])).select(
-        F.struct(*[F.col("l")[c].alias(c) for c in lcols]).alias("left"),
-        F.struct(*[F.col("r")[c].alias(c) for c in rcols]).alias("right"),
-    )
-
-    rows = pairs
-    if how in ("left", "full"):
-        lonely = l_out.where(F.col("_closed") & (F.col(MATCHES) == 0))
-        rows = rows.unionByName(
-            lonely.select(
-                F.struct(*lcols).alias("left"),
-                F.lit(None).cast(StructType([right.new.schema[c] for c in rcols])).alias("right"),
-            )
-        )
-    if how in ("right", "full"):
-        lonely = r_out.where(F.col("_closed") & (F.col(MATCHES) == 0))
-        rows = rows.unionByName(
-            lonely.select(
-                F.lit(None).cast(StructType([left.new.schema[c] for c in lcols])).alias("left"),
-                F.struct(*rcols).alias("right"),
-            )
-        )
+    pairs = _pairs(grouped, kn, lcols, rcols, lower_ms, upper_ms)
     return IntervalJoinResult(
-        rows=rows,
+        rows=_outer_rows(pairs, how, l_out, r_out, left, right, lcols, rcols),
         pairs=pairs,
         left=l_out,
         right=r_out,
