@@ -6,7 +6,8 @@ Keys (generation `g` of job `clicks`; the id is the hash tag):
 | `mv:search_clicks:<g>:{<search_id>}` | hash | `v`: the export line (JSON), `final`: "1" once the window closed, `f`: fence |
 | `mv:ctr:<g>:{<query>}` | hash | `searches`, `clicked`: counts of closed searches, `f`: fence of the last step applied |
 
-Sink input (`CLICKS_OPS_SCHEMA`, one DataFrame per step of the job, built in the JVM):
+Sink input (`CLICKS_OPS_SCHEMA`, one DataFrame per step of the job, made from the join's output by
+`clicks_ops`):
 - `kind="search"`, `key`=search_id, `body`=export line, `final`: the search's current record. Written when the
   search got its first/new clicks (provisional `clicked: true`) and once when its window closes (final).
 - `kind="ctr"`, `key`=query, `d_searches`, `d_clicked`: the searches of that query closed in this step.
@@ -24,14 +25,17 @@ from __future__ import annotations
 import hashlib
 
 import orjson
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from joins.interval import MATCHES
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
 from views.wire import command, lit, view_key_column
 
 __all__ = [
     "CLICKS_OPS_SCHEMA",
+    "clicks_ops",
     "ClicksSink",
     "search_clicks_key",
     "ctr_key",
@@ -71,6 +75,46 @@ def ctr_key(generation: int, query: str) -> str:
     return view_key("ctr", generation, query)
 
 
+def clicks_ops(left: DataFrame) -> DataFrame:
+    """The sink's operations (`CLICKS_OPS_SCHEMA`) of one step, from the join's left side after it
+    (`joins.interval.IntervalJoinResult.left`: searches with `_matches`, `_changed`, `_closed`): a `search`
+    record for every search that got new clicks or closed (`final` once closed), and a `ctr` delta per query of
+    the searches closed in the step."""
+    body = F.to_json(
+        F.struct(
+            "search_id",
+            "session_id",
+            "query",
+            "ts",
+            (F.col(MATCHES) > 0).alias("clicked"),
+            F.col(MATCHES).alias("clicks"),
+        )
+    )
+    null_l = F.lit(None).cast("bigint")
+    records = left.where(F.col("_changed") | F.col("_closed")).select(
+        F.lit("search").alias("kind"),
+        F.col("search_id").alias("key"),
+        body.alias("body"),
+        F.col("_closed").alias("final"),
+        null_l.alias("d_searches"),
+        null_l.alias("d_clicked"),
+    )
+    ctr = (
+        left.where(F.col("_closed"))
+        .groupBy("query")
+        .agg(F.count("*").alias("d_searches"), F.sum((F.col(MATCHES) > 0).cast("bigint")).alias("d_clicked"))
+        .select(
+            F.lit("ctr").alias("kind"),
+            F.col("query").alias("key"),
+            F.lit(None).cast("string").alias("body"),
+            F.lit(None).cast("boolean").alias("final"),
+            "d_searches",
+            "d_clicked",
+        )
+    )
+    return records.unionByName(ctr).select(*[c.split()[0] for c in CLICKS_OPS_SCHEMA.split(", ")])
+
+
 def _chunks(ops_df, generation: int, fence: int):
     """The step's Lua calls as wire-protocol text, `_CHUNK` consecutive calls of a partition concatenated into one
     row (`payload`, `n`): Python only forwards these strings, it never sees a single operation. The fence is a
@@ -100,14 +144,18 @@ def _apply_partition(rows, url: str) -> None:
 
 
 class ClicksSink:
-    """Applies one step's operations (`CLICKS_OPS_SCHEMA`) to generation `generation`, from the executors."""
+    """Applies one step's operations (`CLICKS_OPS_SCHEMA`) to generation `generation`, from the executors.
+    A `views.sink.Sink` whose batch id is the step's fence (see the module docstring)."""
 
     def __init__(self, url: str, generation: int):
         self.url, self.generation = url, generation
 
-    def write(self, ops_df, fence: int) -> None:
+    def write(self, ops_df: DataFrame, fence: int) -> dict:
+        """Apply the step `fence` (idempotent per fence; an older fence never undoes a newer outcome). Returns {}:
+        the job counts the step's outcomes from the join, not from the sink."""
         url = self.url
         _chunks(ops_df, self.generation, fence).foreachPartition(lambda rows: _apply_partition(rows, url))
+        return {}
 
 
 def query_search_clicks(client, search_id: str, *, job: str = "clicks") -> dict:
