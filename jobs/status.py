@@ -28,7 +28,7 @@ from views.errors import ViewError
 from views.keys import gen_key
 from views.redis_io import classify, quick_client
 
-__all__ = ["job_status", "pid_of", "processed_versions", "lag_versions"]
+__all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "rejected"]
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
@@ -97,7 +97,8 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
     return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
 
 
-def _rejected(settings: Settings, topics) -> int:
+def rejected(settings: Settings, topics) -> int:
+    """Dead-lettered lines of `topics` (`changelog.ingest.deadletter_path`)."""
     n = 0
     for topic in topics:
         try:
@@ -124,7 +125,7 @@ def job_status(settings: Settings) -> dict:
             "pid": pid,
             "generation": gen,
             "lag_versions": lag_versions(settings, name, gen),
-            "rejected": _rejected(settings, spec.topics),
+            "rejected": rejected(settings, spec.topics),
         }
         row.update({k: v for k, v in s.items() if k not in row})
         if isinstance(serving, dict) and name not in serving and pid is None:
