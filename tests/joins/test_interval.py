@@ -1,12 +1,17 @@
 """`joins.interval.interval_join` on small in-memory DataFrames: a semantics table over several micro-batches
-(matches, late rows, duplicates, closing under the watermark, outer rows), a self-join, and the state bound."""
+(matches, late rows, duplicates, closing under the watermark, outer rows), a self-join, and the state bound; its
+state between steps (`joins.interval_state`): the watermark and idle rules, versions, a replayed step, pruning."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import replace
 
 import pytest
 from pyspark.sql import functions as F
 
 from joins.interval import MIN_WATERMARK, JoinSide, interval_join
+from joins.interval_state import BATCH_SCHEMA, STATE_SCHEMA, IntervalProgress, IntervalStore
 
 H = 3_600_000
 L_SCHEMA = "sid string, k string, ts bigint"
@@ -137,3 +142,74 @@ def test_state_stays_flat_as_event_time_advances(spark):
     sizes = [sum(o["state"]) for o in out]
     assert max(sizes[2:]) == min(sizes[2:]) == sizes[1]
     assert sizes[-1] < 40  # far below the 320 rows seen
+
+
+def test_progress_watermark_and_idle_rule():
+    p = IntervalProgress()
+    assert p.saw(None, 5, 10) == MIN_WATERMARK and p.last_event_ms is None  # only late records: nothing moves
+    assert p.saw(100, 1_000, 10) == 90 and (p.max_ts, p.last_event_ms) == (100, 1_000)
+    assert p.saw(50, 2_000, 10) == 90 and (p.max_ts, p.last_event_ms) == (100, 2_000)
+    p.watermark, p.next_close = 90, 150
+    assert p.idle_watermark(2_059, 60, 10) is None  # not idle yet (timeout 60 ms after the arrival at 2_000)
+    assert (
+        p.idle_watermark(2_060, 60, 10) is None
+    )  # idle: 100 - 10 + 60 = 150 does not pass the window end 150
+    assert p.idle_watermark(2_061, 60, 10) == 151
+    p.next_close = None
+    assert p.idle_watermark(9_999, 60, 10) is None  # no window open: nothing to close
+
+
+def test_store_steps_replay_idle_tick_and_layout(spark, tmp_path):
+    """One version per step (`v<fence>/state` + `meta.json`); a replayed step restores what its first attempt
+    did and counts nothing twice; late records go to `on_late`; an idle tick is fenced after the newest version;
+    versions a replay can no longer need are pruned."""
+    store = IntervalStore(spark, tmp_path, upper_ms=100, lateness_ms=10)
+    published, late = {}, []
+
+    def publish(left, fence):
+        got = left.where("_changed OR _closed").collect()
+        published[fence] = sorted((r["search_id"], r["_matches"], r["_closed"]) for r in got)
+
+    def step(fence, rows):
+        on_late = lambda rows, w0: late.append((sorted(r["id"] for r in rows.collect()), w0))  # noqa: E731
+        return store.batch_step(fence, spark.createDataFrame(rows, BATCH_SCHEMA), publish, on_late)
+
+    one = step(1_000_000, [("searches", "s1", "a", "q", 0), ("clicks", "c1", "a", "u", 50)] * 2)
+    assert (one.counts["events"], one.counts["duplicates"], one.progress.watermark) == (4, 2, 40)
+    assert published[1_000_000] == [("s1", 1, False)]
+    # c2 (ts 30 < 40) is late; ts 200 moves the watermark to 190: s1 (window end 100) closes; s3 stays open
+    batch_two = [
+        ("clicks", "c2", "a", "u", 30),
+        ("clicks", "c9", "z", "u", 200),
+        ("searches", "s3", "y", "h", 195),
+    ]
+    two = step(2_000_000, batch_two)
+    assert late == [(["c2"], 40)] and published[2_000_000] == [("s1", 1, True)]
+    assert (two.counts["late"], two.counts["closed"], two.progress.searches_final) == (1, 1, 1)
+    assert store.restore(2_000_000).fence == 1_000_000 and store.latest()[0] == 2_000_000
+    again = step(
+        2_000_000, batch_two
+    )  # Spark replays batch 2 after a crash: same outcome, nothing counted twice
+    arrived = again.progress.last_event_ms  # when the replay saw the batch
+    assert again.counts == two.counts and again.progress == replace(two.progress, last_event_ms=arrived)
+    assert step(3_000_000, []) is None
+    # idle: 200 - 10 + 200 ms since the last arrival = 390 passes s3's window end (295)
+    assert store.idle_step(arrived + 100, 200, publish) is None  # not idle yet
+    tick = store.idle_step(arrived + 200, 200, publish)
+    assert (
+        tick.fence == 2_000_001
+        and tick.progress.watermark == 390
+        and published[2_000_001] == [("s3", 0, True)]
+    )
+    assert sorted(d.name for d in tmp_path.glob("v*")) == [
+        f"v{f:020d}" for f in (1_000_000, 2_000_000, 2_000_001)
+    ]
+    meta = json.loads((tmp_path / f"v{2_000_001:020d}" / "meta.json").read_text())
+    assert (meta["fence"], meta["watermark"], meta["searches_final"], meta["late"]) == (2_000_001, 390, 2, 1)
+    state = spark.read.schema(STATE_SCHEMA).parquet(str(tmp_path / f"v{2_000_000:020d}" / "state"))
+    assert sorted((r["side"], r["id"], r["_matches"]) for r in state.collect()) == [
+        ("c", "c9", 0),
+        ("s", "s3", 0),
+    ]
+    step(4_000_000, [("clicks", "c10", "z", "u", 400)])  # its base is 2_000_001: older versions are dropped
+    assert sorted(d.name for d in tmp_path.glob("v*")) == [f"v{f:020d}" for f in (2_000_001, 4_000_000)]
