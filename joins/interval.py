@@ -40,7 +40,9 @@ is a range join over it, computed only if used). Work per key is a sort of its r
 in the rows of the key within the state's time span.
 
 The result is a function of the state and the batch only; the caller persists `left_state`/`right_state` and
-feeds them back as the next batch's state. Nothing here depends on arrival order within the lateness bound.
+feeds them back as the next batch's state (`joins.interval_state` does, for the clicks job). Nothing here
+depends on arrival order within the lateness bound. An argument the join cannot use (an unknown `how`, an empty
+interval, a watermark that goes back, a missing column) raises `joins.errors.BadJoinArgument`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
+
+from joins.errors import BadJoinArgument
 
 __all__ = [
     "JoinHow",
@@ -141,9 +145,10 @@ def _prepare(side: JoinSide, w_before: int, name: str):
     a row already in the state wins (`_new` false sorts first), else the smallest (ts, other columns) of the
     batch's copies, so the choice does not depend on arrival order."""
     cols = side.new.columns
-    for c in (side.id, side.ts):
-        if c not in cols:
-            raise ValueError(f"{name} side has no column {c!r} (columns: {', '.join(cols)})")
+    for attr in ("id", "ts"):
+        if getattr(side, attr) not in cols:
+            why = f"not a column of the {name} side (columns: {', '.join(cols)})"
+            raise BadJoinArgument(f"{name}.{attr}", getattr(side, attr), why)
     ts = F.col(side.ts)
     w0 = batch_constant(w_before)
     late = side.new.where(ts < w0).withColumn(
@@ -174,11 +179,12 @@ def _prepare(side: JoinSide, w_before: int, name: str):
 
 def _check(how: str, lower_ms: int, upper_ms: int, watermark_before: int, watermark_after: int) -> None:
     if how not in _HOWS:
-        raise ValueError(f"how={how!r}: choose one of {', '.join(_HOWS)}")
+        raise BadJoinArgument("how", how, f"choose one of {', '.join(_HOWS)}")
     if lower_ms > upper_ms:
-        raise ValueError(f"empty interval: lower_ms={lower_ms} > upper_ms={upper_ms}")
+        raise BadJoinArgument("lower_ms", lower_ms, f"an empty interval: greater than upper_ms={upper_ms}")
     if watermark_after < watermark_before:
-        raise ValueError(f"the watermark cannot go back: {watermark_before} -> {watermark_after}")
+        why = f"the watermark cannot go back (watermark_before={watermark_before})"
+        raise BadJoinArgument("watermark_after", watermark_after, why)
 
 
 def _struct_type(df: DataFrame):
@@ -299,7 +305,7 @@ def interval_join(
     rcols, r_late, r_rows = _prepare(right, w0, "right")
     for k in keys:
         if k not in lcols or k not in rcols:
-            raise ValueError(f"join key {k!r} must be a column of both sides")
+            raise BadJoinArgument("on", k, "a join key must be a column of both sides")
 
     # One shuffle by the join keys, one sort by event time within each key: every row's new matches are counted
     # by window aggregates over range frames of `ts`.

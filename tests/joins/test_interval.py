@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import functions as F
 
+from joins.errors import BadJoinArgument
 from joins.interval import MIN_WATERMARK, JoinSide, interval_join
 from joins.interval_state import BATCH_SCHEMA, STATE_SCHEMA, IntervalProgress, IntervalStore
 
@@ -213,3 +214,18 @@ def test_store_steps_replay_idle_tick_and_layout(spark, tmp_path):
     ]
     step(4_000_000, [("clicks", "c10", "z", "u", 400)])  # its base is 2_000_001: older versions are dropped
     assert sorted(d.name for d in tmp_path.glob("v*")) == [f"v{f:020d}" for f in (2_000_001, 4_000_000)]
+
+
+@pytest.mark.parametrize(
+    "args, argument",
+    [
+        ({"how": "outer"}, "how"),
+        ({"lower_ms": 5, "upper_ms": 4}, "lower_ms"),
+        ({"watermark_before": 10, "watermark_after": 9}, "watermark_after"),
+    ],
+)
+def test_an_argument_the_join_cannot_use_is_named(args, argument):
+    kw = {"on": "k", "lower_ms": 0, "upper_ms": 1, "watermark_before": 0, "watermark_after": 0, **args}
+    with pytest.raises(BadJoinArgument) as e:  # checked before either side is looked at
+        interval_join(JoinSide(None, None, "sid"), JoinSide(None, None, "cid"), **kw)
+    assert e.value.argument == argument and isinstance(e.value, ValueError)
