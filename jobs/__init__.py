@@ -4,7 +4,7 @@ Wiring, one module per job on one skeleton (`skeleton.run_job`): `timeline`, `cl
 `registry`. Operations: `cli` (the `mview` command), `deploy` and `service` (background jobs), `replay` and
 `generations` (rebuilds and the generation pointer), `status`, `maintain`, `submit` (spark-submit entry point).
 Shared: `settings` (the one settings object), `spark` (the SparkSession), `runtime` (paths, status file, the
-streaming query), `errors`.
+streaming query), `phases` (where a batch's time goes, for its log line), `errors`.
 """
 
 __all__ = [
@@ -24,5 +24,6 @@ __all__ = [
     "settings",
     "spark",
     "runtime",
+    "phases",
     "errors",
 ]

@@ -3,7 +3,7 @@
 | module | join kind | state |
 |---|---|---|
 | `table_table` | table-table, maintained incrementally (the home timeline) | `table_table_state.TimelineStore` |
-| `interval` | stream-stream interval join (searches x clicks) | `interval_state` |
+| `interval` | stream-stream interval join (searches x clicks) | `interval_state.IntervalStore` |
 | `asof` | stream-table as-of join with versioned dimensions (`user@ts`) | `asof_state.AsofState` |
 
 Every state class implements `state.JoinState`; errors derive from `errors.JoinError`.
