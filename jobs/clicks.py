@@ -92,7 +92,8 @@ def _process(run: JobRun, store: IntervalStore, batch_df, batch_id: int) -> Batc
 
 def _wire(run: JobRun, max_files: int | None) -> Wiring:
     store, settings = _store(run.spark, run.settings, run.generation), run.settings
-    run.totals.update(late=0, duplicates=0, closed=0, provisional=0, state_rows=[])
+    seconds = run.totals.pop("seconds")  # keys in the order `mview run clicks --once` prints them
+    run.totals.update(late=0, duplicates=0, closed=0, provisional=0, seconds=seconds, state_rows=[])
 
     def process(batch_df, batch_id: int) -> Batch | None:
         with store.exclusive():

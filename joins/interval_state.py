@@ -12,6 +12,11 @@ that stay in the state (the version does not exist yet); `advance(fence, progres
 exist, and drops the versions older than `prune_below`. Only rows that may still match are kept (see
 `joins.interval`), so a version stays flat as event time advances. `exclusive()` serializes steps on one store,
 across threads and processes.
+
+The steps themselves: `step` (join a step's records with the state, publish through the caller's `publish`, then
+stage), `batch_step` (one micro-batch: the watermark rule, late records and duplicates, `step`, `advance`) and
+`idle_step` (the idle rule: a step without records that closes the windows the wall clock has passed). Records
+of both topics travel as one DataFrame in `BATCH_SCHEMA` (`topic_rows`).
 """
 
 from __future__ import annotations
