@@ -3,7 +3,7 @@
 A join that runs one micro-batch at a time keeps state between batches (the current tables of a table-table join,
 the open rows of an interval join, the versioned copy and held events of an as-of join). Each join module has one
 state class, local to the job (files under the job's state directory of one generation), with three steps per
-micro-batch N:
+micro-batch N (`N`: the batch id, or any number that orders the steps, like the interval join's fence):
 
     state = store.restore(N)      # the state before batch N
     changes = <join>(state, batch)
@@ -38,8 +38,9 @@ class JoinState(Protocol[S]):
         """The state before micro-batch `batch_id` (see the module docstring)."""
         ...
 
-    def stage(self, batch_id: int, changes: Any) -> None:
-        """Make batch `batch_id`'s state changes durable (replacing an earlier staging of it)."""
+    def stage(self, batch_id: int, changes: Any) -> Any:
+        """Make batch `batch_id`'s state changes durable (replacing an earlier staging of it). May return what it
+        counted while writing (the interval join's status counts)."""
         ...
 
     def advance(self, batch_id: int, changes: Any) -> None:
