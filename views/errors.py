@@ -84,11 +84,16 @@ class RedisMisconfigured(ViewError):
         self.url = redact_url(url)
 
 
+def _shown(url: str, cause) -> tuple[str, str]:
+    """(the URL, the cause) as a message may show them: credentials masked."""
+    return redact_url(url), redact(cause, url) if cause is not None else ""
+
+
 class RedisAuthFailed(RedisMisconfigured):
     """The server refused the credentials of the URL, or requires some and the URL has none."""
 
     def __init__(self, url: str, cause: Exception | str | None = None):
-        shown, detail = redact_url(url), redact(cause, url) if cause is not None else ""
+        shown, detail = _shown(url, cause)
         if _password(url) is None:
             message = (
                 f"the server at {shown} requires a password: put it in REDIS_URL as "
@@ -106,7 +111,7 @@ class RedisTLSMismatch(RedisMisconfigured):
     """TLS on one side only (rediss:// to a plain port or redis:// to a TLS port), or a failed TLS handshake."""
 
     def __init__(self, url: str, cause: Exception | str | None = None):
-        shown, detail = redact_url(url), redact(cause, url) if cause is not None else ""
+        shown, detail = _shown(url, cause)
         if str(url).lower().startswith("rediss://"):
             message = (
                 f"TLS handshake with the server at {shown} failed ({detail}): use redis:// for a plain port, "
