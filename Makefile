@@ -10,9 +10,10 @@ VIEW ?= timeline
 KEY ?= u1
 BENCH_ARGS ?=
 WEB_PORT ?= 8765
+UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis test lint fmt demo demo-web jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis test lint fmt demo demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,6 +47,9 @@ fmt: setup ## ruff format and autofix
 
 demo: setup redis ## generate a workload, ingest it, run the timeline job, print and verify timelines
 	$(PY) -m timeline_demo
+
+ui: setup ## serve the operations page on :UI_PORT (8764): every job, live charts of batch time, input rate, lag
+	$(MVIEW) ui --port $(UI_PORT) --timeline-url http://127.0.0.1:$(WEB_PORT)/
 
 demo-web: setup redis ## serve the live home-timeline page on :WEB_PORT (8765) while the job runs and new tweets arrive
 	$(PY) -m timeline_demo.web --live --port $(WEB_PORT)

@@ -198,6 +198,18 @@ def cmd_maintain(args) -> int:
     return 0
 
 
+def cmd_ui(args) -> int:
+    from jobs.httpd import serve_until_interrupted
+    from jobs.ui import serve_in_thread
+
+    settings = _settings()
+    _lake(settings, write=False)
+    server = serve_in_thread(settings, "127.0.0.1", args.port, timeline_url=args.timeline_url)
+    print(f"operations page at http://127.0.0.1:{server.server_port}/  (Ctrl-C stops)", flush=True)
+    serve_until_interrupted(server)
+    return 0
+
+
 _JSON = ("--json", {"action": "store_true", "help": "machine-readable output (JSON)"})
 _ONCE = ("--once", {"action": "store_true"})
 
@@ -245,6 +257,14 @@ _COMMANDS = {
         ],
     ),
     "status": (cmd_status, "per job: running, generation, last batch, lag, counts", [_JSON]),
+    "ui": (
+        cmd_ui,
+        "serve the operations page on 127.0.0.1 (every job, live charts)",
+        [
+            ("--port", {"type": int, "default": 8764}),
+            ("--timeline-url", {"default": "http://127.0.0.1:8765/", "help": "the live timeline page's URL"}),
+        ],
+    ),
 }
 
 

@@ -14,9 +14,8 @@ Per micro-batch, with W0 = the job's watermark at its start (max event time seen
 4. Redis is written first (fenced), then the new state version is committed: a crash in between replays the
    batch from the same state version, with the same outcome and nothing counted twice.
 Idle streams (`CLICKS_IDLE_TIMEOUT`; off by default: "not clicked" waits for newer events): when no record has
-arrived for that long (processing time), the watermark advances with the wall clock (max event time - lateness +
-time since the last arrival) and the windows that close under it are published (`close_idle_windows`), checked
-every trigger interval of a deployed job and once at the end of `run --once`.
+arrived for that long, the watermark advances with the wall clock (max event time - lateness + time since the last
+arrival); windows closing under it are published (`close_idle_windows`) each trigger interval and at --once's end.
 """
 
 from __future__ import annotations
@@ -86,8 +85,9 @@ def _process(run: JobRun, store: IntervalStore, batch_df, batch_id: int) -> Batc
     )
     totals = {k: c[k] for k in ("late", "duplicates", "closed", "provisional")}
     totals["state_rows"] = [c["state_rows"]]  # a list: the state's size after each batch of the run
-    status = _status(run.settings, step.progress)
-    return Batch(c["events"], summary, status, meta={"last_fence": step.fence}, totals=totals)
+    b = Batch(c["events"], summary, _status(run.settings, step.progress), meta={"last_fence": step.fence})
+    b.totals, b.inputs, b.phases = totals, {t: c[t] for t in TOPICS}, phases.seconds()
+    return b
 
 
 def _wire(run: JobRun, max_files: int | None) -> Wiring:

@@ -41,8 +41,12 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The environment variables that reproduce `settings` in a child process."""
     env = {}
     for f in dataclasses.fields(settings):
+        if not f.init:  # derived (the parsed durations)
+            continue
         value = getattr(settings, f.name)
-        if isinstance(value, tuple):
+        if value is None:  # an optional feature turned off (JVM_CACHE, METRICS_PORT)
+            value = "off"
+        elif isinstance(value, tuple):
             value = ",".join(value)
         elif isinstance(value, bool):
             value = "true" if value else "false"

@@ -83,14 +83,11 @@ def _batch(s, n: CountryCounts, wm: int | None) -> Batch:
         summary=f"{s['events']:,} events, {s['changes']:,} changes -> {n.emitted:,} emitted, "
         f"{n.held:,} held, watermark {wm}",
         status={"last_batch_changes": s["changes"], "watermark": wm, "held": n.held},
-        counters={
-            "emitted": n.emitted,
-            "unknown_versions": n.unknown,
-            "late_events": s["late_events"],
-            "late_changes": s["late_changes"],
-        },
+        counters={"emitted": n.emitted, "unknown_versions": n.unknown}
+        | {k: s[k] for k in ("late_events", "late_changes")},
         meta={"watermark": wm},
         totals={"changes": s["changes"], "emitted": n.emitted},
+        inputs={"activity": s["events"], "profiles": s["changes"]},
     )
 
 

@@ -44,6 +44,10 @@ class Phases:
         self.marks.append((name, t - self._t, c[0] - self._c[0], c[1] - self._c[1], k - self._k))
         self._t, self._c, self._k = t, c, k
 
+    def seconds(self) -> dict[str, float]:
+        """Wall seconds of each phase ended so far."""
+        return {name: wall for name, wall, *_ in self.marks}
+
     def __str__(self) -> str:
         parts = ", ".join(f"{n} {w:.2f}s/{c:.2f}cpu/{p:.2f}py/{k}cc" for n, w, c, p, k in self.marks)
         return f"{parts}; {self._compiles() - self._n} code compilations (cc)"

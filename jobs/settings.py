@@ -55,6 +55,15 @@ def _duration(name: str, text: str) -> int:
         raise ValueError(f"{name.upper()}: {e}") from None
 
 
+def _port(text: str) -> int | None:
+    if text.strip().lower() in ("off", "false", "no", ""):
+        return None
+    port = int(text)
+    if not 1 <= port <= 65535 - 16:
+        raise ValueError(f"METRICS_PORT must be a TCP port (1-65519) or off, got {text!r}")
+    return port
+
+
 def _jvm_cache(text: str) -> Path | None:
     if text.strip().lower() in ("off", "false", "no", "0"):
         return None
@@ -86,6 +95,8 @@ class Settings:
         keys, so reads that resolved the old pointer finish (default "2 s").
     stop_timeout: STOP_TIMEOUT, how long `mview stop` waits for the batch in flight before SIGKILL (default
         "10 minutes").
+    metrics_port: METRICS_PORT, first port of the jobs' Prometheus metrics on 127.0.0.1, one per job in registry
+        order (default 9464; "off" = none). See `jobs.metrics`.
     jvm_cache: JVM_CACHE, directory of the driver JVM's AOT cache built by `make jvm-cache` (default
         <venv>/mview-jvm; "off" = never use one). Used by local-master jobs when present and current.
     """
@@ -106,6 +117,7 @@ class Settings:
     replay_grace: str = "2 s"
     stop_timeout: str = "10 minutes"
     jvm_cache: Path | None = None
+    metrics_port: int | None = 9464
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
     allowed_lateness_ms: int = field(init=False)
     trigger_interval_ms: int = field(init=False)
@@ -148,5 +160,6 @@ class Settings:
             replay_grace=e.get("REPLAY_GRACE", "2 s"),
             stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
             jvm_cache=_jvm_cache(e.get("JVM_CACHE", "")),
+            metrics_port=_port(e.get("METRICS_PORT", "9464")),
         )
         return s

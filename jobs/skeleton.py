@@ -20,6 +20,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 
 from jobs.generations import last_committed_batch, record_batch
+from jobs.metrics import metrics_for
 from jobs.registry import job_spec
 from jobs.replay import serving_or_rebuild
 from jobs.runtime import checkpoint_dir, log, log_sources, read_status, run_stream, state_dir, write_status
@@ -61,7 +62,8 @@ class Batch:
 
     events: input records of the batch. summary: the log line's text after `<job> g<g> batch <id>: `.
     status: fields merged into the status file. counters: added to the generation's running totals in the
-    status file. meta: recorded with the batch id in Redis. totals: added to the run's totals.
+    status file. meta: recorded with the batch id in Redis. totals: added to the run's totals (and, the numbers,
+    to the metrics' view writes). inputs: records per topic. phases: seconds per phase of the batch (metrics).
     """
 
     events: int
@@ -70,6 +72,8 @@ class Batch:
     counters: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     totals: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -126,6 +130,8 @@ def run_job(
     client = connect(settings.redis_url)
     gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
     run = JobRun(spark, settings, job, gen, client)
+    metrics = metrics_for(settings, job)
+    write_status(settings, job, metrics_url=metrics.url if metrics else None)
     w = wire(run)
 
     def each(batch_df, batch_id: int) -> None:
@@ -142,6 +148,8 @@ def run_job(
             for k, v in b.totals.items():
                 run.totals[k] = run.totals.get(k, 0) + v
             _record(run, batch_id, b, took)
+            if metrics is not None:
+                metrics.observe(b, took)
 
     log_sources(settings, job, gen, job_spec(job).topics)
     stop = threading.Event()

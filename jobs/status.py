@@ -28,7 +28,7 @@ from views.errors import ViewError
 from views.keys import gen_key
 from views.redis_io import classify, quick_client
 
-__all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "rejected"]
+__all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "rejected", "rejected_per_topic"]
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
@@ -97,16 +97,23 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
     return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
 
 
-def rejected(settings: Settings, topics) -> int:
-    """Dead-lettered lines of `topics` (`changelog.ingest.deadletter_path`)."""
-    n = 0
+def rejected_per_topic(settings: Settings, topics) -> dict[str, int]:
+    """Dead-lettered lines of each of `topics` (`changelog.ingest.deadletter_path`)."""
+    out = {}
     for topic in topics:
+        n = 0
         try:
             with open(deadletter_path(settings.lake_dir, topic), "rb") as fh:
-                n += sum(chunk.count(b"\n") for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""))
+                n = sum(chunk.count(b"\n") for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""))
         except FileNotFoundError:
             pass
-    return n
+        out[topic] = n
+    return out
+
+
+def rejected(settings: Settings, topics) -> int:
+    """Dead-lettered lines of `topics`, all together."""
+    return sum(rejected_per_topic(settings, topics).values())
 
 
 def job_status(settings: Settings) -> dict:
@@ -126,6 +133,7 @@ def job_status(settings: Settings) -> dict:
             "generation": gen,
             "lag_versions": lag_versions(settings, name, gen),
             "rejected": rejected(settings, spec.topics),
+            "metrics_url": s.get("metrics_url") if pid is not None else None,  # served while it runs
         }
         row.update({k: v for k, v in s.items() if k not in row})
         if isinstance(serving, dict) and name not in serving and pid is None:

@@ -255,8 +255,9 @@ class IntervalStore:
         marked = batch.select("*", (F.col("ts") >= batch_constant(w0)).alias("_ok")).persist()
         try:
             ok = F.col("_ok")
-            n, late, max_ts = marked.agg(
-                F.count("*"), F.sum((~ok).cast("int")), F.max(F.when(ok, F.col("ts")))
+            is_search = (F.col("topic") == "searches").cast("int")
+            n, late, max_ts, searches = marked.agg(
+                F.count("*"), F.sum((~ok).cast("int")), F.max(F.when(ok, F.col("ts"))), F.sum(is_search)
             ).first()
             mark("read+stats")
             if not n:
@@ -272,7 +273,15 @@ class IntervalStore:
         p, dups = before.progress, n - late - out["new_searches"] - out["new_clicks"]
         p.late, p.duplicates = p.late + late, p.duplicates + dups
         self.advance(fence, p, prune_below=before.fence)
-        return StepOutcome(fence, p, {**out, "events": n, "late": late, "duplicates": dups})
+        counts = {
+            **out,
+            "events": n,
+            "late": late,
+            "duplicates": dups,
+            "searches": searches,
+            "clicks": n - searches,
+        }
+        return StepOutcome(fence, p, counts)
 
     def idle_step(
         self, now_ms: int, timeout_ms: int, publish: Callable[[DataFrame, int], object]

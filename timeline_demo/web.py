@@ -13,13 +13,11 @@ Only the Python standard library serves HTTP; Redis is read with one client shar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
+from jobs.httpd import page_server, serve_until_interrupted
+from jobs.httpd import serve_in_thread as _serve
 from views.keys import meta_key
 from views.redis_io import connect, redact_url
 from views.timeline import query_timeline
@@ -27,7 +25,6 @@ from views.timeline import query_timeline
 __all__ = ["make_server", "serve_in_thread", "main"]
 
 _STATIC = Path(__file__).with_name("web")
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 _MAX_LIMIT = 800
 
 
@@ -39,52 +36,26 @@ def _timeline_payload(client, user: str, limit: int) -> dict:
     return result
 
 
-def make_server(redis_url: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def make_server(redis_url: str, host: str = "127.0.0.1", port: int = 0):
     """An HTTP server (not started) for the page and its JSON endpoint; port 0 picks a free port."""
     client = connect(redis_url)
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
+    def timeline(params: dict) -> tuple[int, dict]:
+        user = params.get("user", "")
+        if not user:
+            return 400, {"error": "give ?user=ID"}
+        try:
+            limit = max(0, min(_MAX_LIMIT, int(params.get("limit", "50"))))
+        except ValueError:
+            return 400, {"error": "limit must be an integer"}
+        return 200, _timeline_payload(client, user, limit)
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            url = urlparse(self.path)
-            if url.path == "/api/timeline":
-                q = parse_qs(url.query)
-                user = (q.get("user") or [""])[0]
-                if not user:
-                    return self._send(400, b'{"error":"give ?user=ID"}', "application/json")
-                try:
-                    limit = max(0, min(_MAX_LIMIT, int((q.get("limit") or ["50"])[0])))
-                except ValueError:
-                    return self._send(400, b'{"error":"limit must be an integer"}', "application/json")
-                try:
-                    payload = _timeline_payload(client, user, limit)
-                except Exception as e:  # Redis down: say so, the page keeps polling
-                    return self._send(503, json.dumps({"error": str(e)}).encode(), "application/json")
-                return self._send(200, json.dumps(payload).encode(), "application/json")
-            name = "index.html" if url.path in ("/", "/index.html") else url.path.lstrip("/")
-            path = _STATIC / name
-            if name not in ("index.html", "app.js") or not path.is_file():
-                return self._send(404, b"not found", "text/plain")
-            return self._send(200, path.read_bytes(), _TYPES[path.suffix])
-
-        def log_message(self, fmt, *args) -> None:  # quiet: the page polls twice a second
-            pass
-
-    return ThreadingHTTPServer((host, port), Handler)
+    return page_server(_STATIC, ("app.js",), {"/api/timeline": timeline}, host, port)
 
 
-def serve_in_thread(redis_url: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+def serve_in_thread(redis_url: str, host: str = "127.0.0.1", port: int = 0):
     """Start `make_server(...)` in a daemon thread; call `.shutdown()` to stop. `.server_port` is the port."""
-    server = make_server(redis_url, host, port)
-    threading.Thread(target=server.serve_forever, name="timeline-web", daemon=True).start()
-    return server
+    return _serve(make_server(redis_url, host, port), "timeline-web")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,19 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         f"timeline page at {url}?user=u1  (reading {redact_url(settings.redis_url)}; Ctrl-C stops)",
         flush=True,
     )
-    try:
-        if args.live:
-            from timeline_demo.live import run_live
+    live = None
+    if args.live:
+        from timeline_demo.live import run_live
 
+        def live():
             run_live(
                 settings, every=args.every, on_ready=lambda u: print(f"watch {url}?user={u}", flush=True)
             )
-        else:
-            threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.shutdown()
+
+    serve_until_interrupted(server, live)
     return 0
 
 

@@ -4,14 +4,13 @@ does not."""
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import orjson
-import pytest
 
 from changelog.ingest import ingest
 from jobs.timeline import run_timeline
+from tests.browser import browser as _browser
 from tests.conftest import make_settings
 from timeline_demo.web import serve_in_thread
 
@@ -20,31 +19,6 @@ def _ingest(spark, settings, tmp_path, topic, records, name):
     path = tmp_path / f"{name}.jsonl"
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     ingest(spark, settings.lake_dir, topic, [str(path)])
-
-
-def _browser(tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver (.ci/run does it)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=900,1000",
-    ):
-        opts.add_argument(flag)
-    return webdriver.Chrome(service=Service(executable_path=driver), options=opts)
 
 
 def post(tid: str, uid: str, ts: int) -> dict:

@@ -1,0 +1,38 @@
+"""The operations page with no job running: it says so, shows every job as not running, and its status endpoint
+is `mview status --json` plus the page's fields. (A running job on the page: tests/jobs/test_metrics.py.)"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from jobs.registry import JOBS
+from jobs.ui import serve_in_thread
+from tests.browser import browser
+from tests.conftest import make_settings
+from tests.jobs.opshelp import wait_for
+
+
+def test_the_page_says_when_no_job_runs(tmp_path, redis_url):
+    settings = make_settings(tmp_path / "lake", redis_url)
+    settings.lake_dir.mkdir(parents=True)
+    page = serve_in_thread(settings, timeline_url="http://127.0.0.1:8765/")
+    try:
+        body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{page.server_port}/api/status").read())
+        assert body["running"] == 0 and set(body["jobs"]) == set(JOBS)
+        assert all(row["metrics"] is None and row["metrics_url"] is None for row in body["jobs"].values())
+        web = browser(tmp_path)
+        try:
+            web.get(f"http://127.0.0.1:{page.server_port}/")
+            wait_for(
+                lambda: "no job is running" in web.find_element("id", "note").text, "the page", timeout_s=60
+            )
+            cards = web.find_elements("css selector", ".job")
+            assert [c.get_attribute("id") for c in cards] == [f"job-{j}" for j in JOBS]
+            assert all(c.get_attribute("class") == "job stopped" for c in cards)
+            link = web.find_element("id", "timeline-link").get_attribute("href")
+            assert link == "http://127.0.0.1:8765/"
+        finally:
+            web.quit()
+    finally:
+        page.shutdown()
