@@ -13,6 +13,7 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   from scratch at each size.
 - freshness: with the job deployed (continuous) under a steady load of tweets, the time from a tweet's append
   (its Delta commit) to its presence in every current follower's timeline in Redis; p50 and p99.
+- metrics: the cost of the jobs' Prometheus metrics, throughput and freshness with them on and off (`bench.metrics`).
 - clicks, enrichment: `bench.clicks.run` / `bench.enrichment.run`.
 
 The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks` and `bench.enrichment`; the table and
@@ -36,7 +37,7 @@ from bench.report import END, START, markdown_table, plot, update_readme
 
 __all__ = ["main"]
 
-PARTS = ("redis", "throughput", "replay", "incrementality", "freshness", "clicks", "enrichment")
+PARTS = ("redis", "throughput", "replay", "incrementality", "freshness", "metrics", "clicks", "enrichment")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--freshness-seconds", type=float, default=90.0)
     p.add_argument("--incrementality-budget", type=float, default=240.0)
+    p.add_argument(
+        "--metrics-pairs", type=int, default=3, help="throughput runs per mode of the metrics part"
+    )
     p.add_argument(
         "--clicks-events",
         type=int,
@@ -109,9 +113,12 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
         throughput_workload,
     )
 
-    if "freshness" in want and not want & {"throughput", "replay"}:  # freshness alone: the job catches up
+    if want & {"freshness", "metrics"} and not want & {
+        "throughput",
+        "replay",
+    }:  # freshness alone: the job catches up
         ingest_workload(spark, settings, throughput_workload(args.scale), tmp)
-    elif want & {"throughput", "replay", "freshness"}:
+    elif want & {"throughput", "replay", "freshness", "metrics"}:
         zadd_per_s = res.get("redis", {}).get("zadd_per_s", 0.0)
         _part(
             res, "throughput", bench_throughput, spark, settings, tmp, zadd_per_s, args.scale, args.warm_runs
@@ -125,6 +132,11 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
     if "freshness" in want:
         follows = throughput_workload(args.scale).follows
         _part(res, "freshness", bench_freshness, spark, settings, tmp, follows, args.freshness_seconds, 2.0)
+    if "metrics" in want:
+        from bench.metrics import bench_metrics
+
+        follows, seconds = throughput_workload(args.scale).follows, args.freshness_seconds / 2
+        _part(res, "metrics", bench_metrics, spark, settings, tmp, follows, args.metrics_pairs, seconds)
 
 
 def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:

@@ -78,7 +78,7 @@ class _Visibility:
         self.done.set()
 
 
-def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: str) -> float:
+def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: str, probe_id: str) -> float:
     """Append a probe tweet by `author` and wait until the deployed job has put it in `follower`'s timeline;
     the seconds it took."""
     from views.keys import timeline_key
@@ -87,20 +87,22 @@ def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: s
     t0 = time.monotonic()
     probe = {
         "op": "post",
-        "tweet_id": "probe",
+        "tweet_id": probe_id,
         "user_id": author,
         "text": "probe",
         "ts": int(time.time() * 1000),
     }
     ingest_records(spark, settings, "tweets", [probe], tmp / "probe.jsonl")
-    while client.zscore(timeline_key(current_generation(client, "timeline"), follower), "probe") is None:
+    while client.zscore(timeline_key(current_generation(client, "timeline"), follower), probe_id) is None:
         if time.monotonic() - t0 > 300:
             raise TimeoutError("the deployed job did not publish a probe tweet within 300 s (see its log)")
         time.sleep(0.2)
     return time.monotonic() - t0
 
 
-def _load(spark, settings, tmp: Path, seen: _Visibility, followers, duration_s: float, every_s: float) -> int:
+def _load(
+    spark, settings, tmp: Path, seen: _Visibility, followers, duration_s: float, every_s: float, prefix: str
+) -> int:
     """Append 10 tweets every `every_s` for `duration_s` (1 by a celebrity, the rest by random authors with
     followers), each tracked by `seen`; the number of tweets appended."""
     authors = sorted(followers, key=lambda a: (-len(followers[a]), a))
@@ -114,7 +116,7 @@ def _load(spark, settings, tmp: Path, seen: _Visibility, followers, duration_s: 
             recs.append(
                 {
                     "op": "post",
-                    "tweet_id": f"fresh{n:06d}",
+                    "tweet_id": f"{prefix}fresh{n:06d}",
                     "user_id": a,
                     "text": f"fresh {n}",
                     "ts": int(time.time() * 1000),
@@ -128,10 +130,11 @@ def _load(spark, settings, tmp: Path, seen: _Visibility, followers, duration_s: 
 
 
 def bench_freshness(
-    spark, settings, tmp: Path, follows: list[dict], duration_s: float, every_s: float
+    spark, settings, tmp: Path, follows: list[dict], duration_s: float, every_s: float, prefix: str = ""
 ) -> dict:
     """Tweets appended every `every_s` by authors with followers; per tweet, append -> in every follower's
-    timeline. The job is deployed first and the load starts once it has caught up with the logs."""
+    timeline. The job is deployed first and the load starts once it has caught up with the logs. `prefix` starts
+    every tweet id, so that a second run over the same logs appends new tweets."""
     from views.redis_io import connect
 
     followers = _followers(follows)
@@ -139,11 +142,11 @@ def bench_freshness(
     stop_job = _deploy(settings)
     seen = _Visibility(connect(settings.redis_url))
     try:
-        took = _wait_for_probe(spark, settings, seen.client, tmp, top, followers[top][0])
+        took = _wait_for_probe(spark, settings, seen.client, tmp, top, followers[top][0], f"{prefix}probe")
         say(f"freshness: job deployed, probe visible after {took:.0f}s; load for {duration_s:.0f}s")
         poller = threading.Thread(target=seen.poll, daemon=True)
         poller.start()
-        n = _load(spark, settings, tmp, seen, followers, duration_s, every_s)
+        n = _load(spark, settings, tmp, seen, followers, duration_s, every_s, prefix)
         seen.finish(drain_s=60)
         poller.join(70)
     finally:

@@ -72,7 +72,7 @@ def bench_throughput(
     totals = run_timeline(spark, settings, once=True)
     wall = time.monotonic() - started
     rate = totals["entries"] / totals["seconds"] if totals["seconds"] else 0.0
-    rates = _warm_rates(spark, settings, warm_runs)
+    rates = warm_rates(spark, settings, warm_runs)
     warm, steady = rates[0], statistics.median(rates[-3:])
 
     def ratio(x: float):
@@ -98,7 +98,7 @@ def bench_throughput(
     }
 
 
-def _warm_rates(spark, settings, runs: int) -> list[float]:
+def warm_rates(spark, settings, runs: int) -> list[float]:
     """Entries/s of the same job over the same logs again, `runs` times, in this (now warm) JVM: each run into a
     throw-away generation, dropped afterwards. The first run after the cold one pays most of the JVM's JIT warm-up
     and Spark's code generation; later runs keep getting faster while the JIT compiles hot code. The median of the

@@ -97,6 +97,7 @@ class Settings:
         "10 minutes").
     metrics_port: METRICS_PORT, first port of the jobs' Prometheus metrics on 127.0.0.1, one per job in registry
         order (default 9464; "off" = none). See `jobs.metrics`.
+    spark_ui: SPARK_UI, serve Spark's own web UI from jobs this process starts (default false: off for speed).
     jvm_cache: JVM_CACHE, directory of the driver JVM's AOT cache built by `make jvm-cache` (default
         <venv>/mview-jvm; "off" = never use one). Used by local-master jobs when present and current.
     """
@@ -118,6 +119,7 @@ class Settings:
     stop_timeout: str = "10 minutes"
     jvm_cache: Path | None = None
     metrics_port: int | None = 9464
+    spark_ui: bool = False
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
     allowed_lateness_ms: int = field(init=False)
     trigger_interval_ms: int = field(init=False)
@@ -161,5 +163,6 @@ class Settings:
             stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
             jvm_cache=_jvm_cache(e.get("JVM_CACHE", "")),
             metrics_port=_port(e.get("METRICS_PORT", "9464")),
+            spark_ui=e.get("SPARK_UI", "false").strip().lower() in ("1", "true", "yes", "on"),
         )
         return s

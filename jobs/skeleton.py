@@ -131,7 +131,8 @@ def run_job(
     gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
     run = JobRun(spark, settings, job, gen, client)
     metrics = metrics_for(settings, job)
-    write_status(settings, job, metrics_url=metrics.url if metrics else None)
+    ui = spark.sparkContext.uiWebUrl if settings.spark_ui else None
+    write_status(settings, job, metrics_url=metrics.url if metrics else None, spark_ui_url=ui)
     w = wire(run)
 
     def each(batch_df, batch_id: int) -> None:

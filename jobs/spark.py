@@ -59,7 +59,8 @@ def _config(settings: Settings, driver_opts: str) -> dict[str, str]:
     """The session's configuration (the reasons are in docs/architecture.md, "Spark settings")."""
     parallel = str(max(2, settings.shuffle_partitions))
     return {
-        "spark.ui.enabled": "false",
+        # off for speed; SPARK_UI=true turns it on (its URL is in the job's status: `spark_ui_url`)
+        "spark.ui.enabled": "true" if settings.spark_ui else "false",
         "spark.ui.showConsoleProgress": "false",
         # no Python call site recorded per DataFrame call: the jobs build their plans anew in every micro-batch
         "spark.python.sql.dataFrameDebugging.enabled": "false",

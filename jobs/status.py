@@ -134,6 +134,7 @@ def job_status(settings: Settings) -> dict:
             "lag_versions": lag_versions(settings, name, gen),
             "rejected": rejected(settings, spec.topics),
             "metrics_url": s.get("metrics_url") if pid is not None else None,  # served while it runs
+            "spark_ui_url": s.get("spark_ui_url") if pid is not None else None,  # with SPARK_UI=true
         }
         row.update({k: v for k, v in s.items() if k not in row})
         if isinstance(serving, dict) and name not in serving and pid is None:

@@ -99,3 +99,20 @@ def test_steady_state_row_is_judged_on_its_own_ratio_and_absent_without_it():
     below = {**steady, "throughput": {**steady["throughput"], "steady_ratio": 0.29}}
     assert {r["figure"]: r for r in table_rows(below)}[row["figure"]]["met"] == "**not met**"
     assert not any("steady" in r["figure"] for r in table_rows(RESULTS))
+
+
+def test_the_metrics_cost_row_is_met_only_when_every_cost_is_under_3_percent():
+    metrics = {
+        "workload": "w",
+        "command": "c",
+        "median_entries_per_s": {"on": 245_000, "off": 250_000},
+        "freshness": {"on": {"p50_s": 1.6, "p99_s": 5.0}, "off": {"p50_s": 1.58, "p99_s": 4.9}},
+        "throughput_cost_pct": 2.0,
+        "freshness_p50_cost_pct": 1.3,
+        "freshness_p99_cost_pct": 2.0,
+    }
+    (row,) = [r for r in table_rows({"metrics": metrics}) if r["figure"].startswith("cost of the metrics")]
+    assert row["met"] == "met" and "cost 2% / 1.3% / 2%" in row["measured"]
+    worse = {**metrics, "freshness_p99_cost_pct": 4.1}
+    (row,) = [r for r in table_rows({"metrics": worse}) if r["figure"].startswith("cost of the metrics")]
+    assert row["met"] == "**not met**"

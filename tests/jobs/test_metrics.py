@@ -65,7 +65,7 @@ def test_a_batch_moves_the_counters_and_the_status_file_feeds_the_rest(tmp_path,
 
 def test_a_deployed_job_counts_exactly_the_records_ingested(spark, tmp_path, redis_url):
     settings = make_settings(
-        tmp_path / "lake", redis_url, METRICS_PORT=free_port(), TRIGGER_INTERVAL="200 ms"
+        tmp_path / "lake", redis_url, METRICS_PORT=free_port(), TRIGGER_INTERVAL="200 ms", SPARK_UI="true"
     )
     tweets = [
         {"op": "post", "tweet_id": f"t{i}", "user_id": "a", "text": "x", "ts": 1000 + i} for i in range(5)
@@ -79,6 +79,8 @@ def test_a_deployed_job_counts_exactly_the_records_ingested(spark, tmp_path, red
         )
         url = status_of(settings, "timeline")["metrics_url"]
         assert url.startswith("http://127.0.0.1:")
+        spark_ui = status_of(settings, "timeline")["spark_ui_url"]  # SPARK_UI=true: Spark's own UI, served
+        assert urllib.request.urlopen(spark_ui, timeout=10).status == 200
 
         def scrape() -> dict:
             return _samples(urllib.request.urlopen(url, timeout=10).read().decode())
@@ -122,6 +124,7 @@ def test_a_deployed_job_counts_exactly_the_records_ingested(spark, tmp_path, red
     finally:
         stop(settings, "timeline")
     assert status_of(settings, "timeline")["metrics_url"] is None
+    assert status_of(settings, "timeline")["spark_ui_url"] is None
 
 
 def _points(web) -> int:
