@@ -89,7 +89,7 @@ class Wiring:
 def _record(run: JobRun, batch_id: int, b: Batch, took: float) -> None:
     now = int(time.time() * 1000)
     record_batch(run.client, run.job, run.generation, batch_id, last_batch_ms=now, **b.meta)
-    prev = read_status(run.settings, run.job)
+    prev = read_status(run.settings, run.job) if b.counters else {}  # only running totals need it
     same = prev.get("generation") == run.generation
     running = {k: (prev.get(k, 0) if same else 0) + v for k, v in b.counters.items()}
     write_status(
