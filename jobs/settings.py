@@ -64,6 +64,21 @@ def _port(text: str) -> int | None:
     return port
 
 
+def _flag(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _limit(text: str) -> int | None:
+    if text.strip().lower() in ("", "off", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"FANOUT_LIMIT must be a number of followers or empty (no limit), got {text!r}"
+        ) from None
+
+
 def _jvm_cache(text: str) -> Path | None:
     if text.strip().lower() in ("off", "false", "no", "0"):
         return None
@@ -98,6 +113,16 @@ class Settings:
     metrics_port: METRICS_PORT, first port of the jobs' Prometheus metrics on 127.0.0.1, one per job in registry
         order (default 9464; "off" = none). See `jobs.metrics`.
     spark_ui: SPARK_UI, serve Spark's own web UI from jobs this process starts (default false: off for speed).
+    kafka_bootstrap: KAFKA_BOOTSTRAP, bootstrap servers of the Kafka cluster (default empty = no Kafka: records
+        enter only through `mview ingest`).
+    kafka_topic_prefix: KAFKA_TOPIC_PREFIX, topic T is the Kafka topic <prefix>T (default "mview.").
+    pg_dsn: PG_DSN, libpq connection string of the PostgreSQL database the `cdc` job captures (default empty =
+        no CDC). May hold a password: never in a repr, log, status or error message.
+    pg_table: PG_TABLE, the captured table (default "profiles").
+    pg_slot: PG_SLOT, the logical replication slot and publication the `cdc` job owns (default "mview_profiles").
+    redis_cluster: REDIS_CLUSTER, REDIS_URL names a node of a Redis Cluster (default false).
+    fanout_limit: FANOUT_LIMIT, authors with more current followers than this are not fanned out on write;
+        readers merge their tweets (default empty = None = no limit).
     jvm_cache: JVM_CACHE, directory of the driver JVM's AOT cache built by `make jvm-cache` (default
         <venv>/mview-jvm; "off" = never use one). Used by local-master jobs when present and current.
     """
@@ -120,6 +145,13 @@ class Settings:
     jvm_cache: Path | None = None
     metrics_port: int | None = 9464
     spark_ui: bool = False
+    kafka_bootstrap: str = ""
+    kafka_topic_prefix: str = "mview."
+    pg_dsn: str = field(default="", repr=False)  # may hold a password
+    pg_table: str = "profiles"
+    pg_slot: str = "mview_profiles"
+    redis_cluster: bool = False
+    fanout_limit: int | None = None
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
     allowed_lateness_ms: int = field(init=False)
     trigger_interval_ms: int = field(init=False)
@@ -132,6 +164,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.timeline_cap < 1:
             raise ValueError(f"TIMELINE_CAP must be >= 1, got {self.timeline_cap}")
+        if self.fanout_limit is not None and self.fanout_limit < 0:
+            raise ValueError(f"FANOUT_LIMIT must be >= 0 or empty (no limit), got {self.fanout_limit}")
         for name in _DURATIONS:
             object.__setattr__(self, f"{name}_ms", _duration(name, getattr(self, name)))
         idle = self.clicks_idle_timeout
@@ -153,8 +187,7 @@ class Settings:
             clicks_idle_timeout=e.get("CLICKS_IDLE_TIMEOUT", ""),
             driver_memory=e.get("SPARK_DRIVER_MEMORY", "4g"),
             maintenance_interval=e.get("MAINTENANCE_INTERVAL", "1 hour"),
-            maintenance_in_job=e.get("MAINTENANCE_IN_JOB", "false").strip().lower()
-            in ("1", "true", "yes", "on"),
+            maintenance_in_job=_flag(e.get("MAINTENANCE_IN_JOB", "false")),
             log_retention=e.get("LOG_RETENTION", "7 days"),
             compact_topics=tuple(
                 t.strip() for t in e.get("COMPACT_TOPICS", "tweets,follows").split(",") if t.strip()
@@ -163,6 +196,13 @@ class Settings:
             stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
             jvm_cache=_jvm_cache(e.get("JVM_CACHE", "")),
             metrics_port=_port(e.get("METRICS_PORT", "9464")),
-            spark_ui=e.get("SPARK_UI", "false").strip().lower() in ("1", "true", "yes", "on"),
+            spark_ui=_flag(e.get("SPARK_UI", "false")),
+            kafka_bootstrap=e.get("KAFKA_BOOTSTRAP", "").strip(),
+            kafka_topic_prefix=e.get("KAFKA_TOPIC_PREFIX", "mview."),
+            pg_dsn=e.get("PG_DSN", "").strip(),
+            pg_table=e.get("PG_TABLE", "profiles").strip() or "profiles",
+            pg_slot=e.get("PG_SLOT", "mview_profiles").strip() or "mview_profiles",
+            redis_cluster=_flag(e.get("REDIS_CLUSTER", "false")),
+            fanout_limit=_limit(e.get("FANOUT_LIMIT", "")),
         )
         return s
