@@ -19,10 +19,18 @@ class JobSpec:
     # Redis key kinds the job writes per generation besides its views (`mv:<kind>:<g>:{id}`): replay and
     # maintenance remove them with the views when a generation is dropped.
     extra_keys: tuple[str, ...] = ()
+    # "module:function" taking (settings) and returning the job's lag as an int (None: unknown), for a job whose
+    # input is not the Delta logs of `topics` (a source job: Kafka messages, WAL bytes). Empty: log versions.
+    lag: str = ""
+    # A source job copies an outside system into the topics' logs: no views, no generations, never replayed.
+    source: bool = False
+
+    def call(self, attr: str, *args, **kwargs):
+        module, func = getattr(self, attr).split(":")
+        return getattr(import_module(module), func)(*args, **kwargs)
 
     def run(self, spark, settings, **kwargs) -> dict:
-        module, func = self.runner.split(":")
-        return getattr(import_module(module), func)(spark, settings, **kwargs)
+        return self.call("runner", spark, settings, **kwargs)
 
 
 JOBS: dict[str, JobSpec] = {

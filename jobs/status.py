@@ -76,9 +76,12 @@ def processed_versions(checkpoint: Path) -> list[int | None]:
     return out
 
 
-def lag_versions(settings: Settings, job: str, generation: int) -> int:
-    """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up)."""
+def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
+    """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up); for a job
+    with its own lag (`JobSpec.lag`: a source job), that lag (None when it cannot be measured now)."""
     spec = JOBS[job]
+    if spec.lag:
+        return spec.call("lag", settings)
     done = processed_versions(checkpoint_dir(settings, job, generation)) if generation else []
     lag = 0
     for i, topic in enumerate(spec.topics):
