@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["JobsError", "LakeUnusable", "UnknownName", "QueryFailed", "RedisServerMissing"]
+__all__ = ["JobsError", "LakeUnusable", "UnknownName", "QueryFailed", "RedisServerMissing", "PostgresServerFailed"]
 
 
 class JobsError(Exception):
@@ -40,6 +40,14 @@ class QueryFailed(JobsError):
 
 class RedisServerMissing(JobsError):
     """A scratch or development redis-server cannot be started (`reason` says why and what to do)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PostgresServerFailed(JobsError):
+    """A scratch or development PostgreSQL server cannot be set up or started (`reason` says why and what to do)."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
