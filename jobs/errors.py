@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["JobsError", "LakeUnusable", "UnknownName", "QueryFailed", "RedisServerMissing", "PostgresServerFailed"]
+__all__ = [
+    "JobsError",
+    "LakeUnusable",
+    "UnknownName",
+    "QueryFailed",
+    "RedisServerMissing",
+    "PostgresServerFailed",
+]
 
 
 class JobsError(Exception):
