@@ -11,6 +11,7 @@ __all__ = [
     "QueryFailed",
     "RedisServerMissing",
     "PostgresServerFailed",
+    "KafkaBrokerFailed",
 ]
 
 
@@ -55,6 +56,14 @@ class RedisServerMissing(JobsError):
 
 class PostgresServerFailed(JobsError):
     """A scratch or development PostgreSQL server cannot be set up or started (`reason` says why and what to do)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class KafkaBrokerFailed(JobsError):
+    """A scratch or development Kafka broker cannot be set up or started (`reason` says why and what to do)."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
