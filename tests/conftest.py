@@ -12,6 +12,7 @@ import redis
 from jobs.devredis import scratch_redis
 from jobs.errors import JobsError
 from jobs.settings import Settings
+from tests.pghelp import pg, pg_server  # noqa: F401
 
 
 @pytest.fixture(scope="session")

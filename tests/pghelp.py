@@ -1,0 +1,70 @@
+"""PostgreSQL fixtures: one real server (Debian's PostgreSQL 15, `wal_level=logical`) per test session on a free
+port, run as the `postgres` system user when the tests run as root; each test gets its own table and slot."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import psycopg2
+import pytest
+
+from jobs.devpostgres import scratch_postgres, stop_server
+from jobs.errors import JobsError
+
+__all__ = ["pg_server", "pg", "PgTable"]
+
+_SEQ = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    try:
+        root, port, _took = scratch_postgres()
+    except JobsError as e:
+        pytest.fail(f"cannot start the test PostgreSQL: {e}")
+    yield {"dsn": f"host=127.0.0.1 port={port} dbname=mview user=mview", "port": port, "root": root}
+    stop_server(root / "pg")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class PgTable:
+    """A fresh captured table (`name`, with `updated_at` unless made without) and its own slot name, in the
+    session's server. `sql` runs statements in one transaction (autocommit off), `conn()` a new connection."""
+
+    def __init__(self, dsn: str, name: str, slot: str):
+        self.dsn, self.name, self.slot = dsn, name, slot
+
+    def conn(self):
+        return psycopg2.connect(self.dsn)
+
+    def sql(self, *statements, params=None):
+        with self.conn() as c, c.cursor() as cur:
+            for s in statements:
+                cur.execute(s.replace("{t}", self.name), params)
+            rows = cur.fetchall() if cur.description else None
+        c.close()
+        return rows
+
+    def env(self) -> dict[str, str]:
+        return {"PG_DSN": self.dsn, "PG_TABLE": self.name, "PG_SLOT": self.slot}
+
+
+@pytest.fixture
+def pg(pg_server):
+    n = next(_SEQ)
+    t = PgTable(pg_server["dsn"], f"profiles_{n}", f"mview_t{n}")
+    t.sql(
+        "CREATE TABLE {t} (user_id text PRIMARY KEY, name text, country text, updated_at timestamptz)",
+    )
+    yield t
+    with (
+        t.conn() as c,
+        c.cursor() as cur,
+    ):  # a test that left its slot behind must not hold WAL for the others
+        cur.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s"
+            " AND NOT active",
+            (t.slot,),
+        )
+    c.close()
