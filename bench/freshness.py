@@ -130,11 +130,20 @@ def _load(
 
 
 def bench_freshness(
-    spark, settings, tmp: Path, follows: list[dict], duration_s: float, every_s: float, prefix: str = ""
+    spark,
+    settings,
+    tmp: Path,
+    follows: list[dict],
+    duration_s: float,
+    every_s: float,
+    prefix: str = "",
+    *,
+    latencies: bool = False,
 ) -> dict:
     """Tweets appended every `every_s` by authors with followers; per tweet, append -> in every follower's
     timeline. The job is deployed first and the load starts once it has caught up with the logs. `prefix` starts
-    every tweet id, so that a second run over the same logs appends new tweets."""
+    every tweet id, so that a second run over the same logs appends new tweets. `latencies`: the result also
+    holds every tweet's seconds (`latencies`), for pooling runs."""
     from views.redis_io import connect
 
     followers = _followers(follows)
@@ -157,7 +166,7 @@ def bench_freshness(
     def pct(p: float):
         return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
 
-    return {
+    out = {
         "workload": f"{n} tweets appended in files of 10 every {every_s:.0f}s for {duration_s:.0f}s, on the "
         f"throughput graph (max {len(followers[top]):,} followers)",
         "command": "mview deploy timeline",
@@ -169,3 +178,6 @@ def bench_freshness(
         "max_s": round(lat[-1], 3) if lat else None,
         "mean_s": round(statistics.fmean(lat), 3) if lat else None,
     }
+    if latencies:
+        out["latencies"] = lat
+    return out
