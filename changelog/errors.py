@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["ChangelogError", "InvalidRecord", "NotStored", "UnknownTopic", "NoCompaction"]
+__all__ = [
+    "ChangelogError",
+    "InvalidRecord",
+    "NotStored",
+    "UnknownTopic",
+    "NoCompaction",
+    "KafkaUnavailable",
+    "NotProduced",
+]
 
 
 class ChangelogError(Exception):
@@ -44,3 +52,25 @@ class NoCompaction(ChangelogError):
             "snapshot once the older change feed is removed"
         )
         self.table, self.needed_by, self.run = table, needed_by, run
+
+
+class KafkaUnavailable(ChangelogError):
+    """No Kafka broker answers at `bootstrap` (KAFKA_BOOTSTRAP); `cause` is the client's reason."""
+
+    def __init__(self, bootstrap: str, cause: str):
+        super().__init__(
+            f"Kafka does not answer at KAFKA_BOOTSTRAP={bootstrap} ({cause}): start a broker there (`make kafka`) "
+            "or point KAFKA_BOOTSTRAP at one"
+        )
+        self.bootstrap, self.cause = bootstrap, cause
+
+
+class NotProduced(ChangelogError):
+    """Messages to Kafka topic `topic` were not all acknowledged: `acknowledged` were, `cause` says why not."""
+
+    def __init__(self, topic: str, acknowledged: int, cause: str):
+        super().__init__(
+            f"{topic}: only {acknowledged:,} message(s) were acknowledged ({cause}): produce the input again "
+            "(the `kafka` job copies a message produced twice twice)"
+        )
+        self.topic, self.acknowledged, self.cause = topic, acknowledged, cause
