@@ -13,7 +13,7 @@ WEB_PORT ?= 8765
 UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis postgres postgres-stop test lint fmt demo demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis postgres postgres-stop kafka kafka-stop test lint fmt demo demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -39,6 +39,12 @@ postgres: setup ## start a development PostgreSQL (wal_level=logical, data in LA
 
 postgres-stop: setup ## stop the PostgreSQL `make postgres` started
 	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m jobs.devpostgres stop
+
+kafka: setup ## start a development Kafka broker (KRaft, data in LAKE_DIR/kafka) at KAFKA_BOOTSTRAP (127.0.0.1:9092) unless one answers there
+	@KAFKA_BOOTSTRAP="$${KAFKA_BOOTSTRAP:-127.0.0.1:9092}" $(PY) -m jobs.devkafka start
+
+kafka-stop: setup ## stop the Kafka broker `make kafka` started
+	@$(PY) -m jobs.devkafka stop
 
 test: setup ## run the test suite (starts its own redis-server on a free port)
 	$(PY) -m pytest -q tests

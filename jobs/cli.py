@@ -79,6 +79,27 @@ def cmd_ingest(args) -> int:
     return 0
 
 
+def cmd_produce(args) -> int:
+    from changelog.errors import UnknownTopic
+    from changelog.kafka import kafka_topic, produce
+    from changelog.topics import TOPICS
+
+    settings = _settings()
+    if args.topic not in TOPICS:
+        raise SystemExit(f"mview: {UnknownTopic(args.topic, TOPICS)}")
+    if not settings.kafka_bootstrap:
+        raise SystemExit(
+            "mview: Kafka is not configured: set KAFKA_BOOTSTRAP (e.g. 127.0.0.1:9092 after `make kafka`)"
+        )
+    missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
+    if missing:
+        raise SystemExit(f"mview: no such file: {missing[0]}")
+    n = produce(settings.kafka_bootstrap, settings.kafka_topic_prefix, args.topic, args.files)
+    name = kafka_topic(settings.kafka_topic_prefix, args.topic)
+    print(json.dumps({"topic": name, "produced": n}) if args.json else f"{name}: produced {n:,} messages")
+    return 0
+
+
 def cmd_run(args) -> int:
     from jobs.registry import job_spec
 
@@ -223,6 +244,11 @@ _COMMANDS = {
             ("files", {"nargs": "+"}),
             ("--json", {"action": "store_true", "help": "end with a JSON summary line"}),
         ],
+    ),
+    "produce": (
+        cmd_produce,
+        "publish every non-blank line of FILEs (- = stdin) to TOPIC's Kafka topic, unvalidated",
+        [("topic", {}), ("files", {"nargs": "+"}), _JSON],
     ),
     "run": (
         cmd_run,

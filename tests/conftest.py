@@ -12,6 +12,7 @@ import redis
 from jobs.devredis import scratch_redis
 from jobs.errors import JobsError
 from jobs.settings import Settings
+from tests.kafkahelp import kafka, kafka_broker  # noqa: F401
 from tests.pghelp import pg, pg_server  # noqa: F401
 
 

@@ -1,0 +1,73 @@
+"""The Kafka side of the changelog against a real broker: `mview produce` publishes every non-blank line as one
+message, keyed by the record's entity, and says so; an unreachable broker is one line naming KAFKA_BOOTSTRAP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from confluent_kafka import Consumer
+
+from changelog.kafka import PARTITIONS, end_offsets, entity_key, kafka_topic
+
+
+def _consume(bootstrap: str, name: str, n: int) -> list:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "t", "auto.offset.reset": "earliest"})
+    c.subscribe([name])
+    out = []
+    try:
+        while len(out) < n:
+            msgs = c.consume(n - len(out), timeout=10)
+            assert msgs, f"only {len(out)} of {n} messages arrived"
+            out += [m for m in msgs if m.error() is None]
+    finally:
+        c.close()
+    return out
+
+
+def _mview(*args, env, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "jobs", *args], env=env, input=stdin, capture_output=True, timeout=120
+    )
+
+
+def test_produce_every_nonblank_line_keyed_by_entity(tmp_path, kafka, monkeypatch):
+    lines = [
+        b'{"op":"follow","follower_id":"u1","followee_id":"u2","ts":1}',
+        b"not json",
+        b'{"op":"follow","follower_id":"u1","followee_id":"u2","ts":2}',
+        b'{"op":"unfollow","follower_id":"u3","followee_id":"u1","ts":3}',
+        b'{"op":"follow","follower_id":"u1"}',
+        b"[1,2]",
+    ]
+    src = tmp_path / "follows.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + b"\n  \n".join(lines) + b"\r\n\n")
+    env = {**os.environ, **kafka, "LAKE_DIR": str(tmp_path / "lake")}
+    done = _mview("produce", "follows", str(src), "-", "--json", env=env, stdin=b"\n" + lines[0] + b"\n")
+    assert done.returncode == 0, done.stderr
+    name = kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], "follows")
+    assert json.loads(done.stdout.splitlines()[-1]) == {"topic": name, "produced": len(lines) + 1}
+    msgs = _consume(kafka["KAFKA_BOOTSTRAP"], name, len(lines) + 1)
+    assert sorted(m.value() for m in msgs) == sorted([*lines, lines[0]])
+    for m in msgs:
+        assert m.key() == entity_key("follows", m.value())
+    keys = {m.value(): m.key() for m in msgs}
+    assert keys[lines[0]] == b"u1\x00u2" and keys[b"not json"] is None and keys[lines[4]] is None
+    same = {m.partition() for m in msgs if m.key() == b"u1\x00u2"}
+    assert len(same) == 1  # one entity, one partition
+    ends = end_offsets(kafka["KAFKA_BOOTSTRAP"], [name])[name]
+    assert len(ends) == PARTITIONS and sum(ends.values()) == len(lines) + 1
+
+
+def test_produce_without_broker_or_configuration(tmp_path):
+    src = tmp_path / "t.jsonl"
+    src.write_text('{"op":"post"}\n')
+    env = {**os.environ, "LAKE_DIR": str(tmp_path / "lake"), "KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    done = _mview("produce", "tweets", str(src), env=env)
+    err = done.stderr.decode().strip()
+    assert done.returncode == 1 and len(err.splitlines()) == 1
+    assert "KAFKA_BOOTSTRAP=127.0.0.1:1" in err and "make kafka" in err
+    done = _mview("produce", "tweets", str(src), env={**env, "KAFKA_BOOTSTRAP": ""})
+    assert done.returncode == 1 and b"Kafka is not configured" in done.stderr
