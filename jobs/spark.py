@@ -13,14 +13,15 @@ from pathlib import Path
 from jobs.jvmcache import driver_java
 from jobs.settings import Settings
 
-__all__ = ["get_spark"]
+__all__ = ["get_spark", "kafka_package"]
 
 
 def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None = None):
     """Return the active SparkSession or build one configured for this project.
 
     Executors run this interpreter (PYSPARK_PYTHON), so the venv's packages (redis, orjson) are importable.
-    The Delta jars are resolved by `configure_spark_with_delta_pip` from Maven Central into the Ivy cache.
+    The Delta jars are resolved by `configure_spark_with_delta_pip` from Maven Central into the Ivy cache, and with
+    a KAFKA_BOOTSTRAP Spark's Kafka source (`kafka_package`) too; without one no job reads Kafka.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -43,7 +44,8 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     for key, value in _config(settings, driver_opts).items():
         builder = builder.config(key, value)
     try:
-        spark = configure_spark_with_delta_pip(builder).getOrCreate()
+        extra = [kafka_package()] if settings.kafka_bootstrap else None
+        spark = configure_spark_with_delta_pip(builder, extra_packages=extra).getOrCreate()
     finally:  # the wrapper is for this driver only, not for JVMs that later child processes start
         if java_home is None:
             os.environ.pop("JAVA_HOME", None)
@@ -53,6 +55,13 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     spark.sparkContext.setLogLevel("ERROR")
     _jars_off_python_path(spark.sparkContext)
     return spark
+
+
+def kafka_package() -> str:
+    """Spark's Kafka source of the installed Spark version (Maven coordinates)."""
+    import pyspark
+
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
 
 
 def _config(settings: Settings, driver_opts: str) -> dict[str, str]:

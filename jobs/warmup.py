@@ -1,4 +1,5 @@
-"""`python -m jobs.warmup`: start Spark once so the Delta jars are fetched into the Ivy cache at set-up time."""
+"""`python -m jobs.warmup`: start Spark once so the Delta jars and Spark's Kafka source are fetched into the Ivy
+cache at set-up time (a KAFKA_BOOTSTRAP adds the Kafka source; nothing connects to it here)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from jobs.settings import Settings
 from jobs.spark import get_spark
 
 if __name__ == "__main__":
-    spark = get_spark(Settings.from_env({"SPARK_MASTER": "local[1]"}), "mview-warmup")
+    spark = get_spark(
+        Settings.from_env({"SPARK_MASTER": "local[1]", "KAFKA_BOOTSTRAP": "127.0.0.1:9092"}), "mview-warmup"
+    )
     with tempfile.TemporaryDirectory() as d:
         spark.range(3).write.format("delta").save(f"{d}/t")
         assert spark.read.format("delta").load(f"{d}/t").count() == 3
