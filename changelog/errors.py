@@ -10,6 +10,8 @@ __all__ = [
     "NoCompaction",
     "KafkaUnavailable",
     "NotProduced",
+    "PostgresUnavailable",
+    "CdcFailed",
 ]
 
 
@@ -74,3 +76,24 @@ class NotProduced(ChangelogError):
             "(the `kafka` job copies a message produced twice twice)"
         )
         self.topic, self.acknowledged, self.cause = topic, acknowledged, cause
+
+
+class PostgresUnavailable(ChangelogError):
+    """The database to capture cannot be reached or refuses us. `dsn` is PG_DSN as shown (never its password),
+    `cause` the server's or libpq's reason."""
+
+    def __init__(self, dsn: str, cause: str):
+        super().__init__(
+            f"PostgreSQL at PG_DSN ({dsn}) cannot be used: {cause}; start it (`make postgres` starts a local one) or"
+            " point PG_DSN at the database to capture"
+        )
+        self.dsn, self.cause = dsn, cause
+
+
+class CdcFailed(ChangelogError):
+    """Change data capture cannot go on (the table, publication or slot is not as it needs them). `reason` says
+    why and what to do."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason

@@ -106,13 +106,19 @@ def cmd_run(args) -> int:
     spec = job_spec(args.job)
     settings = _settings()
     _lake(settings, write=True)
-    if not args.once:  # a deployed job: follows replays, restarts on failure, waits for Redis (jobs.service)
-        from jobs.service import serve
+    if spec.source:  # copies an outside system into the logs: no Spark, no Redis, no generations
+        if not args.once:
+            from jobs.source import serve_source
 
-        return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
-    _redis(settings)
-    spark = _spark(settings, f"mview-{spec.name}")
-    totals = spec.run(spark, settings, once=args.once)
+            return serve_source(settings, spec.name)
+        totals = spec.run(None, settings, once=True)
+    else:
+        if not args.once:  # deployed: follows replays, restarts on failure, waits for Redis (jobs.service)
+            from jobs.service import serve
+
+            return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
+        _redis(settings)
+        totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
     if args.json:
         print(json.dumps({"job": spec.name, **totals}))
     else:
@@ -189,15 +195,26 @@ def cmd_deploy(args) -> int:
 
 def cmd_stop(args) -> int:
     from jobs.deploy import stop
+    from jobs.registry import job_spec
 
-    return stop(_settings(), args.job)
+    if args.drop_slot and job_spec(args.job).name != "cdc":
+        raise SystemExit("mview: --drop-slot is for the cdc job only")
+    settings = _settings()
+    code = stop(settings, args.job)
+    if args.drop_slot:  # the slot holds WAL on the server for as long as it exists
+        from jobs.cdc import drop
+
+        removed = drop(settings)
+        print(f"cdc: removed {' and '.join(removed)}" if removed else "cdc: no slot or publication to remove")
+    return code
 
 
 def cmd_replay(args) -> int:
     from jobs.registry import job_spec
     from jobs.replay import replay
 
-    job_spec(args.job)  # an unknown job is one line at once, not after Spark's start
+    if job_spec(args.job).source:  # an unknown job is one line at once, not after Spark's start
+        raise SystemExit(f"mview: {args.job} copies an outside system into the logs: it has no views to replay")
     settings = _settings()
     _lake(settings, write=True)
     _redis(settings)
@@ -256,7 +273,17 @@ _COMMANDS = {
         [("job", {}), _ONCE, _JSON],
     ),
     "deploy": (cmd_deploy, "start JOB as a background streaming query", [("job", {})]),
-    "stop": (cmd_stop, "stop a deployed JOB after its batch in flight", [("job", {})]),
+    "stop": (
+        cmd_stop,
+        "stop a deployed JOB after its batch in flight",
+        [
+            ("job", {}),
+            (
+                "--drop-slot",
+                {"action": "store_true", "help": "cdc: also remove its replication slot and publication"},
+            ),
+        ],
+    ),
     "query": (
         cmd_query,
         "one KEY of VIEW, from Redis",

@@ -44,6 +44,7 @@ JOBS: dict[str, JobSpec] = {
         ("enriched_activity", "activity_by_country"),
         "jobs.enrichment:run_enrichment",
     ),
+    "cdc": JobSpec("cdc", ("profiles",), (), "jobs.cdc:run_cdc", lag="jobs.cdc:lag", source=True),
 }
 
 VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in spec.views}

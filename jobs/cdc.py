@@ -1,0 +1,80 @@
+"""Job `cdc`: the PostgreSQL table PG_TABLE, captured by logical replication into the `profiles` log
+(`changelog.postgres`: snapshot, then every committed change, exactly once). A source job: no Spark, no views.
+
+- `run_cdc(once=True)`: everything committed before the start, then returns the counts.
+- Deployed (`once=False`, see `jobs.source`): streams until SIGTERM; each commit of the log updates the status
+  (`appended`, `rejected`, `lsn`). The database unreachable: the log and the status say so (PG_DSN without its
+  password) and it tries again after 2, 4, ... 60 s.
+- `lag`: WAL bytes the slot has not confirmed (`mview status`); `drop`: removes the slot and the publication
+  (`mview stop cdc --drop-slot`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg2
+
+from changelog.errors import CdcFailed, PostgresUnavailable
+from changelog.postgres import PgSource, capture, drop_slot, shown_dsn, wal_lag
+from jobs import runtime
+from jobs.runtime import job_dir, log, write_status
+from jobs.settings import Settings
+
+__all__ = ["run_cdc", "lag", "drop"]
+
+
+def _source(settings: Settings) -> PgSource:
+    if not settings.pg_dsn:
+        raise CdcFailed(
+            "PG_DSN is empty: set it to the database to capture (`make postgres` starts a local one)"
+        )
+    return PgSource(settings.pg_dsn, settings.pg_table, settings.pg_slot)
+
+
+def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
+    """Capture PG_TABLE into the `profiles` log; `spark` and `generation` are not used (a source job)."""
+    source = _source(settings)
+    if once:
+        return capture(source, settings.lake_dir, job_dir(settings, "cdc"), once=True)
+    totals = {"appended": 0, "rejected": 0}
+    failures = 0
+    while not runtime.STOP.is_set():
+        base = dict(totals)
+
+        def progress(p: dict, base=base) -> None:
+            totals.update(
+                appended=base["appended"] + p["appended"], rejected=base["rejected"] + p["rejected"]
+            )
+            write_status(settings, "cdc", **totals, lsn=p["lsn"], last_batch_ms=int(time.time() * 1000))
+
+        started = time.monotonic()
+        try:
+            write_status(settings, "cdc", state="running", error=None)
+            capture(
+                source,
+                settings.lake_dir,
+                job_dir(settings, "cdc"),
+                once=False,
+                stop=runtime.STOP.is_set,
+                progress=progress,
+            )
+        except (PostgresUnavailable, CdcFailed, OSError, psycopg2.Error) as e:
+            failures = 1 if time.monotonic() - started > 300 else failures + 1
+            delay = min(60, 2**failures)
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if not isinstance(e, (PostgresUnavailable, CdcFailed)):
+                reason = f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}): {reason}"
+            log(f"cdc: {reason}; trying again in {delay}s")
+            write_status(settings, "cdc", state="waiting", error=reason, retry_in_s=delay)
+            runtime.STOP.wait(delay)
+    return totals
+
+
+def lag(settings: Settings) -> int | None:
+    """WAL bytes not yet captured; None without PG_DSN, a slot, or an answering database."""
+    return wal_lag(_source(settings)) if settings.pg_dsn else None
+
+
+def drop(settings: Settings) -> list[str]:
+    return drop_slot(_source(settings))

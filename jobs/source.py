@@ -1,0 +1,41 @@
+"""A deployed source job (`JobSpec.source`: it copies an outside system into the topics' logs; no Spark, no
+Redis, no generations): `python -m jobs run JOB` without `--once`.
+
+Holds the job's lock for its lifetime (two copies never run at once), records its pid and state in the status
+file, and runs the job's runner with `once=False` until SIGTERM/SIGINT (`runtime.STOP`); the runner retries
+failures of its outside system itself. A runner that raises ends the process with exit 1 and `state: "failed"`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from jobs.registry import job_spec
+from jobs.runtime import log, write_status
+from jobs.service import _single_instance, _stop_on_signals
+from jobs.settings import Settings
+
+__all__ = ["serve_source"]
+
+
+def serve_source(settings: Settings, job: str) -> int:
+    spec = job_spec(job)
+    lock = _single_instance(settings, spec.name)
+    if lock is None:
+        return 1
+    _stop_on_signals(spec.name)
+    write_status(settings, spec.name, pid=os.getpid(), state="starting", started_ms=int(time.time() * 1000))
+    state = "stopped"
+    try:
+        spec.run(None, settings, once=False)
+    except Exception as e:
+        state = "failed"
+        log(f"{spec.name}: {e}")
+        write_status(settings, spec.name, error=str(e)[:1000])
+        raise
+    finally:
+        write_status(settings, spec.name, state=state, stopped_ms=int(time.time() * 1000))
+        log(f"{spec.name}: {state}")
+        lock.close()
+    return 0
