@@ -8,6 +8,14 @@ Limits, the same for every topic:
 - `ts`, in either form, lies in [1970-01-01T00:00:00Z, 2100-01-01T00:00:00Z): `TS_MIN_MS` <= ts < `TS_END_MS`;
 - an id is a string that is not empty, not only whitespace, and holds no ASCII control character
   (U+0000-U+001F, U+007F). Other string fields may hold any text.
+
+Debezium change events on `profiles`: a JSON object with `op` c/u/r/d and `before`/`after` (with or without
+Debezium's `{"schema":..,"payload":{..}}` wrapper) becomes the record the `cdc` job writes for the same change:
+c/u/r an upsert of `after` (`user_id`, `name`, `country`), d a delete of `before`'s `user_id`. Its `ts` is
+`after.updated_at` when present and not null -- an ISO-8601 string (Debezium's `ZonedTimestamp`, its default for
+`timestamptz`) or an integer in the unit the schema names (`io.debezium.time.Timestamp` ms, `MicroTimestamp`
+us, `NanoTimestamp` ns; microseconds without a schema) -- else the commit time: `source.ts_ms`, or the event's
+`ts_ms` without it. A delete's `ts` is the commit time. Other ops (t, m) and events without the row are rejected.
 """
 
 from __future__ import annotations
@@ -137,10 +145,58 @@ def parse_ts(value: Any) -> int:
     )
 
 
+_DEBEZIUM_OPS = {"c": "upsert", "u": "upsert", "r": "upsert", "d": "delete", "t": None, "m": None}
+_DEBEZIUM_TIME = {
+    "io.debezium.time.Timestamp": 1,
+    "io.debezium.time.MicroTimestamp": 1_000,
+    "io.debezium.time.NanoTimestamp": 1_000_000,
+}
+
+
+def _debezium_unit(schema: Any) -> int:
+    """Divisor from `after.updated_at`'s integer unit (as the wrapper's schema names it) to milliseconds."""
+    try:
+        after = next(f for f in schema["fields"] if f.get("field") == "after")
+        col = next(f for f in after["fields"] if f.get("field") == "updated_at")
+        return _DEBEZIUM_TIME[col["name"]]
+    except (KeyError, TypeError, StopIteration):
+        return 1_000
+
+
+def _from_debezium(obj: dict) -> dict | None:
+    """The `profiles` record of a Debezium change event (see the module's docstring), None if `obj` is not one."""
+    schema = None
+    if isinstance(obj.get("payload"), dict) and "schema" in obj:
+        schema, obj = obj["schema"], obj["payload"]
+    op = obj.get("op")
+    if not isinstance(op, str) or op not in _DEBEZIUM_OPS or not ("before" in obj or "after" in obj):
+        return None
+    if _DEBEZIUM_OPS[op] is None:
+        raise InvalidRecord(f"Debezium event with op {op!r} is not a row change (c, u, r or d)")
+    side = "before" if op == "d" else "after"
+    row = obj.get(side)
+    if not isinstance(row, dict):
+        raise InvalidRecord(f"Debezium event with op {op!r} has no {side!r} row")
+    source = obj.get("source")
+    commit = source.get("ts_ms") if isinstance(source, dict) else None
+    commit = obj.get("ts_ms") if commit is None else commit
+    if commit is None:
+        raise InvalidRecord("Debezium event has neither source.ts_ms nor ts_ms (the commit time)")
+    if op == "d":
+        return {"op": "delete", "user_id": row.get("user_id"), "ts": commit}
+    ts = row.get("updated_at")
+    if isinstance(ts, int) and not isinstance(ts, bool):
+        ts //= _debezium_unit(schema)
+    fields = {k: row.get(k) for k in ("user_id", "name", "country")}
+    return {"op": "upsert", **fields, "ts": commit if ts is None else ts}
+
+
 def validate(topic: str, obj: Any) -> dict[str, Any]:
     """Check one decoded JSON value against `topic`'s record definition and return the normalized record."""
     if not isinstance(obj, dict):
         raise InvalidRecord(f"not a JSON object but {type(obj).__name__}")
+    if topic == "profiles" and obj.get("op") not in ("upsert", "delete"):
+        obj = _from_debezium(obj) or obj
     ops = TOPIC_FIELDS[topic]
     out: dict[str, Any] = {}
     if None in ops:

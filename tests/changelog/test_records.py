@@ -1,7 +1,8 @@
+import orjson
 import pytest
 
 from changelog.errors import InvalidRecord
-from changelog.records import MAX_RECORD_BYTES, check_record_size, parse_line, parse_ts
+from changelog.records import MAX_RECORD_BYTES, check_record_size, parse_line, parse_ts, validate
 
 POST = '{"op":"post","tweet_id":"t1","user_id":"u1","text":"hi","ts":%s}'
 
@@ -172,3 +173,129 @@ def test_a_byte_order_mark_makes_a_line_invalid_json():
     with pytest.raises(InvalidRecord) as e:
         parse_line("tweets", b"\xef\xbb\xbf" + (POST % "1").encode())
     assert "not valid JSON" in e.value.reason and "byte order mark" in e.value.reason
+
+
+# Debezium change events of the documented PostgreSQL connector shape (JSON converter, `source` abridged).
+_SRC = {
+    "version": "2.7.0.Final",
+    "connector": "postgresql",
+    "name": "db",
+    "ts_ms": 1767261600000,
+    "db": "mview",
+    "schema": "public",
+    "table": "profiles",
+    "txId": 771,
+    "lsn": 24023128,
+}
+_AFTER = {"user_id": "u1", "name": "Ann", "country": "DE", "updated_at": "2026-01-01T10:00:00.250000Z"}
+_SCHEMA_US = {
+    "type": "struct",
+    "name": "db.public.profiles.Envelope",
+    "fields": [
+        {"field": "before", "type": "struct", "optional": True, "fields": []},
+        {
+            "field": "after",
+            "type": "struct",
+            "optional": True,
+            "fields": [
+                {"field": "user_id", "type": "string", "optional": False},
+                {
+                    "field": "updated_at",
+                    "type": "int64",
+                    "optional": True,
+                    "name": "io.debezium.time.MicroTimestamp",
+                },
+            ],
+        },
+    ],
+}
+_UPSERT_AT = {"op": "upsert", "user_id": "u1", "name": "Ann", "country": "DE", "ts": 1767261600250}
+
+
+@pytest.mark.parametrize(
+    "event, expected",
+    [
+        ({"before": None, "after": _AFTER, "source": _SRC, "op": "c", "ts_ms": 1767261601000}, _UPSERT_AT),
+        ({"before": None, "after": _AFTER, "source": _SRC, "op": "r", "ts_ms": 1767261601000}, _UPSERT_AT),
+        (
+            {
+                "before": {"user_id": "u1", "name": None, "country": None, "updated_at": None},
+                "after": _AFTER,
+                "source": _SRC,
+                "op": "u",
+                "ts_ms": 1767261601000,
+            },
+            _UPSERT_AT,
+        ),
+        # updated_at null: the commit time (source.ts_ms), not the connector's ts_ms
+        (
+            {
+                "before": None,
+                "after": {**_AFTER, "updated_at": None},
+                "source": _SRC,
+                "op": "u",
+                "ts_ms": 1767261609999,
+            },
+            {**_UPSERT_AT, "ts": 1767261600000},
+        ),
+        # no source: the event's ts_ms
+        (
+            {"before": None, "after": {**_AFTER, "updated_at": None}, "op": "c", "ts_ms": 1767261609999},
+            {**_UPSERT_AT, "ts": 1767261609999},
+        ),
+        (
+            {
+                "before": {"user_id": "u1", "name": None, "country": None, "updated_at": None},
+                "after": None,
+                "source": _SRC,
+                "op": "d",
+                "ts_ms": 1767261601000,
+            },
+            {"op": "delete", "user_id": "u1", "ts": 1767261600000},
+        ),
+        # the schema/payload wrapper, updated_at as MicroTimestamp (epoch microseconds)
+        (
+            {
+                "schema": _SCHEMA_US,
+                "payload": {
+                    "before": None,
+                    "after": {**_AFTER, "updated_at": 1767261600250999},
+                    "source": _SRC,
+                    "op": "c",
+                    "ts_ms": 1767261601000,
+                },
+            },
+            _UPSERT_AT,
+        ),
+        # an offset zone, as ZonedTimestamp may give
+        (
+            {"after": {**_AFTER, "updated_at": "2026-01-01T12:00:00.25+02:00"}, "source": _SRC, "op": "c"},
+            _UPSERT_AT,
+        ),
+    ],
+)
+def test_debezium_events_normalize_to_the_cdc_record(event, expected):
+    assert validate("profiles", event) == expected
+    assert parse_line("profiles", orjson.dumps(event)) == expected
+
+
+@pytest.mark.parametrize(
+    "event, reason",
+    [
+        ({"before": None, "after": None, "source": _SRC, "op": "c"}, "no 'after' row"),
+        (
+            {"before": None, "after": {**_AFTER, "user_id": None}, "source": _SRC, "op": "c"},
+            "missing field 'user_id'",
+        ),
+        (
+            {"before": None, "after": {**_AFTER, "name": None}, "source": _SRC, "op": "u"},
+            "missing field 'name'",
+        ),
+        ({"before": None, "after": None, "source": _SRC, "op": "t"}, "not a row change"),
+        ({"before": None, "after": {**_AFTER, "updated_at": None}, "op": "c"}, "commit time"),
+        ({"after": {**_AFTER, "updated_at": "2026-01-01T10:00:00"}, "source": _SRC, "op": "c"}, "no zone"),
+    ],
+)
+def test_bad_debezium_events_are_rejected_with_the_reason(event, reason):
+    with pytest.raises(InvalidRecord, match=reason):
+        validate("profiles", event)
