@@ -7,7 +7,6 @@ __all__ = [
     "InvalidRecord",
     "NotStored",
     "UnknownTopic",
-    "NoCompaction",
     "KafkaUnavailable",
     "NotProduced",
     "PostgresUnavailable",
@@ -32,8 +31,8 @@ class NotStored(ChangelogError):
 
     def __init__(self, topic: str, file: str, accepted: int, cause: str):
         super().__init__(
-            f"{topic}: {file}: nothing was committed: Spark could not read the file's {accepted:,} validated"
-            f" record(s) back exactly ({cause}); this is a bug in mview's validation, please report it with the file"
+            f"{topic}: {file}: nothing was committed: the file's {accepted:,} validated record(s) do not fit the"
+            f" topic's schema exactly ({cause}); this is a bug in mview's validation, please report it with the file"
         )
         self.topic, self.file, self.accepted, self.cause = topic, file, accepted, cause
 
@@ -43,17 +42,6 @@ class UnknownTopic(ChangelogError):
         super().__init__(f"unknown topic {topic!r}: choose one of {', '.join(known)}")
         self.topic = topic
         self.known = known
-
-
-class NoCompaction(ChangelogError):
-    """An operation needs a compaction of `table` that does not exist yet (`needed_by` says which operation)."""
-
-    def __init__(self, table: str, needed_by: str, run: str):
-        super().__init__(
-            f"no compaction of the {table} table yet: run {run} before {needed_by}, so consumers can start from the "
-            "snapshot once the older change feed is removed"
-        )
-        self.table, self.needed_by, self.run = table, needed_by, run
 
 
 class KafkaUnavailable(ChangelogError):

@@ -1,9 +1,15 @@
 """Validated ingest: JSON lines -> the topic's Delta log, one commit per file; bad lines -> dead letters.
 
 Every line is decoded with orjson and validated (`changelog.records`). Valid records are appended to the topic's
-table in one Delta commit per input file (a file with no valid line makes no commit), each stored exactly as
-validated: if Spark could not read a validated record back as it was written, nothing of the file is committed
-and `NotStored` is raised. A rejected line is appended to `LAKE_DIR/deadletter/<topic>.jsonl` as
+table in one Delta commit per input file (a file with no valid line makes no commit), written without Spark by
+delta-rs (the `deltalake` package) as an Arrow table of the topic's schema (`topic_arrow_schema`), built from the
+validated records themselves: each value is stored exactly as validated (a string as its UTF-8 text, `ts` as a
+64-bit integer), and if a validated record does not fit the schema exactly (a value of another type, a field the
+topic does not have) nothing of the file is committed and `NotStored` is raised. The commit's `userMetadata` is
+`ingest <file>`. Concurrent appenders (other `mview ingest` processes, Spark writers) are safe: a commit that
+finds its version taken is retried on the next one; every record is committed once.
+
+A rejected line is appended to `LAKE_DIR/deadletter/<topic>.jsonl` as
 `{"file","line","reason","raw","raw_bytes","at"}` and never reaches a view; ingestion goes on with the next line.
 `raw` is the line as text (without its terminator), or for a line over `MAX_RECORD_BYTES` only its first
 `DEADLETTER_RAW_CHARS` characters; `raw_bytes` is the line's whole size in bytes. A line over the maximum is never
@@ -14,9 +20,7 @@ start of a file is dropped (anywhere else it makes the line invalid JSON).
 from __future__ import annotations
 
 import os
-import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,20 +30,19 @@ from typing import BinaryIO
 import orjson
 
 from changelog import records
-from changelog.cdc import apply_profile_changes
 from changelog.errors import InvalidRecord, NotStored
 from changelog.records import check_record_size, parse_line
-from changelog.topics import ensure_topic, topic_schema
+from changelog.topics import ensure_topic, topic_arrow_schema, topic_columns
 
-__all__ = ["IngestResult", "ingest", "deadletter_path", "AFTER_APPEND", "DEADLETTER_RAW_CHARS"]
+__all__ = ["IngestResult", "ingest", "deadletter_path", "DEADLETTER_RAW_CHARS"]
 
 # A dead letter of a line over the maximum record size keeps this many characters of it.
 DEADLETTER_RAW_CHARS = 1_000
 
 _BOM = b"\xef\xbb\xbf"
 
-# topic -> hook(spark, lake_dir, appended_df) run after each append (the profiles table applies its changes here).
-AFTER_APPEND: dict[str, Callable] = {"profiles": apply_profile_changes}
+# Validated records are turned into Arrow record batches of this many rows (one commit holds them all).
+_BATCH_ROWS = 50_000
 
 
 @dataclass
@@ -103,43 +106,80 @@ def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> 
     return orjson.dumps(entry) + b"\n"
 
 
-def _read_validated(spark, topic: str, path: str):
-    """The validated records written to `path`, read back; a record Spark cannot read exactly fails the read
-    (FAILFAST) instead of becoming a row of nulls."""
-    return spark.read.schema(topic_schema(topic)).option("mode", "FAILFAST").json(path)
+class _Batches:
+    """A file's validated records as Arrow record batches of the topic's schema, to be committed at once."""
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.schema = topic_arrow_schema(topic)
+        self.names = [n for n, _t in topic_columns(topic)]
+        self._types = [self.schema.field(n).type for n in self.names]
+        self._ints = {n for n, t in topic_columns(topic) if t == "bigint"}
+        self._known = frozenset(self.names)
+        self._rows: list[dict] = []
+        self.batches: list = []
+
+    def add(self, record: dict) -> None:
+        self._rows.append(record)
+        if len(self._rows) >= _BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Turn the pending records into one record batch; raise ValueError/TypeError/OverflowError if a value does
+        not fit the schema exactly (Arrow refuses a str for int64, an int for a string, an int beyond 64 bits)."""
+        from arro3.core import Array, RecordBatch
+
+        if not self._rows:
+            return
+        for r in self._rows:
+            if not r.keys() <= self._known:
+                raise ValueError(f"fields {sorted(r.keys() - self._known)} are not columns of the topic")
+        columns = []
+        for name, kind in zip(self.names, self._types, strict=True):
+            values = [r.get(name) for r in self._rows]
+            if name in self._ints and any(v is not None and type(v) is not int for v in values):
+                raise TypeError(f"field {name!r} holds a value that is not an integer")  # e.g. a bool
+            columns.append(Array(values, type=kind))
+        self.batches.append(RecordBatch.from_arrays(columns, schema=self.schema))
+        self._rows = []
+
+    def table(self):
+        from arro3.core import Table
+
+        self.flush()
+        return Table.from_batches(self.batches, schema=self.schema)
 
 
-_JACKSON = re.compile(r"Json\w*Exception: ([^\n]{1,200})")
+def _commit(path: str, topic: str, name: str, batches: _Batches, accepted: int) -> None:
+    """Append the file's records to the topic's table in one commit; `NotStored` if they do not fit exactly."""
+    from deltalake import CommitProperties, write_deltalake
 
-
-def _malformed(e: Exception) -> str | None:
-    """The cause, if `e` is Spark's FAILFAST failure on a malformed record; else None."""
-    text = str(e)
-    if "MALFORMED_RECORD_IN_PARSING" not in text and "FAILFAST" not in text:
-        return None
-    m = _JACKSON.search(text)
-    return m.group(1).split(" at [Source", 1)[0].strip() if m else "a malformed record"
+    try:
+        table = batches.table()
+    except (ValueError, TypeError, OverflowError, UnicodeError) as e:
+        raise NotStored(topic, name, accepted, f"{type(e).__name__}: {str(e)[:200]}") from None
+    props = CommitProperties(custom_metadata={"userMetadata": f"ingest {name}"}, max_commit_retries=100)
+    write_deltalake(path, table, mode="append", commit_properties=props)
 
 
 def ingest(
     spark, lake_dir: Path, topic: str, sources: list[str], *, progress: Callable[[str], None] | None = None
 ) -> IngestResult:
-    """Append the valid records of each source file (`-` = stdin) to `topic`; return the counts."""
+    """Append the valid records of each source file (`-` = stdin) to `topic`; return the counts.
+
+    Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
+    change."""
     lake_dir = Path(lake_dir)
-    path = ensure_topic(spark, lake_dir, topic)
+    path = ensure_topic(None, lake_dir, topic)
     dl_path = deadletter_path(lake_dir, topic)
     dl_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = lake_dir / "tmp"
-    tmp_dir.mkdir(parents=True, exist_ok=True)
     result = IngestResult(topic)
     for source in sources:
         name = "<stdin>" if source == "-" else str(source)
         accepted = rejected = 0
         started = time.monotonic()
-        with (
-            tempfile.NamedTemporaryFile("wb", dir=tmp_dir, suffix=".jsonl", delete=False) as good,
-            open(dl_path, "ab", opener=_owner_only) as dead,
-        ):
+        good = _Batches(topic)
+        with open(dl_path, "ab", opener=_owner_only) as dead:
             for lineno, (raw, size) in enumerate(_lines(source), start=1):
                 try:
                     check_record_size(size)
@@ -150,27 +190,12 @@ def ingest(
                     rejected += 1
                     dead.write(_dead_letter(name, lineno, raw, size, e.reason))
                     continue
-                good.write(orjson.dumps(record) + b"\n")
+                good.add(record)
                 accepted += 1
                 if progress and lineno % 200_000 == 0:
                     progress(f"{topic}: {name}: {lineno:,} lines read")
-        try:
-            if accepted:
-                df = _read_validated(spark, topic, good.name)
-                try:
-                    df.write.format("delta").mode("append").option("userMetadata", f"ingest {name}").save(
-                        path
-                    )
-                except Exception as e:
-                    cause = _malformed(e)
-                    if cause is None:
-                        raise
-                    raise NotStored(topic, name, accepted, cause) from None
-                hook = AFTER_APPEND.get(topic)
-                if hook is not None:
-                    hook(spark, lake_dir, _read_validated(spark, topic, good.name))
-        finally:
-            Path(good.name).unlink(missing_ok=True)
+        if accepted:
+            _commit(path, topic, name, good, accepted)
         result.accepted += accepted
         result.rejected += rejected
         result.files.append(

@@ -5,6 +5,11 @@ checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batc
 Delta log directory directly, so `mview status` can measure lag without starting Spark.
 `ensure_delta_table` creates the lake's other Delta tables (a join's state tables, a view's output log).
 
+A topic's table is created and appended to without Spark (delta-rs, the `deltalake` package), with the plain
+protocol Spark writes too (reader 1, writer 2, no table properties), so Spark jobs, their streaming checkpoints
+and delta-rs writers share every topic log in both directions. Its schema is `topic_columns`, seen by Spark as
+`topic_schema` and by Arrow as `topic_arrow_schema`.
+
 Creating a topic is safe under concurrency: creators of the same topic take turns on an exclusive lock
 (`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
 first counts as done.
@@ -24,6 +29,7 @@ __all__ = [
     "topic_path",
     "topic_columns",
     "topic_schema",
+    "topic_arrow_schema",
     "ensure_topic",
     "read_stream",
     "read_batch",
@@ -65,6 +71,18 @@ def topic_schema(topic: str):
     )
 
 
+def topic_arrow_schema(topic: str):
+    """The topic's columns as an Arrow schema (arro3): bigint -> int64, string -> utf8, all nullable."""
+    from arro3.core import DataType, Field, Schema
+
+    return Schema(
+        [
+            Field(n, DataType.int64() if t == "bigint" else DataType.string(), True)
+            for n, t in topic_columns(topic)
+        ]
+    )
+
+
 def _exists(path: Path) -> bool:
     """Whether the Delta table at `path` has a committed version (a `_delta_log` without one is no table)."""
     log = path / "_delta_log"
@@ -76,7 +94,8 @@ def _exists(path: Path) -> bool:
 def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
     """Create the topic's Delta table (version 0, empty) if it does not exist; return its path.
 
-    Concurrent callers, in this process or others, create it once: the rest wait for the creator and go on."""
+    Needs no Spark: `spark` may be None. Concurrent callers, in this process or others, create it once: the rest
+    wait for the creator and go on."""
     path = topic_path(lake_dir, topic)
     if _exists(path):
         return str(path)
@@ -84,10 +103,10 @@ def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
     with open(path.parent / f".{topic}.lock", "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file is closed
         if not _exists(path):
+            from deltalake import DeltaTable
+
             try:
-                spark.createDataFrame([], topic_schema(topic)).write.format("delta").mode("ignore").save(
-                    str(path)
-                )
+                DeltaTable.create(str(path), topic_arrow_schema(topic), mode="ignore")
             except Exception:
                 if not _exists(path):  # not a writer outside the lock that created it first
                     raise

@@ -55,10 +55,9 @@ def cmd_ingest(args) -> int:
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:
         raise SystemExit(f"mview: no such file: {missing[0]}")
-    spark = _spark(settings, f"mview-ingest-{args.topic}")
-    try:
+    try:  # no Spark: ingest appends with delta-rs
         result = ingest(
-            spark,
+            None,
             settings.lake_dir,
             args.topic,
             args.files,
@@ -119,8 +118,8 @@ def cmd_run(args) -> int:
             return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
         _redis(settings)
         totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
-    if args.json:
-        print(json.dumps({"job": spec.name, **totals}))
+    if args.json:  # a source job's summary is its own (kafka: per topic, accepted and rejected)
+        print(json.dumps(totals if spec.source else {"job": spec.name, **totals}))
     else:
         print(f"{spec.name}: " + ", ".join(f"{k} {_number(v)}" for k, v in totals.items()))
     return 0

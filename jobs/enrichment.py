@@ -2,9 +2,8 @@
 (Redis). Semantics in `joins.asof`, its state in `joins.asof_state`, the views in `views.enrichment`.
 
 Sources: the `activity` topic and the `profiles` topic (the raw change log, every change in arrival order), in
-one streaming query. The versioned copy is built from the raw change log, not from the `profiles` table's
-change feed: the table applies changes with `SEQUENCE BY ts`, so a change that arrives after a newer one never
-appears in its feed, and whether a version exists would depend on arrival order (docs/enrichment.md).
+one streaming query. The versioned copy is built from that log, the one record of the profiles: a change that
+arrives after a newer one is still a version, so which versions exist never depends on arrival order.
 
 Per micro-batch, in this order (so that a crash anywhere replays the batch with the same effect):
 1. the batch's changes are appended to the versioned copy (`AsofState.stage`, idempotent by batch id);

@@ -2,8 +2,8 @@
 
 The dimension is kept as a local, versioned copy (SCD type 2): every change of every user is a version with the
 identifier `"<user_id>@<ts of the change, epoch ms>"`, valid from its `ts` to the next version's `ts`. A delete is
-a version too: profile fields null from its `ts` on. Two different changes with the same user and `ts` resolve as
-in `changelog.cdc`: a delete wins, then the greater `(name, country)`; a change delivered twice is one version. So
+a version too: profile fields null from its `ts` on. Two different changes with the same user and `ts` resolve
+so: a delete wins, then the greater `(name, country)`; a change delivered twice is one version. So
 the copy is a function of the *set* of changes only. `profile_versions` reduces raw change records to that copy
 (one row per version id); `asof_join` also accepts the raw, undeduplicated version rows (`VERSION_SCHEMA`, as the
 job stores them) and applies the same resolution itself.

@@ -73,17 +73,16 @@ def test_a_line_over_the_maximum_record_size_is_dead_lettered_with_a_bounded_pre
     assert dead["raw"] == huge[:1000].decode()
 
 
-def test_records_that_spark_cannot_read_back_exactly_are_not_stored(spark, tmp_path, monkeypatch):
-    """With no size limit, a 25 MB record is beyond Spark's JSON reader: the file fails, it is not half-stored."""
-    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 30_000_000)
-    lake, src = tmp_path / "lake", tmp_path / "big.jsonl"
-    src.write_bytes(_post("t1") + b"\n" + _post("big", "x" * 25_000_000) + b"\n")
+def test_a_validated_record_that_does_not_fit_the_topic_schema_exactly_is_not_stored(tmp_path, monkeypatch):
+    """A validation bug that lets a boolean through as `ts` (Arrow would store it as 1) fails the whole file:
+    nothing of it is committed."""
+    monkeypatch.setattr(records, "parse_ts", lambda value: True)
+    lake, src = tmp_path / "lake", tmp_path / "bool.jsonl"
+    src.write_bytes(_post("t1") + b"\n" + _post("t2") + b"\n")
     with pytest.raises(NotStored) as e:
-        ingest(spark, lake, "tweets", [str(src)])
-    assert str(e.value).startswith(
-        f"tweets: {src}: nothing was committed: Spark could not read the file's 2 "
-    )
-    assert "\n" not in str(e.value)
+        ingest(None, lake, "tweets", [str(src)])
+    assert str(e.value).startswith(f"tweets: {src}: nothing was committed: the file's 2 validated record(s) ")
+    assert "'ts'" in e.value.cause and "\n" not in str(e.value)
     assert latest_version(lake, "tweets") == 0  # the table was created; no append was committed
 
 
@@ -168,3 +167,79 @@ def test_two_mview_ingest_processes_creating_a_new_topic_at_once_both_succeed(sp
         assert json.loads(out.splitlines()[-1]) == {"topic": "tweets", "accepted": 20, "rejected": 0}
     assert latest_version(lake, "tweets") == 2
     assert _texts(spark, lake) == sorted((f"p{n}-{i}", "hi") for n in range(2) for i in range(20))
+
+
+def _stream_once(spark, lake, topic: str, checkpoint: Path, out: Path) -> None:
+    """One run of a streaming query over the topic's log (everything new since its checkpoint) into `out`."""
+    from changelog.topics import read_stream
+
+    q = (
+        read_stream(spark, lake, topic)
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(str(out))
+    )
+    q.awaitTermination()
+
+
+def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(spark, tmp_path):
+    """A topic created by Spark (a lake from before ingest wrote with delta-rs), a streaming query with its
+    checkpoint, then four `mview ingest` processes (three files each) appending while Spark appends too: every
+    record is in the log exactly once, Spark reads the log (also from a delta-rs checkpoint), and the streaming
+    query resumes from its checkpoint across the delta-rs commits and sees every new record exactly once."""
+    from deltalake import DeltaTable
+
+    from changelog.topics import topic_path, topic_schema
+
+    lake = tmp_path / "lake"
+    path = str(topic_path(lake, "tweets"))
+    spark.createDataFrame([], topic_schema("tweets")).write.format("delta").save(
+        path
+    )  # how Spark made topics
+    rows = lambda prefix, n: [("post", f"{prefix}-{i}", "u1", "hi", 1767225600000 + i) for i in range(n)]  # noqa: E731
+    spark.createDataFrame(rows("s0", 10), topic_schema("tweets")).write.format("delta").mode("append").save(
+        path
+    )
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    _stream_once(spark, lake, "tweets", checkpoint, out)
+
+    files = {}
+    for n in range(4):
+        for k in range(3):
+            f = files.setdefault(n, [])
+            f.append(tmp_path / f"p{n}-{k}.jsonl")
+            f[-1].write_bytes(b"".join(_post(f"p{n}-{k}-{i}") + b"\n" for i in range(100)))
+    env = {**os.environ, "LAKE_DIR": str(lake), "REDIS_URL": "redis://127.0.0.1:1/0"}
+    procs = [
+        subprocess.Popen(
+            [MVIEW, "ingest", "tweets", *map(str, files[n]), "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
+    for k in range(1, 4):  # Spark appends while the processes run
+        spark.createDataFrame(rows(f"s{k}", 10), topic_schema("tweets")).write.format("delta").mode(
+            "append"
+        ).save(path)
+    for p in procs:
+        out_, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        assert json.loads(out_.splitlines()[-1]) == {"topic": "tweets", "accepted": 300, "rejected": 0}
+
+    expected = sorted(
+        [f"s{k}-{i}" for k in range(4) for i in range(10)]
+        + [f"p{n}-{k}-{i}" for n in range(4) for k in range(3) for i in range(100)]
+    )
+    assert latest_version(lake, "tweets") == 4 + 4 * 3  # version 0 created it; 4 Spark appends, 12 files
+    DeltaTable(path).create_checkpoint()  # Spark must also read a checkpoint delta-rs wrote
+    got = [r.tweet_id for r in read_batch(spark, lake, "tweets").select("tweet_id").collect()]
+    assert sorted(got) == expected
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("userMetadata").collect()
+    assert sum(1 for r in history if (r[0] or "").startswith("ingest ")) == 12
+    _stream_once(spark, lake, "tweets", checkpoint, out)
+    streamed = [r.tweet_id for r in spark.read.parquet(str(out)).select("tweet_id").collect()]
+    assert sorted(streamed) == expected  # the first run's 10 records, then every later one, each once

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from changelog.ingest import AFTER_APPEND, ingest
+from changelog.ingest import ingest
 from changelog.records import validate
 from jobs.enrichment import run_enrichment
 from jobs.runtime import read_status
@@ -19,13 +19,6 @@ from views.enrichment import CountrySink, export_activity_by_country, export_enr
 from views.redis_io import connect, set_generation
 
 LATENESS = "5 minutes"  # the workload's disorder is 4 minutes
-
-
-@pytest.fixture(autouse=True)
-def _no_profiles_table(monkeypatch):
-    """The job reads the `profiles` topic, not the table: skip the table's MERGE after each ingest (it is
-    tested in tests/changelog/test_cdc.py) so these tests spend their time on the job."""
-    monkeypatch.delitem(AFTER_APPEND, "profiles")
 
 
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int, *, check_held: bool = False):
