@@ -8,23 +8,33 @@
   entity's records stay in one partition, in the order they were produced. It returns once the broker has
   acknowledged every message (idempotent producer, acks from all in-sync replicas), or raises.
 - `ensure_kafka_topics` creates missing Kafka topics with `PARTITIONS` partitions; an existing one is left as is.
-- `end_offsets` (per partition, the offset the next message will get) is what the `kafka` job's lag is measured
-  against. `dead_letter` builds a dead-letter entry of a rejected message, the same entry `mview ingest` writes
-  for a line with `file`/`line` replaced by the message's `topic`/`partition`/`offset`.
+- `end_offsets` (per partition, the offset the next message will get) and `committed_offsets` (where a Spark
+  Kafka source's checkpoint has committed to) give the `kafka` job's lag (`lag`).
+- `copy_batch` copies one micro-batch of messages into the topics' Delta logs, exactly once per (app id, batch
+  id): every message is validated by `changelog.records.parse_line`, the one definition `mview ingest` uses;
+  the valid records of a topic are appended in one Delta commit made idempotent with Delta's `txnAppId` /
+  `txnVersion` (a batch replayed after a crash commits nothing twice), the rejected ones are appended to the
+  topic's dead-letter log (`LAKE_DIR/deadletter/<topic>.jsonl`) unless that batch already wrote them there.
+  A dead-letter entry is the one `mview ingest` writes for a line, with `file`/`line` replaced by the message's
+  Kafka `topic`/`partition`/`offset` (`dead_letter`).
 - A broker that does not answer within the timeout raises `KafkaUnavailable` naming KAFKA_BOOTSTRAP.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import orjson
 
-from changelog.errors import KafkaUnavailable, NotProduced
-from changelog.records import MAX_RECORD_BYTES
+from changelog.errors import InvalidRecord, KafkaUnavailable, NotProduced
+from changelog.records import MAX_RECORD_BYTES, parse_line
 
 __all__ = [
     "PARTITIONS",
@@ -34,9 +44,14 @@ __all__ = [
     "entity_key",
     "probe",
     "ensure_kafka_topics",
+    "watermarks",
     "end_offsets",
+    "committed_offsets",
+    "lag",
     "produce",
     "dead_letter",
+    "copy_batch",
+    "broker_watch",
 ]
 
 PARTITIONS = 3  # partitions of a Kafka topic that mview creates
@@ -128,8 +143,8 @@ def ensure_kafka_topics(bootstrap: str, names: Iterable[str], *, timeout: float 
     return created
 
 
-def end_offsets(bootstrap: str, names: Iterable[str], *, timeout: float = 5.0) -> dict[str, dict[int, int]]:
-    """Per Kafka topic of `names` that exists, per partition, the offset of the next message (the end)."""
+def watermarks(bootstrap: str, names: Iterable[str], *, timeout: float = 5.0) -> dict[str, dict[int, tuple]]:
+    """Per Kafka topic of `names` that exists, per partition, (first offset the broker still holds, end offset)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     problem = probe(bootstrap, timeout)
@@ -138,18 +153,60 @@ def end_offsets(bootstrap: str, names: Iterable[str], *, timeout: float = 5.0) -
     consumer = Consumer(_config(bootstrap, **{"group.id": "mview-lag", "enable.auto.commit": False}))
     try:
         topics = consumer.list_topics(timeout=timeout).topics
-        out: dict[str, dict[int, int]] = {}
-        for name in names:
-            if name in topics:
-                out[name] = {
-                    p: consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout)[1]
-                    for p in topics[name].partitions
-                }
-        return out
+        return {
+            name: {
+                p: consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout)
+                for p in topics[name].partitions
+            }
+            for name in names
+            if name in topics
+        }
     except KafkaException as e:
         raise KafkaUnavailable(bootstrap, str(e.args[0])) from None
     finally:
         consumer.close()
+
+
+def end_offsets(bootstrap: str, names: Iterable[str], *, timeout: float = 5.0) -> dict[str, dict[int, int]]:
+    """Per Kafka topic of `names` that exists, per partition, the offset of the next message (the end)."""
+    return {
+        n: {p: w[1] for p, w in ps.items()} for n, ps in watermarks(bootstrap, names, timeout=timeout).items()
+    }
+
+
+def committed_offsets(checkpoint: Path) -> dict[str, dict[int, int]]:
+    """Where the last committed micro-batch of a streaming query with one Kafka source ends: per Kafka topic, per
+    partition, the offset of the first message not yet processed. Empty if nothing was committed."""
+    commits = Path(checkpoint) / "commits"
+    try:
+        done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    if not done:
+        return {}
+    lines = (Path(checkpoint) / "offsets" / str(max(done))).read_text().splitlines()
+    out: dict[str, dict[int, int]] = {}
+    for line in lines[2:]:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            for name, parts in value.items():
+                if isinstance(parts, dict):
+                    out[name] = {int(p): int(o) for p, o in parts.items()}
+    return out
+
+
+def lag(bootstrap: str, names: Iterable[str], checkpoint: Path, *, timeout: float = 2.0) -> int:
+    """Messages of the Kafka topics `names` that the query of `checkpoint` has not processed yet, summed over
+    partitions (a partition it never read counts from the first offset the broker still holds)."""
+    done = committed_offsets(checkpoint)
+    total = 0
+    for name, parts in watermarks(bootstrap, names, timeout=timeout).items():
+        for p, (low, high) in parts.items():
+            total += max(0, high - max(low, done.get(name, {}).get(p, low)))
+    return total
 
 
 def _lines(source: str) -> Iterator[bytes]:
@@ -241,3 +298,114 @@ def dead_letter(kafka_topic_name: str, partition: int, offset: int, raw: bytes, 
         "raw_bytes": size,
         "at": int(time.time() * 1000),
     }
+
+
+def _validate(rows, names: dict[str, str]) -> tuple[dict[str, list[bytes]], dict[str, list[dict]]]:
+    """Per lake topic, the valid records (JSON lines) and the dead-letter entries of `rows`, in offset order."""
+    good: dict[str, list[bytes]] = {t: [] for t in names.values()}
+    dead: dict[str, list[dict]] = {t: [] for t in names.values()}
+    for name, partition, offset, value in sorted(rows, key=lambda r: (r[0], r[1], r[2])):
+        topic, raw = names[name], bytes(value or b"")
+        try:
+            good[topic].append(orjson.dumps(parse_line(topic, raw)))
+        except InvalidRecord as e:
+            dead[topic].append(dead_letter(name, partition, offset, raw, e.reason))
+    return good, dead
+
+
+def _already_written(path: Path, name: str, first: dict[int, int]) -> set[tuple[int, int]]:
+    """(partition, offset) of the dead letters of Kafka topic `name` in `path` at or after `first[partition]`,
+    read from the end of the file back to the first entry of each partition before that offset."""
+    seen: set[tuple[int, int]] = set()
+    open_parts = set(first)
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return seen
+    with fh:
+        end, rest = fh.seek(0, os.SEEK_END), b""
+        while end > 0 and open_parts:
+            start = max(0, end - (1 << 20))
+            fh.seek(start)
+            chunk = fh.read(end - start) + rest
+            lines = chunk.split(b"\n")
+            rest, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
+            for line in reversed(lines):
+                try:
+                    e = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(e, dict) or e.get("topic") != name or e.get("partition") not in first:
+                    continue
+                if e["offset"] >= first[e["partition"]]:
+                    seen.add((e["partition"], e["offset"]))
+                else:
+                    open_parts.discard(e["partition"])
+            end = start
+    return seen
+
+
+def _append_dead_letters(path: Path, entries: list[dict]) -> int:
+    """Append the entries not yet in `path` (a batch replayed after a crash); return how many were appended."""
+    first: dict[int, int] = {}
+    for e in entries:
+        first[e["partition"]] = min(first.get(e["partition"], e["offset"]), e["offset"])
+    seen = _already_written(path, entries[0]["topic"], first)
+    new = [e for e in entries if (e["partition"], e["offset"]) not in seen]
+    if new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # raw input: owner only
+        with os.fdopen(fd, "ab") as out:
+            out.write(b"".join(orjson.dumps(e) + b"\n" for e in new))
+    return len(new)
+
+
+def copy_batch(spark, lake_dir: Path, names: dict[str, str], rows, *, app_id: str, version: int) -> dict:
+    """Copy one micro-batch: `rows` are (Kafka topic, partition, offset, value) of the Kafka topics `names`
+    (Kafka topic -> lake topic). Returns per lake topic {"accepted": n, "rejected": m} of the batch's messages."""
+    from changelog.ingest import deadletter_path
+    from changelog.topics import ensure_topic, topic_schema
+
+    good, dead = _validate(rows, names)
+    tmp_dir = Path(lake_dir) / "tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    for topic, lines in good.items():
+        if not lines:
+            continue
+        path = ensure_topic(spark, lake_dir, topic)
+        with tempfile.NamedTemporaryFile("wb", dir=tmp_dir, suffix=".jsonl") as tmp:
+            tmp.write(b"\n".join(lines) + b"\n")
+            tmp.flush()
+            df = spark.read.schema(topic_schema(topic)).option("mode", "FAILFAST").json(tmp.name)
+            (
+                df.write.format("delta")
+                .mode("append")
+                .option("txnAppId", f"{app_id}.{topic}")
+                .option("txnVersion", version)
+                .option("userMetadata", f"kafka batch {version}")
+                .save(path)
+            )
+    for topic, entries in dead.items():
+        if entries:
+            _append_dead_letters(deadletter_path(lake_dir, topic), entries)
+    return {t: {"accepted": len(good[t]), "rejected": len(dead[t])} for t in good}
+
+
+def broker_watch(bootstrap: str, say: Callable[[str | None, str | None], None], every_s: float = 2.0):
+    """A function to call often: every `every_s` seconds it checks the broker and, when that changes, calls
+    `say(problem, since)` (problem None: it answers again; else why not and since when, HH:MM:SS)."""
+    state: dict = {"next": 0.0, "since": None}
+
+    def tick() -> None:
+        if time.monotonic() < state["next"]:
+            return
+        state["next"] = time.monotonic() + every_s
+        problem = probe(bootstrap, timeout=1.0)
+        if problem is None and state["since"] is not None:
+            state["since"] = None
+            say(None, None)
+        elif problem is not None and state["since"] is None:
+            state["since"] = time.strftime("%H:%M:%S")
+            say(problem, state["since"])
+
+    return tick

@@ -12,6 +12,7 @@ __all__ = [
     "RedisServerMissing",
     "PostgresServerFailed",
     "KafkaBrokerFailed",
+    "SourceNotConfigured",
 ]
 
 
@@ -68,3 +69,11 @@ class KafkaBrokerFailed(JobsError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class SourceNotConfigured(JobsError):
+    """Source job `job` reads `system`, which `variable` (empty) would name; `example` is a value to set."""
+
+    def __init__(self, job: str, system: str, variable: str, example: str):
+        super().__init__(f"{system} is not configured: set {variable} (e.g. {example}) to run the {job} job")
+        self.job, self.system, self.variable, self.example = job, system, variable, example

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import import_module
 
+from changelog.topics import TOPICS
 from jobs.errors import UnknownName
 
 __all__ = ["JobSpec", "JOBS", "VIEWS", "job_spec", "view_job"]
@@ -44,6 +45,7 @@ JOBS: dict[str, JobSpec] = {
         ("enriched_activity", "activity_by_country"),
         "jobs.enrichment:run_enrichment",
     ),
+    "kafka": JobSpec("kafka", TOPICS, (), "jobs.kafka:run_kafka", lag="jobs.kafka:kafka_lag", source=True),
     "cdc": JobSpec("cdc", ("profiles",), (), "jobs.cdc:run_cdc", lag="jobs.cdc:lag", source=True),
 }
 

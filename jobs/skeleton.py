@@ -7,6 +7,10 @@ checkpointing (`jobs.runtime.run_stream`). Per micro-batch it times the job's fu
 did something, records the batch id in Redis with the job's metadata (`jobs.generations.record_batch`, before
 Spark commits the batch), merges the job's fields into the status file and logs one line; an empty batch only
 records its id. Steps of one run (micro-batches and idle ticks) never overlap: they hold `run.lock`.
+
+A source job (`JobSpec.source`: it copies an outside system into the topics' logs) has no views and no
+generations: it runs without Redis, always as generation 0 (its checkpoint `checkpoints/<job>/g0`), and records
+nothing in Redis; status file, log line, metrics and lock are as above.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class JobRun:
     settings: Settings
     job: str
     generation: int
-    client: object  # redis client of the serving Redis
+    client: object  # redis client of the serving Redis (None for a source job)
     totals: dict = field(default_factory=lambda: {"batches": 0, "events": 0, "seconds": 0.0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -88,7 +92,8 @@ class Wiring:
 
 def _record(run: JobRun, batch_id: int, b: Batch, took: float) -> None:
     now = int(time.time() * 1000)
-    record_batch(run.client, run.job, run.generation, batch_id, last_batch_ms=now, **b.meta)
+    if run.client is not None:
+        record_batch(run.client, run.job, run.generation, batch_id, last_batch_ms=now, **b.meta)
     prev = read_status(run.settings, run.job) if b.counters else {}  # only running totals need it
     same = prev.get("generation") == run.generation
     running = {k: (prev.get(k, 0) if same else 0) + v for k, v in b.counters.items()}
@@ -127,8 +132,12 @@ def run_job(
 ) -> dict:
     """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
     docstring). once: everything available now, then return; else until stopped (`jobs.runtime.run_stream`)."""
-    client = connect(settings.redis_url)
-    gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
+    source = job_spec(job).source
+    client = None if source else connect(settings.redis_url)
+    if source:
+        gen = 0
+    else:
+        gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
     run = JobRun(spark, settings, job, gen, client)
     metrics = metrics_for(settings, job)
     ui = spark.sparkContext.uiWebUrl if settings.spark_ui else None
@@ -140,7 +149,8 @@ def run_job(
             started = time.monotonic()
             b = w.process(batch_df, batch_id)
             if b is None:
-                record_batch(client, job, gen, batch_id)
+                if client is not None:
+                    record_batch(client, job, gen, batch_id)
                 return
             took = time.monotonic() - started
             run.totals["batches"] += 1
@@ -152,7 +162,8 @@ def run_job(
             if metrics is not None:
                 metrics.observe(b, took)
 
-    log_sources(settings, job, gen, job_spec(job).topics)
+    if not source:
+        log_sources(settings, job, gen, job_spec(job).topics)
     stop = threading.Event()
     ticker = _ticker(run, w.idle, stop) if w.idle is not None and not once else None
     try:

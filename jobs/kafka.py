@@ -1,0 +1,148 @@
+"""The `kafka` job: every topic's Kafka topic (`<KAFKA_TOPIC_PREFIX><topic>`) copied into that topic's Delta log.
+
+A source job (no views, no generations; `jobs.skeleton`): one streaming query with Spark's Kafka source subscribed
+to the six Kafka topics (created with `changelog.kafka.PARTITIONS` partitions if missing), from the earliest
+offset the broker holds on its first run, then from its checkpoint. Per micro-batch (at most
+`MAX_MESSAGES_PER_BATCH` messages) the driver validates every message with the rules `mview ingest` uses and
+appends the valid records to the topics' logs and the rest to the dead letters, exactly once per batch id
+(`changelog.kafka.copy_batch`, keyed by this checkpoint's id and the batch id). A batch replayed after a crash has
+the same offsets, so each message reaches the Delta log exactly once across crashes and restarts.
+
+- `--once` copies what the broker holds when it starts (availableNow) and returns per topic
+  {"accepted": n, "rejected": m} of that run.
+- Broker unreachable: `KafkaUnavailable` (one line naming KAFKA_BOOTSTRAP); a deployed job restarts its query
+  with backoff and writes `kafka: "ok"` / `"waiting for Kafka at ... since ..."` into its status.
+  KAFKA_BOOTSTRAP empty: `SourceNotConfigured`.
+- Lag (`kafka_lag`, `mview status`'s `lag_versions`): messages the broker holds that the checkpoint has not
+  committed, summed over partitions; None when the broker does not answer or Kafka is not configured.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from changelog.errors import KafkaUnavailable
+from changelog.kafka import broker_watch, copy_batch, ensure_kafka_topics, kafka_topic, lag
+from changelog.topics import TOPICS, ensure_topic
+from jobs import runtime
+from jobs.errors import SourceNotConfigured
+from jobs.runtime import checkpoint_dir, log, write_status
+from jobs.service import _Restarts
+from jobs.settings import Settings
+from jobs.skeleton import Batch, JobRun, Wiring, run_job
+
+__all__ = ["run_kafka", "kafka_lag", "preflight", "MAX_MESSAGES_PER_BATCH"]
+
+MAX_MESSAGES_PER_BATCH = (
+    100_000  # a micro-batch's messages are validated in the driver: this bounds its memory
+)
+
+
+def _names(settings: Settings) -> dict[str, str]:
+    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in TOPICS}
+
+
+def preflight(settings: Settings, *, reach: bool = True) -> None:
+    """SourceNotConfigured without a KAFKA_BOOTSTRAP; with `reach`, KafkaUnavailable unless the broker answers
+    (the job's Kafka topics are then created if missing)."""
+    if not settings.kafka_bootstrap:
+        raise SourceNotConfigured("kafka", "Kafka", "KAFKA_BOOTSTRAP", "127.0.0.1:9092 after `make kafka`")
+    if reach:
+        ensure_kafka_topics(settings.kafka_bootstrap, _names(settings))
+
+
+def kafka_lag(settings: Settings) -> int | None:
+    cp, names = checkpoint_dir(settings, "kafka", 0), _names(settings)
+    try:
+        return lag(settings.kafka_bootstrap, names, cp, timeout=1.0) if settings.kafka_bootstrap else None
+    except KafkaUnavailable:
+        return None
+
+
+def _source(run: JobRun, names: dict[str, str]):
+    s = run.settings
+    return (
+        run.spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", s.kafka_bootstrap)
+        .option("subscribe", ",".join(names))
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", MAX_MESSAGES_PER_BATCH)
+        .option("kafka.default.api.timeout.ms", "15000")
+        .option("kafka.request.timeout.ms", "10000")
+        .load()
+        .select("topic", "partition", "offset", "value")
+    )
+
+
+def _say_broker(settings: Settings):
+    def say(problem: str | None, since: str | None) -> None:
+        if problem is None:
+            log(f"kafka: the broker at {settings.kafka_bootstrap} answers")
+            write_status(settings, "kafka", kafka="ok")
+        else:
+            log(f"kafka: waiting for Kafka at KAFKA_BOOTSTRAP={settings.kafka_bootstrap}: {problem}")
+            write_status(
+                settings, "kafka", kafka=f"waiting for Kafka at {settings.kafka_bootstrap} since {since}"
+            )
+
+    return say
+
+
+def _wire(run: JobRun) -> Wiring:
+    s = run.settings
+    preflight(s)
+    names = _names(s)
+    for t in TOPICS:
+        ensure_topic(run.spark, s.lake_dir, t)
+    write_status(s, "kafka", kafka="ok")
+    app: list[str] = []
+
+    def process(batch_df, batch_id: int) -> Batch | None:
+        rows = [tuple(r) for r in batch_df.collect()]
+        if not rows:
+            return None
+        if not app:  # the query's id, kept in its checkpoint: a new checkpoint never matches an old txnAppId
+            meta = json.loads((run.checkpoint / "metadata").read_text())
+            app.append(f"mview.kafka.{meta['id']}")
+        copied = copy_batch(run.spark, s.lake_dir, names, rows, app_id=app[0], version=batch_id)
+        accepted = sum(c["accepted"] for c in copied.values())
+        rejected = sum(c["rejected"] for c in copied.values())
+        per_topic = {f"{t}.{k}": n for t, c in copied.items() for k, n in c.items()}
+        return Batch(
+            events=len(rows),
+            summary=f"{len(rows):,} messages: {accepted:,} copied, {rejected:,} dead-lettered",
+            counters={"accepted": accepted, "rejected_messages": rejected},
+            totals=per_topic,
+            inputs={t: c["accepted"] + c["rejected"] for t, c in copied.items()},
+        )
+
+    return Wiring(_source(run, names), process, idle=broker_watch(s.kafka_bootstrap, _say_broker(s)))
+
+
+def _per_topic(totals: dict) -> dict:
+    return {t: {k: totals.get(f"{t}.{k}", 0) for k in ("accepted", "rejected")} for t in TOPICS}
+
+
+def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) -> dict:
+    """Run the job (see the module docstring); per topic, the messages this run accepted and rejected. Without
+    `spark` (the CLI's source-job path) a session is started here, after the broker answered (for `once`)."""
+    preflight(settings, reach=once)
+    if spark is None:
+        from jobs.spark import get_spark
+
+        spark = get_spark(settings, "mview-kafka")
+    if once:
+        return _per_topic(run_job(spark, settings, "kafka", _wire, once=True, generation=generation))
+    restarts = _Restarts(settings, "kafka")  # a failed query (the broker went away) restarts after a backoff
+    while not runtime.STOP.is_set():
+        started = time.monotonic()
+        try:
+            write_status(settings, "kafka", state="running")
+            run_job(spark, settings, "kafka", _wire, once=False)
+            restarts.failures = 0
+        except Exception as e:  # noqa: BLE001 - restart from the checkpoint, saying why in the status
+            if runtime.STOP.is_set():
+                break
+            restarts.after(e, started)
+    return {}
