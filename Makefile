@@ -13,7 +13,7 @@ WEB_PORT ?= 8765
 UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis postgres postgres-stop kafka kafka-stop test lint fmt demo demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop test lint fmt demo demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ setup: $(VENV)/.installed ## create .venv, install the project and its dependenc
 
 redis: setup ## start a development redis-server at REDIS_URL unless one answers there
 	@$(PY) -m jobs.devredis
+
+redis-cluster: setup ## start a local three-master Redis Cluster, its first node at REDIS_URL's port (use with REDIS_CLUSTER=true)
+	@$(PY) -m jobs.devredis --cluster
 
 postgres: setup ## start a development PostgreSQL (wal_level=logical, data in LAKE_DIR/postgres) at PG_DSN unless one answers there
 	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m jobs.devpostgres

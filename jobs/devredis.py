@@ -1,8 +1,10 @@
-"""`python -m jobs.devredis`: start a development redis-server at REDIS_URL unless one already answers there.
-`scratch_redis`: a throw-away one for tests and benchmarks."""
+"""`python -m jobs.devredis`: start a development redis-server at REDIS_URL unless one already answers there;
+`python -m jobs.devredis --cluster`: a local three-master Redis Cluster whose first node is at REDIS_URL.
+`scratch_redis` / `scratch_redis_cluster`: throw-away ones for tests and benchmarks."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -18,7 +20,9 @@ from jobs.settings import Settings
 from views.errors import RedisMisconfigured
 from views.redis_io import probe, redact_url
 
-__all__ = ["main", "scratch_redis", "free_port"]
+__all__ = ["main", "scratch_redis", "scratch_redis_cluster", "free_port", "CLUSTER_MASTERS"]
+
+CLUSTER_MASTERS = 3
 
 _MISSING = "redis-server is not installed: apt-get install -y redis-server (or run `make setup` as root)"
 
@@ -54,6 +58,126 @@ def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
     raise RedisServerMissing(f"redis-server did not answer on port {port} within 5 s")
 
 
+def _cluster_node_args(port: int, workdir: Path) -> list[str]:
+    return [
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        f"nodes-{port}.conf",
+        "--cluster-node-timeout",
+        "2000",
+        "--dir",
+        str(workdir),
+    ]
+
+
+def _create_cluster(ports: list[int]) -> None:
+    """Join the masters at `ports` into one cluster (`redis-cli --cluster create`, no replicas) and wait until
+    every node reports the cluster `ok`."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise RedisServerMissing("redis-cli is not installed: apt-get install -y redis-tools")
+    nodes = [f"127.0.0.1:{p}" for p in ports]
+    done = subprocess.run(
+        [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise RedisServerMissing(
+            f"redis-cli --cluster create failed: {done.stdout[-300:]}{done.stderr[-300:]}"
+        )
+    for _ in range(200):
+        if all(b"cluster_state:ok" in redis.Redis(port=p).execute_command("CLUSTER", "INFO") for p in ports):
+            return
+        time.sleep(0.05)
+    raise RedisServerMissing(f"the Redis Cluster at {', '.join(nodes)} did not reach state ok within 10 s")
+
+
+def _wait_answer(port: int) -> bool:
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return False
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _cluster_ports() -> list[int]:
+    """`CLUSTER_MASTERS` free ports whose cluster bus ports (port + 10000) are free too (so below 55536)."""
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < CLUSTER_MASTERS:
+        p = rng.randrange(20000, 55000)
+        if p not in ports and _free(p) and _free(p + 10000):
+            ports.append(p)
+    return ports
+
+
+def scratch_redis_cluster(workdir: Path) -> tuple[list[subprocess.Popen], list[int]]:
+    """Start a Redis Cluster of `CLUSTER_MASTERS` masters (no replicas, no persistence) on free local ports, files
+    under `workdir`; return the processes (the caller terminates them) and their ports, in the order of the
+    slots they serve. RedisServerMissing (saying what to do) if it cannot."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RedisServerMissing(_MISSING)
+    ports = _cluster_ports()
+    procs = [
+        subprocess.Popen(
+            [exe, *_cluster_node_args(p, workdir), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    try:
+        for p in ports:
+            if not _wait_answer(p):
+                raise RedisServerMissing(f"redis-server (cluster node) did not answer on port {p} within 5 s")
+        _create_cluster(ports)
+    except BaseException:
+        for proc in procs:
+            proc.terminate()
+        raise
+    return procs, ports
+
+
+def _start_cluster(s: Settings, port: int, exe: str) -> int:
+    """`make redis-cluster`: masters on `port`, `port`+1, ... daemonized, data and logs under LAKE_DIR/redis-cluster."""
+    data = s.lake_dir / "redis-cluster"
+    data.mkdir(parents=True, exist_ok=True)
+    ports = [port + i for i in range(CLUSTER_MASTERS)]
+    fresh = not any((data / f"nodes-{p}.conf").exists() for p in ports)
+    for p in ports:
+        log = str(data / f"redis-{p}.log")
+        subprocess.run(
+            [exe, *_cluster_node_args(p, data), "--daemonize", "yes", "--logfile", log], check=True
+        )
+        if not _wait_answer(p):
+            print(f"redis-server did not answer on port {p}; see {log}", file=sys.stderr)
+            return 1
+    if fresh:
+        _create_cluster(ports)
+    nodes = ", ".join(f"127.0.0.1:{p}" for p in ports)
+    print(f"started a Redis Cluster of {CLUSTER_MASTERS} masters at {nodes} (data and logs in {data})")
+    print("use it with REDIS_CLUSTER=true (REDIS_URL names any of its nodes)")
+    return 0
+
+
 def main() -> int:
     s = Settings.from_env()
     shown = redact_url(s.redis_url)
@@ -72,6 +196,8 @@ def main() -> int:
     if exe is None:
         print(_MISSING, file=sys.stderr)
         return 1
+    if "--cluster" in sys.argv[1:]:
+        return _start_cluster(s, u.port or 6379, exe)
     data = s.lake_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)
     subprocess.run(

@@ -28,6 +28,22 @@ def redis_server(tmp_path_factory):
     proc.wait(10)
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A real three-master Redis Cluster for the session (started on first use): {"url", "ports", "procs"}."""
+    from jobs.devredis import scratch_redis_cluster
+
+    try:
+        procs, ports = scratch_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    except JobsError as e:
+        pytest.fail(str(e))
+    yield {"url": f"redis://127.0.0.1:{ports[0]}/0", "ports": ports, "procs": procs}
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(10)
+
+
 @pytest.fixture
 def redis_url(redis_server):
     client = redis.Redis.from_url(redis_server["url"])
