@@ -12,7 +12,9 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
 - Stream: every committed transaction, in commit order. Insert and update -> `{"op":"upsert","user_id","name",
   "country","ts"}` with `ts` = the new row's `updated_at` when the column exists and is not null, else the commit
   time (epoch ms); delete -> `{"op":"delete","user_id","ts"}` with the commit time. An update that changes the
-  key also deletes the old key. Each record is validated by `changelog.records.validate`.
+  key also deletes the old key. Several changes of one key in one transaction give one record, the state at
+  the commit (the only one another transaction could see). Each record is validated by
+  `changelog.records.validate`.
 - Exactly once: transactions are appended to the topic's Delta log whole, several per commit, and each commit
   records the end LSN of its last transaction as Delta's idempotent transaction (`txn`: app id `cdc:<slot>`,
   version = the LSN as an integer). The slot's flushed position is confirmed to the server only after that
@@ -26,7 +28,7 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
   "reason","raw","raw_bytes","at"}`, `file` = `postgresql:<table>`, `line` = the change's place in its
   transaction, `lsn` = the transaction's commit LSN); capture goes on with the next change. A table that does
   not fit at the first start is an error (`CdcFailed`), and nothing is captured.
-- `once`: stops when every transaction committed before the capture started (at `pg_current_wal_lsn()` then) is
+- `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()` then) is
   in the log. Otherwise runs until `stop` is set.
 """
 
@@ -206,7 +208,7 @@ class _Txn:
     commit_lsn: int
     commit_ms: int
     end_lsn: int = 0
-    records: list[dict] = field(default_factory=list)
+    records: dict[str, dict] = field(default_factory=dict)  # user_id -> its last change in the transaction
     dead: list[dict] = field(default_factory=list)
 
 
@@ -294,8 +296,10 @@ class _Decoder:
             self._bad(rel, e.reason, shown)
 
     def _add(self, record: dict) -> None:
+        """Keep the transaction's last change per key: only the state at its commit was ever visible."""
         self.changes += 1
-        self.txn.records.append(record)
+        self.txn.records.pop(record["user_id"], None)
+        self.txn.records[record["user_id"]] = record
 
     def _bad(self, rel: _Relation | None, reason: str, row: dict) -> None:
         self.changes += 1
@@ -336,7 +340,7 @@ class _Log:
         dead = [d for t in txns for d in t.dead]
         if dead:
             self._dead_letters(txns)
-        records = [r for t in txns for r in t.records]
+        records = [r for t in txns for r in t.records.values()]
         if records or snapshot:
             columns = {
                 n: Array([r.get(n) for r in records], type=self.schema.field(n).type) for n in self.names
@@ -568,7 +572,7 @@ class _Stream:
 
 
 def wal_lag(source: PgSource) -> int | None:
-    """WAL bytes the slot has not confirmed (`pg_current_wal_lsn() - confirmed_flush_lsn`); None when the
+    """WAL bytes the slot has not confirmed (`pg_current_wal_insert_lsn() - confirmed_flush_lsn`); None when the
     database does not answer or the slot does not exist."""
     import psycopg2
 

@@ -12,7 +12,7 @@ import pytest
 from jobs.devpostgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
 
-__all__ = ["pg_server", "pg", "PgTable"]
+__all__ = ["pg_server", "pg", "PgTable", "log_commits", "fold"]
 
 _SEQ = itertools.count(1)
 
@@ -68,3 +68,50 @@ def pg(pg_server):
             (t.slot,),
         )
     c.close()
+
+
+def log_commits(lake_dir) -> list[list[dict]]:
+    """The `profiles` log's records per Delta commit (version 1 on), each commit's in the order written, read
+    with delta-rs (no Spark)."""
+    from collections import Counter
+
+    from deltalake import DeltaTable, QueryBuilder
+
+    from changelog.topics import topic_path
+
+    path = str(topic_path(lake_dir, "profiles"))
+
+    def rows(version: int) -> list[tuple]:
+        t = (
+            QueryBuilder()
+            .register("t", DeltaTable(path, version=version))
+            .execute("SELECT * FROM t")
+            .read_all()
+        )
+        cols = {n: t.column(n).to_pylist() for n in t.column_names}
+        names = list(cols)
+        return [tuple(cols[n][i] for n in names) for i in range(t.num_rows)], names
+
+    out, before = [], Counter()
+    for v in range(1, DeltaTable(path).version() + 1):
+        now, names = rows(v)
+        new, seen = [], Counter(before)
+        for r in now:
+            if seen[r] > 0:
+                seen[r] -= 1
+            else:
+                new.append({k: x for k, x in zip(names, r, strict=True) if x is not None})
+        out.append(new)
+        before = Counter(now)
+    return out
+
+
+def fold(records) -> dict[str, dict]:
+    """The table a changelog describes: user_id -> (name, country) after applying `records` in order."""
+    table = {}
+    for r in records:
+        if r["op"] == "delete":
+            table.pop(r["user_id"], None)
+        else:
+            table[r["user_id"]] = (r["name"], r["country"])
+    return table

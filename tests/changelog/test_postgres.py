@@ -1,0 +1,177 @@
+"""Change data capture from a real PostgreSQL (the `pg` fixture): snapshot + stream, row changes, dead letters,
+exactly once across a capture that dies before confirming."""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import pytest
+
+from changelog.errors import CdcFailed, PostgresUnavailable
+from changelog.ingest import deadletter_path
+from changelog.postgres import PgSource, capture, drop_slot, wal_lag
+from tests.pghelp import fold, log_commits
+
+
+def _capture(pg, lake, **kw):
+    return capture(PgSource(pg.dsn, pg.name, pg.slot), lake, lake / "state", once=True, **kw)
+
+
+def _records(lake):
+    return [r for commit in log_commits(lake) for r in commit]
+
+
+def _table(pg) -> dict:
+    return {u: (n, c) for u, n, c in pg.sql("SELECT user_id, name, country FROM {t}")}
+
+
+def test_snapshot_and_stream_with_writes_during_the_snapshot_lose_and_double_nothing(pg, tmp_path):
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 30000) i")
+    stop = threading.Event()
+    writes = {"n": 0}
+
+    def writer():  # one transaction per change, unique names: a doubled change shows as a repeated name
+        c = pg.conn()
+        c.autocommit = True
+        with c.cursor() as cur:
+            while not stop.is_set() or writes["n"] < 200:
+                i = writes["n"] = writes["n"] + 1
+                cur.execute(f"INSERT INTO {pg.name} VALUES (%s, %s, 'FR', NULL)", (f"w{i}", f"w{i}"))
+                cur.execute(f"UPDATE {pg.name} SET name = %s WHERE user_id = %s", (f"x{i}", f"u{i}"))
+                if i % 7 == 0:
+                    cur.execute(f"DELETE FROM {pg.name} WHERE user_id = %s", (f"u{i + 1}",))
+        c.close()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    first = _capture(pg, lake)
+    during = writes["n"]
+    stop.set()
+    t.join()
+    second = _capture(pg, lake)
+    records = _records(lake)
+    assert during > 0 and first["snapshot_rows"] >= 30000 and second["snapshot_rows"] == 0
+    assert fold(records) == _table(pg)
+    upserts = [(r["user_id"], r["name"]) for r in records if r["op"] == "upsert"]
+    assert len(upserts) == len(set(upserts))  # no change twice
+    inserted = {u for u, n in upserts if u.startswith("w")}  # every insert once, by snapshot or stream
+    assert inserted == {f"w{i}" for i in range(1, writes["n"] + 1)}
+    assert (
+        wal_lag(PgSource(pg.dsn, pg.name, pg.slot)) < 8192
+    )  # caught up (the server writes some WAL of its own)
+
+
+def test_updates_deletes_reinsert_and_several_changes_in_one_transaction(pg, tmp_path):
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 6) i")
+    _capture(pg, lake)
+    pg.sql("UPDATE {t} SET country = 'FR' WHERE user_id = 'u1'")
+    pg.sql("DELETE FROM {t} WHERE user_id = 'u2'")
+    pg.sql("DELETE FROM {t} WHERE user_id = 'u3'")
+    pg.sql("INSERT INTO {t} VALUES ('u3', 'back', 'IT', NULL)")
+    pg.sql(  # one transaction: three updates of u4, an insert and delete of u7
+        "UPDATE {t} SET name = 'a' WHERE user_id = 'u4'",
+        "UPDATE {t} SET name = 'b' WHERE user_id = 'u4'",
+        "UPDATE {t} SET name = 'c', country = 'ES' WHERE user_id = 'u4'",
+        "INSERT INTO {t} VALUES ('u7', 'gone', 'DE', NULL)",
+        "DELETE FROM {t} WHERE user_id = 'u7'",
+    )
+    pg.sql("UPDATE {t} SET name = 'dated', updated_at = '2026-01-01T10:00:00.250Z' WHERE user_id = 'u5'")
+    pg.sql("UPDATE {t} SET user_id = 'u60' WHERE user_id = 'u6'")
+    _capture(pg, lake)
+    stream = [r for commit in log_commits(lake)[1:] for r in commit]  # after the snapshot, in commit order
+    got = [{k: v for k, v in r.items() if k != "ts"} for r in stream]
+    assert got == [
+        {"op": "upsert", "user_id": "u1", "name": "n1", "country": "FR"},
+        {"op": "delete", "user_id": "u2"},
+        {"op": "delete", "user_id": "u3"},
+        {"op": "upsert", "user_id": "u3", "name": "back", "country": "IT"},
+        {"op": "upsert", "user_id": "u4", "name": "c", "country": "ES"},
+        {"op": "delete", "user_id": "u7"},
+        {"op": "upsert", "user_id": "u5", "name": "dated", "country": "DE"},
+        {"op": "delete", "user_id": "u6"},
+        {"op": "upsert", "user_id": "u60", "name": "n6", "country": "DE"},
+    ]
+    ts = [r["ts"] for r in stream]
+    assert ts[4] == ts[5]  # one transaction, one commit time
+    assert ts[6] == 1767261600250  # updated_at wins over the commit time
+    assert ts[7] == ts[8] and ts[:6] == sorted(ts[:6])
+    assert fold(_records(lake)) == _table(pg)
+
+
+def test_bad_rows_and_schema_drift_become_dead_letters_with_the_lsn(pg, tmp_path):
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} VALUES ('u1', 'a', 'DE', NULL), ('', 'empty key', 'DE', NULL)")
+    pg.sql("INSERT INTO {t} VALUES ('u2', NULL, 'DE', NULL)")
+    first = _capture(pg, lake)
+    assert (first["appended"], first["rejected"]) == (1, 2)
+    pg.sql("INSERT INTO {t} VALUES ('u3', 'future', 'DE', '2200-01-01T00:00:00Z')")
+    pg.sql("ALTER TABLE {t} RENAME COLUMN country TO land")
+    pg.sql("INSERT INTO {t} VALUES ('u4', 'renamed', 'DE', NULL)")
+    pg.sql("ALTER TABLE {t} RENAME COLUMN land TO country")
+    pg.sql("INSERT INTO {t} VALUES ('u5', 'fine again', 'DE', NULL)")
+    second = _capture(pg, lake)
+    assert (second["appended"], second["rejected"]) == (1, 2)
+    assert fold(_records(lake)) == {"u1": ("a", "DE"), "u5": ("fine again", "DE")}
+    dead = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
+    reasons = [d["reason"] for d in dead]
+    assert "field 'user_id' is empty" in reasons[0] or "field 'user_id' is empty" in reasons[1]
+    assert any("missing field 'name'" in r for r in reasons[:2])
+    assert "out of range" in reasons[2] and "no column 'country' (dropped or renamed?)" in reasons[3]
+    assert all(set(d) >= {"file", "line", "lsn", "reason", "raw", "raw_bytes", "at"} for d in dead)
+    assert dead[3]["lsn"] != dead[2]["lsn"] and "/" in dead[3]["lsn"]
+    assert orjson.loads(dead[3]["raw"])["user_id"] == "u4"
+
+
+def test_a_capture_that_dies_before_confirming_appends_nothing_twice(pg, tmp_path):
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 10) i")
+    _capture(pg, lake)
+    pg.sql("UPDATE {t} SET country = 'FR'")
+    pg.sql("UPDATE {t} SET country = 'IT' WHERE user_id = 'u1'")
+
+    from changelog import postgres
+
+    real = postgres._Log.append
+
+    def append_then_die(self, *args, **kw):  # dies after the Delta commit, before the slot hears of it
+        real(self, *args, **kw)
+        raise SystemExit("killed")
+
+    postgres._Log.append = append_then_die
+    try:
+        with pytest.raises(SystemExit):
+            _capture(pg, lake)
+    finally:
+        postgres._Log.append = real
+    died_after = sum(len(c) for c in log_commits(lake))
+    assert died_after in (20, 21)  # the first commit of the stream holds the first or both transactions
+    again = _capture(pg, lake)
+    assert again["appended"] == 21 - died_after  # what was committed is skipped, the rest comes once
+    assert sum(len(c) for c in log_commits(lake)) == 21
+    assert fold(_records(lake)) == _table(pg)
+
+
+def test_drop_slot_removes_slot_and_publication_and_the_next_start_snapshots_again(pg, tmp_path):
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} VALUES ('u1', 'a', 'DE', '2026-01-01T00:00:00Z')")
+    _capture(pg, lake)
+    source = PgSource(pg.dsn, pg.name, pg.slot)
+    assert drop_slot(source) == [f"replication slot {pg.slot}", f"publication {pg.slot}"]
+    assert pg.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", params=(pg.slot,)) == [
+        (0,)
+    ]
+    assert wal_lag(source) is None and drop_slot(source) == []
+    assert _capture(pg, lake)["snapshot_rows"] == 1
+
+
+def test_unreachable_database_and_unfit_table_are_one_line_errors(pg, tmp_path):
+    bad = PgSource("host=127.0.0.1 port=1 dbname=x user=y password=s3cret", pg.name, pg.slot)
+    with pytest.raises(PostgresUnavailable) as e:
+        capture(bad, tmp_path, tmp_path, once=True)
+    assert "port=1" in str(e.value) and "s3cret" not in str(e.value) and "\n" not in str(e.value)
+    pg.sql("ALTER TABLE {t} DROP COLUMN country")
+    with pytest.raises(CdcFailed, match="no column 'country'"):
+        _capture(pg, tmp_path / "lake")
