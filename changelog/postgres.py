@@ -96,7 +96,7 @@ def _connect(source: PgSource, **kw):
             "PG_DSN is empty: set it to the database to capture (`make postgres` starts a local one)"
         )
     try:
-        conn = psycopg2.connect(source.dsn, connect_timeout=5, **kw)
+        conn = psycopg2.connect(source.dsn, **{"connect_timeout": 5, **kw})
     except psycopg2.OperationalError as e:
         first = (str(e).strip().splitlines() or ["no reason given"])[0]
         raise PostgresUnavailable(shown_dsn(source.dsn), first) from None
@@ -577,7 +577,7 @@ def wal_lag(source: PgSource) -> int | None:
     import psycopg2
 
     try:
-        conn = _connect(source)
+        conn = _connect(source, connect_timeout=2)  # `mview status` waits for it
     except Exception:  # noqa: BLE001 - status reports "unknown", never fails
         return None
     try:

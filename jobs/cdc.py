@@ -50,7 +50,7 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
 
         started = time.monotonic()
         try:
-            write_status(settings, "cdc", state="running", error=None)
+            write_status(settings, "cdc", state="running", error=None, retry_in_s=None)
             capture(
                 source,
                 settings.lake_dir,
