@@ -98,6 +98,7 @@ def _wire(run: JobRun) -> Wiring:
                 f"{t_join - started:.2f}s, redis {t_sink - t_join:.2f}s, state wait {t_state - t_sink:.2f}s)"
             ),
             totals={"timeline_ops": n_ops, "entries": n_entries},
+            meta={"cap": settings.timeline_cap},  # readers cut merged timelines to it
             inputs=per_topic,
             phases={"join": t_join - started, "sink": t_sink - t_join, "state": t_state - t_sink},
         )

@@ -115,12 +115,11 @@ def _wait_caught_up(spark, settings, job_thread, errors: list, timeout: float) -
 
 
 def _show(client, users: list[str], n: int) -> None:
-    from views.keys import timeline_key
-    from views.timeline import query_timeline
+    from views.timeline import read_timeline
 
     for u in users:
-        res = query_timeline(client, u, limit=n)
-        total = client.zcard(timeline_key(res["generation"], u))
+        res = read_timeline(client, u, n)
+        total = len(read_timeline(client, u)["tweets"])
         _say(f"\n@{u}'s home timeline ({total} entries, newest {len(res['tweets'])}):")
         for t in res["tweets"]:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t["ts"] / 1000)) if t["ts"] else "?"

@@ -3,7 +3,7 @@
 `python -m timeline_demo.web [--port 8765] [--live]` (or `make demo-web`) serves:
 - `/` (and `/?user=u1`): the page (`timeline_demo/web/index.html` + `app.js`), which polls the JSON endpoint
   every 500 ms and updates the list in place, highlighting new entries;
-- `/api/timeline?user=ID[&limit=N]`: `views.timeline.query_timeline` (the same read as `mview query timeline ID
+- `/api/timeline?user=ID[&limit=N]`: `views.timeline.read_timeline` (the same read as `mview query timeline ID
   --json`) plus the job's `last_batch_id` and `last_batch_ms` from `mv:meta:timeline:<g>`.
 With `--live`, the timeline job also runs continuously in this process and a trickle of new tweets and follows
 (from the demo's workload generator) is ingested every few seconds, so the page moves by itself.
@@ -20,7 +20,7 @@ from jobs.httpd import page_server, serve_until_interrupted
 from jobs.httpd import serve_in_thread as _serve
 from views.keys import meta_key
 from views.redis_io import connect, redact_url
-from views.timeline import query_timeline
+from views.timeline import read_timeline
 
 __all__ = ["make_server", "serve_in_thread", "main"]
 
@@ -29,7 +29,7 @@ _MAX_LIMIT = 800
 
 
 def _timeline_payload(client, user: str, limit: int) -> dict:
-    result = query_timeline(client, user, limit=limit)
+    result = read_timeline(client, user, limit)
     meta = client.hgetall(meta_key("timeline", result["generation"]))
     result["last_batch_id"] = int(meta[b"last_batch_id"]) if b"last_batch_id" in meta else None
     result["last_batch_ms"] = int(meta[b"last_batch_ms"]) if b"last_batch_ms" in meta else None

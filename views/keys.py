@@ -11,6 +11,8 @@ first `{` and the next `}`), and `key_id` reads it back unchanged.
 | `mv:meta:<job>:<g>` | hash | last applied batch id, batch time, counters of the generation |
 | `mv:timeline:<g>:{<user>}` | sorted set | member tweet_id, score ts (epoch ms); newest `TIMELINE_CAP` |
 | `mv:tweet:<g>:{<tweet>}` | string | JSON `{"tweet_id","user_id","text","ts"}` of a live tweet |
+| `mv:authored:<g>:{<author>}` | sorted set | a celebrity's (`FANOUT_LIMIT`) newest `TIMELINE_CAP` live tweets: member tweet_id, score ts |
+| `mv:celebs:<g>:{<user>}` | set | the celebrities the user currently follows (their tweets are merged in at read time) |
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ __all__ = [
     "decode_id",
     "timeline_key",
     "tweet_key",
+    "authored_key",
+    "celebs_key",
 ]
 
 # `%` first when encoding and last when decoding, so an id holding the text "%7D" survives both ways.
@@ -75,3 +79,11 @@ def timeline_key(generation: int, user_id: str) -> str:
 
 def tweet_key(generation: int, tweet_id: str) -> str:
     return view_key("tweet", generation, tweet_id)
+
+
+def authored_key(generation: int, author: str) -> str:
+    return view_key("authored", generation, author)
+
+
+def celebs_key(generation: int, user_id: str) -> str:
+    return view_key("celebs", generation, user_id)

@@ -11,14 +11,14 @@ from views import enrichment as _enrichment
 from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
 from views.errors import ViewError
 from views.redis_io import current_generation
-from views.timeline import export_timeline, query_timeline
+from views.timeline import export_timeline, read_timeline
 
 __all__ = ["query_view", "export_view", "format_result", "printable"]
 
 
 def query_view(client, view: str, key: str, *, limit: int | None = None, job: str) -> dict:
     if view == "timeline":
-        return query_timeline(client, key, limit=limit, job=job)
+        return read_timeline(client, key, limit, job=job)
     if view == "search_clicks":
         return query_search_clicks(client, key, job=job)
     if view == "ctr":

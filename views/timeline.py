@@ -27,9 +27,10 @@ from __future__ import annotations
 import orjson
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from redis.commands.core import Script
 
 from joins.table_table import TimelineChanges
-from views.keys import key_id, timeline_key, tweet_key, view_pattern
+from views.keys import authored_key, celebs_key, key_id, meta_key, timeline_key, tweet_key, view_pattern
 from views.redis_io import connect, current_generation, send_packed
 from views.wire import array_command, bulk, command, lit, view_key_column
 
@@ -40,6 +41,7 @@ __all__ = [
     "TimelineSink",
     "entry",
     "member",
+    "read_timeline",
     "query_timeline",
     "export_timeline",
 ]
@@ -179,24 +181,114 @@ def _hydrate(client, generation: int, tweet_ids: list[str]) -> list[dict]:
     return out
 
 
-def query_timeline(client, user_id: str, *, limit: int | None = None, job: str = "timeline") -> dict:
-    """`{"user_id","generation","tweets":[{"tweet_id","user_id","text","ts"}, ...]}`, newest first."""
+# KEYS[1] = the user's timeline, KEYS[2] = the user's celebrities (one hash slot: the user's); ARGV[1] = the last
+# rank to read (-1: all). One atomic read of both, so a mode switch between them is never half seen.
+_SNAPSHOT = Script(
+    None,
+    b"return {redis.call('ZREVRANGE', KEYS[1], 0, ARGV[1], 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2])}",
+)
+
+
+def _pairs(flat) -> list[tuple[int, str]]:
+    """(ts, tweet_id) of a ZREVRANGE ... WITHSCORES reply (member, score, member, score, ...)."""
+    return [(int(float(flat[i + 1])), flat[i].decode()) for i in range(0, len(flat), 2)]
+
+
+def _snapshots(client, generation: int, users: list[str], stop: int):
+    """Per user: (timeline [(ts, tweet_id)] newest first, [celebrity ids]), each user's read atomic (round trip 1;
+    one script call per user, all in one pipeline when there are several)."""
+    if len(users) == 1:
+        keys = [timeline_key(generation, users[0]), celebs_key(generation, users[0])]
+        replies = [_SNAPSHOT(keys=keys, args=[stop], client=client)]
+    else:
+        pipe = client.pipeline(transaction=False)
+        for u in users:
+            _SNAPSHOT(keys=[timeline_key(generation, u), celebs_key(generation, u)], args=[stop], client=pipe)
+        replies = pipe.execute()
+    return [(_pairs(own), sorted(c.decode() for c in celebs)) for own, celebs in replies]
+
+
+def _authored(client, generation: int, job: str, authors, stop: int) -> tuple[dict, int | None]:
+    """({author: [(ts, tweet_id)] newest first}, the view's cap) in one pipelined round trip (one per node on a
+    cluster): the celebrities' authored sets and the cap recorded in the generation's meta hash."""
+    authors = sorted(authors)
+    pipe = client.pipeline(transaction=False)
+    for a in authors:
+        pipe.zrevrange(authored_key(generation, a), 0, stop, withscores=True)
+    pipe.hget(meta_key(job, generation), "cap")
+    *sets, cap = pipe.execute()
+    return {
+        a: [(int(ts), tid.decode()) for tid, ts in entries] for a, entries in zip(authors, sets, strict=True)
+    }, (int(cap) if cap is not None else None)
+
+
+def _merge(own: list[tuple[int, str]], others: list[list[tuple[int, str]]], n: int | None) -> list[str]:
+    """The newest `n` distinct tweet ids of the union (ts descending, ties by tweet_id descending)."""
+    best: dict[str, int] = {}
+    for entries in (own, *others):
+        for ts, tid in entries:
+            if best.get(tid, ts) <= ts:
+                best[tid] = ts
+    ordered = sorted(((ts, tid) for tid, ts in best.items()), reverse=True)
+    return [tid for _, tid in (ordered if n is None else ordered[:n])]
+
+
+def _cut(limit: int | None, cap: int | None) -> int | None:
+    return limit if cap is None else cap if limit is None else min(limit, cap)
+
+
+def read_timeline(client, user_id: str, limit: int | None = None, *, job: str = "timeline") -> dict:
+    """The home timeline of `user_id` as the view defines it: `{"user_id","generation","tweets":[{"tweet_id",
+    "user_id","text","ts"}, ...]}`, newest first (ties by tweet_id descending), at most `limit` (None: the whole
+    timeline, `TIMELINE_CAP` entries at most). The one read path of the view (`mview query`, `export`, the web
+    page use it); it needs only a Redis client, never Spark.
+
+    The stored timeline holds the tweets of the followees that are fanned out on write; the tweets of the
+    celebrities the user follows (`FANOUT_LIMIT`) are merged in here, newest first, duplicates once. Round trips:
+    the generation pointer; the user's timeline and celebrity set, read atomically (one hash slot); when the user
+    follows celebrities, their authored sets, pipelined (one round trip per node); the tweets' bodies. A tweet whose
+    body is gone by then (deleted meanwhile) is returned with null `user_id`, `text` and `ts`.
+    """
     generation = current_generation(client, job)
     ids: list[str] = []
     if limit is None or limit > 0:
         stop = -1 if limit is None else limit - 1
-        ids = [i.decode() for i in client.zrevrange(timeline_key(generation, user_id), 0, stop)]
+        [(own, celebs)] = _snapshots(client, generation, [user_id], stop)
+        if celebs:
+            authored, cap = _authored(client, generation, job, celebs, stop)
+            ids = _merge(own, [authored[a] for a in celebs], _cut(limit, cap))
+        else:
+            ids = [tid for _, tid in own]
     return {"user_id": user_id, "generation": generation, "tweets": _hydrate(client, generation, ids)}
 
 
+def query_timeline(client, user_id: str, *, limit: int | None = None, job: str = "timeline") -> dict:
+    """`read_timeline(client, user_id, limit, job=job)` (the form `views.read.query_view` calls)."""
+    return read_timeline(client, user_id, limit, job=job)
+
+
 def export_timeline(client, *, job: str = "timeline"):
-    """Every non-empty timeline as `{"user_id","tweet_ids":[newest first]}`, ordered by user_id."""
+    """Every non-empty timeline as `{"user_id","tweet_ids":[newest first]}`, ordered by user_id: the users with a
+    stored timeline or a celebrity set, each read and merged as `read_timeline` does (500 users per round trip,
+    each celebrity's authored set read once)."""
     generation = current_generation(client, job)
-    keys = sorted(client.scan_iter(match=view_pattern("timeline", generation), count=1000), key=key_id)
-    for i in range(0, len(keys), 500):
-        chunk = keys[i : i + 500]
-        pipe = client.pipeline(transaction=False)
-        for k in chunk:
-            pipe.zrevrange(k, 0, -1)
-        for k, ids in zip(chunk, pipe.execute(), strict=True):
-            yield {"user_id": key_id(k), "tweet_ids": [t.decode() for t in ids]}
+    users = sorted(
+        {
+            key_id(k)
+            for view in ("timeline", "celebs")
+            for k in client.scan_iter(match=view_pattern(view, generation), count=1000)
+        }
+    )
+    authored: dict[str, list] = {}
+    cap = None
+    for i in range(0, len(users), 500):
+        chunk = users[i : i + 500]
+        snaps = _snapshots(client, generation, chunk, -1)
+        needed = {a for _, celebs in snaps for a in celebs} - authored.keys()
+        if needed:
+            more, cap = _authored(client, generation, job, needed, -1)
+            authored.update(more)
+        for user, (own, celebs) in zip(chunk, snaps, strict=True):
+            ids = _merge(own, [authored[a] for a in celebs], cap) if celebs else [t for _, t in own]
+            if ids:
+                yield {"user_id": user, "tweet_ids": ids}

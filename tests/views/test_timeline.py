@@ -152,3 +152,41 @@ def test_timeline_ops_turn_a_batch_of_join_changes_into_one_operation_per_timeli
         {**none, "kind": "tweet", "id": "t4"},
         {**none, "kind": "tweet", "id": "t5", "body": '{"tweet_id":"t5","user_id":"a","text":"t5!","ts":5}'},
     ]
+
+
+def test_read_timeline_merges_the_celebrities_authored_sets_newest_first_once_each(redis_url):
+    """The stored timeline holds the fanned-out followees' tweets; the celebrities' authored sets are merged in at
+    read time, ties by tweet_id descending, a tweet in two places once, cut to `limit` and to the view's cap."""
+    from views.keys import authored_key, celebs_key, meta_key
+    from views.timeline import read_timeline
+
+    client = connect(redis_url)
+    set_generation(client, "timeline", 1)
+    client.hset(meta_key("timeline", 1), "cap", 4)
+    client.zadd(timeline_key(1, "u"), {"a1": 10, "a2": 5, "c3": 7})  # c3: still there during a mode switch
+    client.sadd(celebs_key(1, "u"), "c", "d", "e")  # e: a celebrity with no live tweet
+    client.zadd(authored_key(1, "c"), {"c1": 9, "c2": 5, "c3": 7})
+    client.zadd(authored_key(1, "d"), {"d1": 12, "d2": 1})
+    for t in ("a1", "c1", "d1"):
+        client.set(tweet_key(1, t), f'{{"tweet_id":"{t}","user_id":"x","text":"hi","ts":1}}')
+
+    def ids(limit=None):
+        return [t["tweet_id"] for t in read_timeline(client, "u", limit)["tweets"]]
+
+    assert ids() == ["d1", "a1", "c1", "c3"]  # the cap: 4
+    assert ids(2) == ["d1", "a1"] and ids(0) == []
+    assert ids(7) == ids()
+    got = read_timeline(client, "u", 3)
+    assert got["generation"] == 1 and got["tweets"][2] == {
+        "tweet_id": "c1",
+        "user_id": "x",
+        "text": "hi",
+        "ts": 1,
+    }
+    client.sadd(celebs_key(1, "only"), "c")  # follows only a celebrity: no stored timeline
+    assert [t["tweet_id"] for t in read_timeline(client, "only")["tweets"]] == ["c1", "c3", "c2"]
+    assert query_timeline(client, "only", limit=1)["tweets"][0]["tweet_id"] == "c1"
+    assert list(export_timeline(client)) == [
+        {"user_id": "only", "tweet_ids": ["c1", "c3", "c2"]},
+        {"user_id": "u", "tweet_ids": ["d1", "a1", "c1", "c3"]},
+    ]
