@@ -69,3 +69,10 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     # A rebuild from the compacted logs (what `mview replay` does) publishes exactly the same content.
     run_timeline(spark, settings, once=True, generation=3)
     assert redis_content(connect(redis_url), "timeline", 3) == before
+
+    # Ingest (delta-rs) appends after Spark's compaction, OPTIMIZE and VACUUM of the log: one record more.
+    follows = spark.read.format("delta").load(str(topic_path(settings.lake_dir, "follows")))
+    n = follows.count()
+    extra = {"op": "follow", "follower_id": "new1", "followee_id": "new2", "ts": 1767225600000}
+    ingest(None, settings.lake_dir, "follows", [write_jsonl(tmp_path / "f-after.jsonl", [extra])])
+    assert spark.read.format("delta").load(str(topic_path(settings.lake_dir, "follows"))).count() == n + 1
