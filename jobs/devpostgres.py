@@ -81,7 +81,8 @@ def _own(path: Path) -> None:
 
 def start_server(root: Path, port: int, *, user: str, fast: bool = False) -> float:
     """Start PostgreSQL with its data under `root/data` (initdb as superuser `user` if missing) on 127.0.0.1:`port`,
-    `wal_level=logical`, socket and log in `root`. `fast`: no fsync (tests). Returns the seconds it took."""
+    `wal_level=logical`, socket and log in `root`. `fast` (tests): no fsync, and commit timestamps kept (a test
+    reads the database's own history with `pg_xact_commit_timestamp`). Returns the seconds it took."""
     started = time.monotonic()
     root = Path(root).resolve()
     data = root / "data"
@@ -97,7 +98,7 @@ def start_server(root: Path, port: int, *, user: str, fast: bool = False) -> flo
         " -c max_wal_senders=10 -c max_replication_slots=10"
     )
     if fast:
-        opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c track_commit_timestamp=on"
     log = root / "postgres.log"
     _run(
         [_exe("pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"],

@@ -87,3 +87,85 @@ def test_cdc_without_a_database_says_so_in_one_line(pg, redis_url, tmp_path):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "PG_DSN (" in lines[0] and "port=1" in lines[0] and "hunter2" not in lines[0]
+
+
+def _history(pg) -> dict[str, list[tuple[int, tuple | None]]]:
+    """Per user, the versions the database went through: (commit time in epoch ms, (name, country) or None for
+    deleted), from the history trigger's rows and the server's commit timestamps; a transaction's last change of
+    a row is its version."""
+    rows = pg.sql(
+        "SELECT user_id, name, country, deleted,"
+        " floor(extract(epoch FROM pg_xact_commit_timestamp((xid % 4294967296)::text::xid)) * 1000)::bigint"
+        " FROM {t}_hist ORDER BY seq"
+    )
+    out: dict[str, list] = {}
+    for user, name, country, deleted, ms in rows:
+        versions = out.setdefault(user, [])
+        if versions and versions[-1][0] == ms:
+            versions.pop()
+        versions.append((ms, None if deleted else (name, country)))
+    return out
+
+
+def _as_of(history, event) -> dict:
+    older = [v for v in history.get(event["user_id"], []) if v[0] <= event["ts"]]
+    state = older[-1] if older else None
+    found = state is not None and state[1] is not None
+    return {
+        **event,
+        "profile_version": f"{event['user_id']}@{state[0]}" if found else None,
+        "name": state[1][0] if found else None,
+        "country": state[1][1] if found else None,
+    }
+
+
+def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database(
+    spark, pg, redis_url, tmp_path
+):
+    import random
+    import time
+
+    from changelog.ingest import ingest
+    from jobs.cdc import run_cdc
+    from jobs.enrichment import run_enrichment
+    from tests.conftest import write_jsonl
+    from views.enrichment import export_enriched
+
+    settings = make_settings(tmp_path / "lake", redis_url, ALLOWED_LATENESS="0 ms", **pg.env())
+    pg.sql(
+        "CREATE TABLE {t}_hist (seq bigserial, xid bigint, user_id text, name text, country text, deleted bool)",
+        "CREATE FUNCTION {t}_log() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO {t}_hist"
+        " (xid, user_id, name, country, deleted) VALUES (txid_current(), COALESCE(NEW.user_id, OLD.user_id),"
+        " NEW.name, NEW.country, TG_OP = 'DELETE'); RETURN NULL; END $$",
+        "CREATE TRIGGER {t}_log AFTER INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_log()",
+    )
+    run_cdc(None, settings, once=True)  # the snapshot of the empty table: every version below is streamed
+    rng = random.Random(7)
+    c = pg.conn()
+    for i in range(80):  # one transaction each, 3 ms apart: no two versions of a user share a commit time
+        user, country = f"u{rng.randrange(6)}", rng.choice(["DE", "FR", "IT"])
+        with c, c.cursor() as cur:
+            if rng.random() < 0.2:
+                cur.execute(f"DELETE FROM {pg.name} WHERE user_id = %s", (user,))
+            else:
+                for step in range(rng.choice([1, 1, 3])):  # sometimes several changes of the row at once
+                    cur.execute(
+                        f"INSERT INTO {pg.name} VALUES (%s, %s, %s, NULL) ON CONFLICT (user_id) DO UPDATE"
+                        " SET name = EXCLUDED.name, country = EXCLUDED.country",
+                        (user, f"{user}-{i}-{step}", country),
+                    )
+        time.sleep(0.003)
+    c.close()
+    run_cdc(None, settings, once=True)
+    history = _history(pg)
+    times = sorted({ms for versions in history.values() for ms, _ in versions})
+    probes = sorted({t + d for t in times for d in (-1, 0, 1) if t + d <= times[-1]})  # the watermark's reach
+    events = [
+        {"event_id": f"e{n}", "user_id": f"u{n % 7}", "action": "view", "ts": ts}
+        for n, ts in enumerate(probes)
+    ]
+    ingest(None, settings.lake_dir, "activity", [write_jsonl(tmp_path / "activity.jsonl", events)])
+    run_enrichment(spark, settings, once=True)
+    got = {r["event_id"]: r for r in export_enriched(spark, settings.lake_dir, 1)}
+    assert got == {e["event_id"]: _as_of(history, e) for e in events}
+    assert any(r["name"] is None for r in got.values()) and any(r["name"] for r in got.values())
