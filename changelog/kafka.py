@@ -12,8 +12,9 @@
   Kafka source's checkpoint has committed to) give the `kafka` job's lag (`lag`).
 - `copy_batch` copies one micro-batch of messages into the topics' Delta logs, exactly once per (app id, batch
   id): every message is validated by `changelog.records.parse_line`, the one definition `mview ingest` uses;
-  the valid records of a topic are appended in one Delta commit made idempotent with Delta's `txnAppId` /
-  `txnVersion` (a batch replayed after a crash commits nothing twice), the rejected ones are appended to the
+  the valid records of a topic are appended in one Delta commit (delta-rs) that records a Delta transaction
+  (app id, batch id), skipped when the log already holds that transaction (a batch replayed after a crash
+  commits nothing twice), the rejected ones are appended to the
   topic's dead-letter log (`LAKE_DIR/deadletter/<topic>.jsonl`) unless that batch already wrote them there.
   A dead-letter entry is the one `mview ingest` writes for a line, with `file`/`line` replaced by the message's
   Kafka `topic`/`partition`/`offset` (`dead_letter`).
@@ -26,7 +27,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -300,14 +300,14 @@ def dead_letter(kafka_topic_name: str, partition: int, offset: int, raw: bytes, 
     }
 
 
-def _validate(rows, names: dict[str, str]) -> tuple[dict[str, list[bytes]], dict[str, list[dict]]]:
-    """Per lake topic, the valid records (JSON lines) and the dead-letter entries of `rows`, in offset order."""
-    good: dict[str, list[bytes]] = {t: [] for t in names.values()}
+def _validate(rows, names: dict[str, str]) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """Per lake topic, the valid records and the dead-letter entries of `rows`, in offset order."""
+    good: dict[str, list[dict]] = {t: [] for t in names.values()}
     dead: dict[str, list[dict]] = {t: [] for t in names.values()}
     for name, partition, offset, value in sorted(rows, key=lambda r: (r[0], r[1], r[2])):
         topic, raw = names[name], bytes(value or b"")
         try:
-            good[topic].append(orjson.dumps(parse_line(topic, raw)))
+            good[topic].append(parse_line(topic, raw))
         except InvalidRecord as e:
             dead[topic].append(dead_letter(name, partition, offset, raw, e.reason))
     return good, dead
@@ -360,31 +360,39 @@ def _append_dead_letters(path: Path, entries: list[dict]) -> int:
     return len(new)
 
 
-def copy_batch(spark, lake_dir: Path, names: dict[str, str], rows, *, app_id: str, version: int) -> dict:
+def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version: int) -> None:
+    """Append `lines` (validated records) to the topic's log in one commit that records the Delta transaction
+    (`app_id`, `version`), unless a commit of this log already recorded `version` or a later one for `app_id`."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    from changelog.ingest import _Batches
+    from changelog.topics import ensure_topic
+
+    path = ensure_topic(None, lake_dir, topic)
+    done = DeltaTable(path).transaction_version(app_id)
+    if done is not None and done >= version:  # committed before a crash: the replayed batch adds nothing
+        return
+    batches = _Batches(topic)
+    for record in lines:
+        batches.add(record)
+    props = CommitProperties(
+        custom_metadata={"userMetadata": f"kafka batch {version}"},
+        app_transactions=[Transaction(app_id, version)],
+        max_commit_retries=100,
+    )
+    write_deltalake(path, batches.table(), mode="append", commit_properties=props)
+
+
+def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, version: int) -> dict:
     """Copy one micro-batch: `rows` are (Kafka topic, partition, offset, value) of the Kafka topics `names`
-    (Kafka topic -> lake topic). Returns per lake topic {"accepted": n, "rejected": m} of the batch's messages."""
+    (Kafka topic -> lake topic). Returns per lake topic {"accepted": n, "rejected": m} of the batch's messages.
+    Needs no Spark: the logs are appended to with delta-rs, the Delta protocol Spark reads."""
     from changelog.ingest import deadletter_path
-    from changelog.topics import ensure_topic, topic_schema
 
     good, dead = _validate(rows, names)
-    tmp_dir = Path(lake_dir) / "tmp"
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    for topic, lines in good.items():
-        if not lines:
-            continue
-        path = ensure_topic(spark, lake_dir, topic)
-        with tempfile.NamedTemporaryFile("wb", dir=tmp_dir, suffix=".jsonl") as tmp:
-            tmp.write(b"\n".join(lines) + b"\n")
-            tmp.flush()
-            df = spark.read.schema(topic_schema(topic)).option("mode", "FAILFAST").json(tmp.name)
-            (
-                df.write.format("delta")
-                .mode("append")
-                .option("txnAppId", f"{app_id}.{topic}")
-                .option("txnVersion", version)
-                .option("userMetadata", f"kafka batch {version}")
-                .save(path)
-            )
+    for topic, records in good.items():
+        if records:
+            _append(lake_dir, topic, records, f"{app_id}.{topic}", version)
     for topic, entries in dead.items():
         if entries:
             _append_dead_letters(deadletter_path(lake_dir, topic), entries)

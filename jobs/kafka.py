@@ -94,27 +94,32 @@ def _wire(run: JobRun) -> Wiring:
     preflight(s)
     names = _names(s)
     for t in TOPICS:
-        ensure_topic(run.spark, s.lake_dir, t)
+        ensure_topic(None, s.lake_dir, t)
     write_status(s, "kafka", kafka="ok")
     app: list[str] = []
 
     def process(batch_df, batch_id: int) -> Batch | None:
+        started = time.monotonic()
         rows = [tuple(r) for r in batch_df.collect()]
         if not rows:
             return None
-        if not app:  # the query's id, kept in its checkpoint: a new checkpoint never matches an old txnAppId
+        read_s = time.monotonic() - started
+        if not app:  # the query's id, kept in its checkpoint: a new checkpoint never matches an old app id
             meta = json.loads((run.checkpoint / "metadata").read_text())
             app.append(f"mview.kafka.{meta['id']}")
-        copied = copy_batch(run.spark, s.lake_dir, names, rows, app_id=app[0], version=batch_id)
+        copied = copy_batch(s.lake_dir, names, rows, app_id=app[0], version=batch_id)
+        copy_s = time.monotonic() - started - read_s
         accepted = sum(c["accepted"] for c in copied.values())
         rejected = sum(c["rejected"] for c in copied.values())
         per_topic = {f"{t}.{k}": n for t, c in copied.items() for k, n in c.items()}
         return Batch(
             events=len(rows),
-            summary=f"{len(rows):,} messages: {accepted:,} copied, {rejected:,} dead-lettered",
+            summary=f"{len(rows):,} messages (read {read_s:.2f}s, copied {copy_s:.2f}s): {accepted:,} copied, "
+            f"{rejected:,} dead-lettered",
             counters={"accepted": accepted, "rejected_messages": rejected},
             totals=per_topic,
             inputs={t: c["accepted"] + c["rejected"] for t, c in copied.items()},
+            phases={"read": read_s, "copy": copy_s},
         )
 
     return Wiring(_source(run, names), process, idle=broker_watch(s.kafka_bootstrap, _say_broker(s)))
