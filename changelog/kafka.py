@@ -399,21 +399,23 @@ def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, vers
     return {t: {"accepted": len(good[t]), "rejected": len(dead[t])} for t in good}
 
 
-def broker_watch(bootstrap: str, say: Callable[[str | None, str | None], None], every_s: float = 2.0):
-    """A function to call often: every `every_s` seconds it checks the broker and, when that changes, calls
-    `say(problem, since)` (problem None: it answers again; else why not and since when, HH:MM:SS)."""
-    state: dict = {"next": 0.0, "since": None}
+def broker_watch(bootstrap: str, say: Callable[[str], None], every_s: float = 2.0):
+    """A function to call often: every `every_s` seconds it checks the broker and, when that changes, calls `say`
+    with "ok" (it answers again) or "waiting for Kafka at KAFKA_BOOTSTRAP=... since HH:MM:SS (why)"."""
+    state: dict = {"next": 0.0, "down": False}
 
     def tick() -> None:
         if time.monotonic() < state["next"]:
             return
         state["next"] = time.monotonic() + every_s
         problem = probe(bootstrap, timeout=1.0)
-        if problem is None and state["since"] is not None:
-            state["since"] = None
-            say(None, None)
-        elif problem is not None and state["since"] is None:
-            state["since"] = time.strftime("%H:%M:%S")
-            say(problem, state["since"])
+        if problem is None and state["down"]:
+            state["down"] = False
+            say("ok")
+        elif problem is not None and not state["down"]:
+            state["down"] = True
+            say(
+                f"waiting for Kafka at KAFKA_BOOTSTRAP={bootstrap} since {time.strftime('%H:%M:%S')} ({problem})"
+            )
 
     return tick

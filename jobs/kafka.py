@@ -34,9 +34,8 @@ from jobs.skeleton import Batch, JobRun, Wiring, run_job
 
 __all__ = ["run_kafka", "kafka_lag", "preflight", "MAX_MESSAGES_PER_BATCH"]
 
-MAX_MESSAGES_PER_BATCH = (
-    100_000  # a micro-batch's messages are validated in the driver: this bounds its memory
-)
+# A micro-batch's messages are validated in the driver: this bounds its memory.
+MAX_MESSAGES_PER_BATCH = 100_000
 
 
 def _names(settings: Settings) -> dict[str, str]:
@@ -75,20 +74,6 @@ def _source(run: JobRun, names: dict[str, str]):
     )
 
 
-def _say_broker(settings: Settings):
-    def say(problem: str | None, since: str | None) -> None:
-        if problem is None:
-            log(f"kafka: the broker at {settings.kafka_bootstrap} answers")
-            write_status(settings, "kafka", kafka="ok")
-        else:
-            log(f"kafka: waiting for Kafka at KAFKA_BOOTSTRAP={settings.kafka_bootstrap}: {problem}")
-            write_status(
-                settings, "kafka", kafka=f"waiting for Kafka at {settings.kafka_bootstrap} since {since}"
-            )
-
-    return say
-
-
 def _wire(run: JobRun) -> Wiring:
     s = run.settings
     preflight(s)
@@ -97,6 +82,10 @@ def _wire(run: JobRun) -> Wiring:
         ensure_topic(None, s.lake_dir, t)
     write_status(s, "kafka", kafka="ok")
     app: list[str] = []
+
+    def say(broker: str) -> None:
+        log(f"kafka: broker: {broker}")
+        write_status(s, "kafka", kafka=broker)
 
     def process(batch_df, batch_id: int) -> Batch | None:
         started = time.monotonic()
@@ -109,8 +98,7 @@ def _wire(run: JobRun) -> Wiring:
             app.append(f"mview.kafka.{meta['id']}")
         copied = copy_batch(s.lake_dir, names, rows, app_id=app[0], version=batch_id)
         copy_s = time.monotonic() - started - read_s
-        accepted = sum(c["accepted"] for c in copied.values())
-        rejected = sum(c["rejected"] for c in copied.values())
+        accepted, rejected = (sum(c[k] for c in copied.values()) for k in ("accepted", "rejected"))
         per_topic = {f"{t}.{k}": n for t, c in copied.items() for k, n in c.items()}
         return Batch(
             events=len(rows),
@@ -122,7 +110,7 @@ def _wire(run: JobRun) -> Wiring:
             phases={"read": read_s, "copy": copy_s},
         )
 
-    return Wiring(_source(run, names), process, idle=broker_watch(s.kafka_bootstrap, _say_broker(s)))
+    return Wiring(_source(run, names), process, idle=broker_watch(s.kafka_bootstrap, say))
 
 
 def _per_topic(totals: dict) -> dict:
