@@ -36,7 +36,11 @@ class JobSpec:
 
 JOBS: dict[str, JobSpec] = {
     "timeline": JobSpec(
-        "timeline", ("tweets", "follows"), ("timeline",), "jobs.timeline:run_timeline", ("tweet",)
+        "timeline",
+        ("tweets", "follows"),
+        ("timeline",),
+        "jobs.timeline:run_timeline",
+        ("tweet", "authored", "celebs"),
     ),
     "clicks": JobSpec("clicks", ("searches", "clicks"), ("search_clicks", "ctr"), "jobs.clicks:run_clicks"),
     "enrichment": JobSpec(
