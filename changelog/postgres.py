@@ -98,8 +98,7 @@ def _connect(source: PgSource, **kw):
     try:
         conn = psycopg2.connect(source.dsn, **{"connect_timeout": 5, **kw})
     except psycopg2.OperationalError as e:
-        first = (str(e).strip().splitlines() or ["no reason given"])[0]
-        raise PostgresUnavailable(shown_dsn(source.dsn), first) from None
+        raise _pg_error(source, e) from None
     if "connection_factory" not in kw:
         conn.autocommit = True
     return conn
@@ -471,10 +470,58 @@ def capture(
 ) -> dict:
     """Capture `source` into the `profiles` log (see the module's docstring); return the counts of this run.
     `state_dir` keeps the slot's marker. Raises `PostgresUnavailable` / `CdcFailed` (one line, what to do)."""
+    import psycopg2
+
+    try:
+        return _capture(source, Path(lake_dir), state_dir, once=once, stop=stop, progress=progress)
+    except psycopg2.Error as e:
+        raise _pg_error(source, e) from None
+
+
+# What a refusal of the server means for the cdc job: (words in PostgreSQL's message, what to do).
+_HINTS = (
+    ("wal_level", "set wal_level = logical in postgresql.conf and restart the server"),
+    (
+        "replication role",
+        "grant it: ALTER ROLE <user> REPLICATION (and max_replication_slots/max_wal_senders > 0)",
+    ),
+    (
+        "permission denied for database",
+        "a publication needs CREATE on the database and the table's ownership: have the table's owner run"
+        " CREATE PUBLICATION {slot} FOR TABLE {table}",
+    ),
+    ("must be owner", "have the table's owner run CREATE PUBLICATION {slot} FOR TABLE {table}"),
+    ("permission denied for table", "GRANT SELECT ON {table} TO <user>"),
+)
+
+
+def _pg_error(source: PgSource, e: Exception) -> PostgresUnavailable | CdcFailed:
+    """A psycopg2 error as one line: a refusal we know (privileges, settings) says what to change; a connection
+    that failed otherwise is `PostgresUnavailable` (retried by a deployed job), any other error `CdcFailed`."""
+    import psycopg2
+
+    reason = _first_line(e).lower()
+    if isinstance(e, psycopg2.OperationalError) and not any(words in reason for words, _h in _HINTS):
+        return PostgresUnavailable(shown_dsn(source.dsn), _first_line(e))
+    return CdcFailed(_refused(source, e))
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _refused(source: PgSource, e: Exception) -> str:
+    reason = _first_line(e)
+    hint = next((h for words, h in _HINTS if words in reason.lower()), "see the server's log")
+    hint = hint.format(slot=source.slot, table=source.table)
+    return f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}) refused the capture of {source.table}: {reason}: {hint}"
+
+
+def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, stop, progress) -> dict:
     from psycopg2.extras import LogicalReplicationConnection
 
     started = time.monotonic()
-    log = _Log(Path(lake_dir), source)
+    log = _Log(lake_dir, source)
     dec = _Decoder(source)
     with _connect(source) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_current_wal_insert_lsn()::text")

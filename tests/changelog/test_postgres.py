@@ -175,3 +175,15 @@ def test_unreachable_database_and_unfit_table_are_one_line_errors(pg, tmp_path):
     pg.sql("ALTER TABLE {t} DROP COLUMN country")
     with pytest.raises(CdcFailed, match="no column 'country'"):
         _capture(pg, tmp_path / "lake")
+
+
+def test_a_role_without_replication_is_told_what_to_grant(pg, tmp_path):
+    pg.sql("DROP ROLE IF EXISTS plain", "CREATE ROLE plain LOGIN", "GRANT SELECT ON {t} TO plain")
+    dsn = pg.dsn.replace("user=mview", "user=plain")
+    with pytest.raises(CdcFailed, match=f"run CREATE PUBLICATION {pg.slot} FOR TABLE {pg.name}") as e:
+        capture(PgSource(dsn, pg.name, pg.slot), tmp_path, tmp_path, once=True)
+    assert "user=plain" in str(e.value) and "\n" not in str(e.value)
+    pg.sql(f"CREATE PUBLICATION {pg.slot} FOR TABLE {{t}}")  # as the owner: then the slot needs REPLICATION
+    with pytest.raises(CdcFailed, match="ALTER ROLE <user> REPLICATION"):
+        capture(PgSource(dsn, pg.name, pg.slot), tmp_path, tmp_path, once=True)
+    pg.sql(f"DROP PUBLICATION {pg.slot}")
