@@ -181,17 +181,20 @@ class _Reader:
         return s
 
     def tuple(self) -> list:
-        (n,) = self.unpack("!h")
+        b, i = self.b, self.i
+        n = int.from_bytes(b[i : i + 2], "big")
+        i += 2
         out = []
         for _ in range(n):
-            kind = self.b[self.i]
-            self.i += 1
+            kind = b[i]
             if kind == 0x74:  # 't': text
-                (size,) = self.unpack("!i")
-                out.append(self.b[self.i : self.i + size].decode())
-                self.i += size
+                size = int.from_bytes(b[i + 1 : i + 5], "big")
+                out.append(b[i + 5 : i + 5 + size].decode())
+                i += 5 + size
             else:  # 'n' null, 'u' unchanged TOASTed value
                 out.append(None if kind == 0x6E else _UNCHANGED)
+                i += 1
+        self.i = i
         return out
 
 
