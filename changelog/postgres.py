@@ -484,6 +484,7 @@ def capture(
 # What a refusal of the server means for the cdc job: (words in PostgreSQL's message, what to do).
 _HINTS = (
     ("wal_level", "set wal_level = logical in postgresql.conf and restart the server"),
+    ("is active for pid", "another capture reads the slot (a deployed cdc job?): stop it, or set PG_SLOT"),
     (
         "replication role",
         "grant it: ALTER ROLE <user> REPLICATION (and max_replication_slots/max_wal_senders > 0)",
