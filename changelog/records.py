@@ -249,8 +249,16 @@ def _size(line: bytes | str) -> int:
 
 
 def parse_line(topic: str, line: bytes | str) -> dict[str, Any]:
-    """Check one line's size, decode it with orjson and validate it. Raises `InvalidRecord` with the reason."""
-    check_record_size(_size(line))
+    """Check one line's size, decode it with orjson and validate it. Raises `InvalidRecord` with the reason.
+
+    A line terminator at its end is not part of the line: the verdict and reason of a line are the same with or
+    without it (a line of a file, a Kafka message)."""
+    size = _size(line)
+    check_record_size(size)
+    if isinstance(line, bytes):
+        line = line[:size]
+    elif line.endswith("\n"):
+        line = line[:-2] if line.endswith("\r\n") else line[:-1]
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:

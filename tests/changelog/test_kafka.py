@@ -71,3 +71,18 @@ def test_produce_without_broker_or_configuration(tmp_path):
     assert "KAFKA_BOOTSTRAP=127.0.0.1:1" in err and "make kafka" in err
     done = _mview("produce", "tweets", str(src), env={**env, "KAFKA_BOOTSTRAP": ""})
     assert done.returncode == 1 and b"Kafka is not configured" in done.stderr
+
+
+def test_a_line_terminator_never_changes_a_verdict():
+    """A Kafka message has no terminator, a file's line has one: both get the same reason from parse_line."""
+    from changelog.errors import InvalidRecord
+    from changelog.records import parse_line
+
+    for line in (b"{", b"not json", b'{"op":"post"', b"[1,", b'{"op":"follow","follower_id":"a"}'):
+        reasons = set()
+        for form in (line, line + b"\n", line + b"\r\n", line.decode(), line.decode() + "\n"):
+            try:
+                parse_line("follows", form)
+            except InvalidRecord as e:
+                reasons.add(e.reason)
+        assert len(reasons) == 1, reasons
