@@ -7,12 +7,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from deltalake import DeltaTable
 
 from changelog import records
 from changelog.errors import NotStored
 from changelog.ingest import deadletter_path, ingest
 from changelog.records import MAX_RECORD_BYTES
-from changelog.topics import ensure_topic, latest_version, read_batch
+from changelog.topics import ensure_topic, latest_version, read_batch, read_stream, topic_path, topic_schema
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
 
@@ -171,8 +172,6 @@ def test_two_mview_ingest_processes_creating_a_new_topic_at_once_both_succeed(sp
 
 def _stream_once(spark, lake, topic: str, checkpoint: Path, out: Path) -> None:
     """One run of a streaming query over the topic's log (everything new since its checkpoint) into `out`."""
-    from changelog.topics import read_stream
-
     q = (
         read_stream(spark, lake, topic)
         .writeStream.format("parquet")
@@ -188,19 +187,18 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
     checkpoint, then four `mview ingest` processes (three files each) appending while Spark appends too: every
     record is in the log exactly once, Spark reads the log (also from a delta-rs checkpoint), and the streaming
     query resumes from its checkpoint across the delta-rs commits and sees every new record exactly once."""
-    from deltalake import DeltaTable
-
-    from changelog.topics import topic_path, topic_schema
-
     lake = tmp_path / "lake"
     path = str(topic_path(lake, "tweets"))
-    spark.createDataFrame([], topic_schema("tweets")).write.format("delta").save(
-        path
-    )  # how Spark made topics
-    rows = lambda prefix, n: [("post", f"{prefix}-{i}", "u1", "hi", 1767225600000 + i) for i in range(n)]  # noqa: E731
-    spark.createDataFrame(rows("s0", 10), topic_schema("tweets")).write.format("delta").mode("append").save(
-        path
-    )
+    schema = topic_schema("tweets")
+
+    def spark_append(k: int) -> None:  # an idempotent write, as the kafka job makes them
+        df = spark.createDataFrame(
+            [("post", f"s{k}-{i}", "u1", "hi", 1767225600000 + i) for i in range(10)], schema
+        )
+        df.write.format("delta").mode("append").option("txnAppId", "w").option("txnVersion", k).save(path)
+
+    spark.createDataFrame([], schema).write.format("delta").save(path)  # how Spark created topics
+    spark_append(0)
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     _stream_once(spark, lake, "tweets", checkpoint, out)
 
@@ -222,9 +220,7 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
         for n in range(4)
     ]
     for k in range(1, 4):  # Spark appends while the processes run
-        spark.createDataFrame(rows(f"s{k}", 10), topic_schema("tweets")).write.format("delta").mode(
-            "append"
-        ).save(path)
+        spark_append(k)
     for p in procs:
         out_, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
@@ -236,6 +232,7 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
     )
     assert latest_version(lake, "tweets") == 4 + 4 * 3  # version 0 created it; 4 Spark appends, 12 files
     DeltaTable(path).create_checkpoint()  # Spark must also read a checkpoint delta-rs wrote
+    spark_append(3)  # a retried write: the checkpoint kept Spark's transaction id, so it is skipped
     got = [r.tweet_id for r in read_batch(spark, lake, "tweets").select("tweet_id").collect()]
     assert sorted(got) == expected
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("userMetadata").collect()
