@@ -1,0 +1,186 @@
+"""The `kafka` job against a real broker, run as the CLI runs it (a Spark driver per run, so few runs):
+
+1. `mview produce` a workload with bad lines, `mview run kafka --once --json`: the Delta logs hold exactly what
+   `mview ingest` of the same files stores, and the dead letters carry the same reasons, line by line, plus
+   unique Kafka coordinates; a second `--once` copies nothing; status shows no lag.
+2. deployed: input keeps arriving; kill -9 of the driver with a micro-batch in flight, deploy again; then the
+   broker stopped under the job (status says it waits) and started again: every produced record is in the Delta
+   log exactly once (counted), and the lag returns to 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import orjson
+
+from changelog.ingest import deadletter_path, ingest
+from changelog.records import MAX_RECORD_BYTES
+from changelog.topics import TOPICS, topic_columns, topic_path
+from jobs.deploy import deploy, settings_env, stop
+from jobs.runtime import checkpoint_dir
+from tests.conftest import make_settings
+from tests.jobs.opshelp import batch_in_flight, status_of, wait_for
+
+JOB = "kafka"
+
+
+def _records(lake, topic) -> list[dict]:
+    """Every record of the topic's Delta log (read with delta-rs, no Spark)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    path = topic_path(lake, topic)
+    if not (path / "_delta_log").exists():
+        return []
+    cols = [n for n, _ in topic_columns(topic)]
+    t = QueryBuilder().register("t", DeltaTable(str(path))).execute("select * from t").read_all()
+    data = [t.column(c).to_pylist() for c in cols]
+    return [dict(zip(cols, row, strict=True)) for row in zip(*data, strict=True)]
+
+
+def _dead(lake, topic) -> list[dict]:
+    path = deadletter_path(lake, topic)
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def _mview(settings, *args, check=True) -> subprocess.CompletedProcess:
+    env = {**os.environ, **settings_env(settings)}
+    done = subprocess.run([sys.executable, "-m", "jobs", *args], env=env, capture_output=True, timeout=900)
+    assert not check or done.returncode == 0, done.stderr.decode()[-3000:]
+    return done
+
+
+def _workload() -> dict[str, list[bytes]]:
+    tweets = [
+        orjson.dumps({"op": "post", "tweet_id": f"t{i}", "user_id": f"u{i % 7}", "text": f"hi {i}", "ts": i})
+        for i in range(1, 301)
+    ]
+    tweets[10:10] = [
+        b"not json",
+        b"[1,2]",
+        b'{"op":"post","tweet_id":"t9999"}',
+        b'{"op":"post","tweet_id":"","user_id":"u1","text":"x","ts":5}',
+        b'{"op":"post","tweet_id":"t1","user_id":"u1","text":"x","ts":"2024-01-01T00:00:00"}',
+        b'{"op":"post","tweet_id":"t1","user_id":"u1","text":"x","ts":9999999999999999}',
+        b'{"op":"post","tweet_id":"\xff","user_id":"u1","text":"x","ts":5}',
+        b'{"op":"shout","tweet_id":"t1"}',
+        b'{"op":"post","tweet_id":"t0","user_id":"u1","text":"' + b"a" * MAX_RECORD_BYTES + b'","ts":5}',
+    ]
+    follows = [
+        orjson.dumps({"op": "follow", "follower_id": f"u{i % 9}", "followee_id": f"u{i % 7}", "ts": i})
+        for i in range(1, 101)
+    ] + [b'{"op":"follow","follower_id":"u1","followee_id":"u\\u0001","ts":3}', b"{"]
+    clicks = [
+        orjson.dumps({"click_id": f"c{i}", "session_id": f"s{i % 5}", "url": "/x", "ts": i})
+        for i in range(50)
+    ] + [b'{"click_id":"c1","session_id":"s1","url":7,"ts":1}']
+    return {"tweets": tweets, "follows": follows, "clicks": clicks}
+
+
+def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(tmp_path, kafka, redis_url):
+    settings = make_settings(tmp_path / "lake", redis_url, **kafka)
+    direct = tmp_path / "direct"  # the same files through `mview ingest`
+    files = {}
+    for topic, lines in _workload().items():
+        files[topic] = tmp_path / f"{topic}.jsonl"
+        files[topic].write_bytes(b"\n".join(lines) + b"\n")
+        _mview(settings, "produce", topic, str(files[topic]))
+        ingest(None, direct, topic, [str(files[topic])])
+
+    out = json.loads(_mview(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
+    assert set(out) == set(TOPICS)
+    for topic in TOPICS:
+        stored, expected = _records(settings.lake_dir, topic), _records(direct, topic)
+        key = lambda r: orjson.dumps(r, option=orjson.OPT_SORT_KEYS)  # noqa: E731
+        assert sorted(stored, key=key) == sorted(expected, key=key), topic
+        dead, want = _dead(settings.lake_dir, topic), _dead(direct, topic)
+        assert out[topic] == {"accepted": len(stored), "rejected": len(dead)}
+        verdicts = sorted((d["raw"], d["raw_bytes"], d["reason"]) for d in dead)
+        assert verdicts == sorted((d["raw"], d["raw_bytes"], d["reason"]) for d in want), topic
+        coords = [(d["topic"], d["partition"], d["offset"]) for d in dead]
+        assert len(set(coords)) == len(coords)
+        assert all(c[0] == f"{kafka['KAFKA_TOPIC_PREFIX']}{topic}" for c in coords)
+    assert out["tweets"] == {"accepted": 300, "rejected": 9}
+
+    versions = {t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS}
+    again = json.loads(_mview(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
+    assert again == {t: {"accepted": 0, "rejected": 0} for t in TOPICS}
+    assert versions == {
+        t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS
+    }
+    assert sum(len(_dead(settings.lake_dir, t)) for t in TOPICS) == 9 + 2 + 1
+    assert status_of(settings, JOB)["lag_versions"] == 0
+
+
+class _Producer(threading.Thread):
+    """Produces numbered tweets in small files, one `mview produce` per chunk, until stopped."""
+
+    def __init__(self, settings, tmp_path, chunk=3_000):
+        super().__init__(daemon=True)
+        self.settings, self.dir, self.chunk, self.n, self.halt = (
+            settings,
+            tmp_path,
+            chunk,
+            0,
+            threading.Event(),
+        )
+
+    def produce(self) -> None:
+        lines = [
+            orjson.dumps({"op": "post", "tweet_id": f"t{i}", "user_id": f"u{i % 50}", "text": "x", "ts": i})
+            for i in range(self.n, self.n + self.chunk)
+        ]
+        path = self.dir / f"chunk{self.n}.jsonl"
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        _mview(self.settings, "produce", "tweets", str(path))
+        self.n += self.chunk
+
+    def run(self) -> None:
+        while not self.halt.wait(0.3):
+            self.produce()
+
+
+def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, kafka, kafka_broker, redis_url):
+    settings = make_settings(tmp_path / "lake", redis_url, TRIGGER_INTERVAL="200 ms", **kafka)
+    producer = _Producer(settings, tmp_path)
+    producer.produce()
+
+    def exactly_once() -> bool:
+        s = status_of(settings, JOB)
+        if not (s["running"] and s["lag_versions"] == 0):
+            return False
+        ids = Counter(r["tweet_id"] for r in _records(settings.lake_dir, "tweets"))
+        assert max(ids.values(), default=1) == 1, "a record was copied twice"
+        return len(ids) == producer.n
+
+    try:
+        assert deploy(settings, JOB) == 0
+        pid = status_of(settings, JOB)["pid"]
+        producer.start()
+        cp = checkpoint_dir(settings, JOB, 0)
+        wait_for(lambda: (cp / "commits" / "0").exists(), "a first committed batch")
+        wait_for(lambda: batch_in_flight(cp), "a micro-batch in flight", every_s=0.02)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not status_of(settings, JOB)["running"], "the killed driver to be gone")
+        assert deploy(settings, JOB) == 0
+        producer.halt.set()
+        producer.join()
+        wait_for(exactly_once, "every record once after the kill", timeout_s=600)
+
+        kafka_broker.stop()
+        wait_for(
+            lambda: "waiting for Kafka" in str(status_of(settings, JOB).get("kafka")), "status to say so"
+        )
+        kafka_broker.start()
+        producer.produce()
+        wait_for(exactly_once, "every record once after the broker came back", timeout_s=600)
+        assert status_of(settings, JOB)["kafka"] == "ok"
+    finally:
+        producer.halt.set()
+        stop(settings, JOB)
