@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import orjson
 from confluent_kafka import Consumer
 
 from changelog.kafka import PARTITIONS, end_offsets, entity_key, kafka_topic
@@ -86,3 +87,30 @@ def test_a_line_terminator_never_changes_a_verdict():
             except InvalidRecord as e:
                 reasons.add(e.reason)
         assert len(reasons) == 1, reasons
+
+
+def test_copy_batch_replayed_after_a_crash_adds_nothing(tmp_path):
+    """The same batch (same app id and batch id) copied again, as after a crash between the Delta commit and
+    Spark's checkpoint commit: no record and no dead letter twice; the next batch id is copied."""
+    from deltalake import DeltaTable
+
+    from changelog.ingest import deadletter_path
+    from changelog.kafka import copy_batch
+    from changelog.topics import topic_path
+
+    names = {"p.tweets": "tweets", "p.follows": "follows"}
+    good = b'{"op":"post","tweet_id":"t1","user_id":"u1","text":"x","ts":1}'
+    rows = [("p.tweets", 0, 7, good), ("p.tweets", 1, 3, b"nope"), ("p.follows", 2, 0, b"{}")]
+    first = copy_batch(tmp_path, names, rows, app_id="a", version=4)
+    assert first == {"tweets": {"accepted": 1, "rejected": 1}, "follows": {"accepted": 0, "rejected": 1}}
+    assert copy_batch(tmp_path, names, rows, app_id="a", version=4) == first  # what the batch holds
+    tweets = DeltaTable(str(topic_path(tmp_path, "tweets")))
+    assert tweets.version() == 1 and tweets.transaction_version("a.tweets") == 4
+    dead = [orjson.loads(x) for x in deadletter_path(tmp_path, "tweets").read_bytes().splitlines()]
+    assert [(d["partition"], d["offset"], d["raw"]) for d in dead] == [(1, 3, "nope")]
+    assert len(deadletter_path(tmp_path, "follows").read_bytes().splitlines()) == 1
+    copy_batch(
+        tmp_path, names, [("p.tweets", 1, 4, b"again"), ("p.tweets", 0, 8, good)], app_id="a", version=5
+    )
+    assert DeltaTable(str(topic_path(tmp_path, "tweets"))).version() == 2
+    assert len(deadletter_path(tmp_path, "tweets").read_bytes().splitlines()) == 2
