@@ -8,7 +8,8 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
   ... LOGICAL pgoutput EXPORT_SNAPSHOT`), reads every row in the snapshot the slot exported (a second connection,
   `SET TRANSACTION SNAPSHOT`) and appends them as upserts in one Delta commit; then streams from the slot's
   consistent point, so no change is lost or doubled between the snapshot and the stream. A snapshot row's `ts` is
-  its `updated_at` when not null, else the time the snapshot was taken (the snapshot's `now()`).
+  its `updated_at` when not null, else the time the snapshot was taken: the server's clock just before the slot
+  was made, less 1 ms, so it is earlier than the commit time of every streamed change.
 - Stream: every committed transaction, in commit order. Insert and update -> `{"op":"upsert","user_id","name",
   "country","ts"}` with `ts` = the new row's `updated_at` when the column exists and is not null, else the commit
   time (epoch ms); delete -> `{"op":"delete","user_id","ts"}` with the commit time. An update that changes the
@@ -431,35 +432,40 @@ def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder, state_dir: Path)
     """Make the slot, append the table as of its exported snapshot in one commit, return the consistent point."""
     marker = _marker(state_dir, source)
     marker.unlink(missing_ok=True)
-    rcur = repl.cursor()
-    rcur.execute(f"CREATE_REPLICATION_SLOT {_q(source.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
-    _name, point_text, snapshot, _plugin = rcur.fetchone()
-    point = _lsn(point_text)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(point_text + "\n")
     conn = _connect(source)
-    conn.autocommit = False
-    conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
     try:
-        with conn.cursor() as cur:
-            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
-            columns = _check_table(cur, source)
-            cur.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint")
-            dec.txn = _Txn(point, cur.fetchone()[0], end_lsn=point)
-            rel = _Relation(source.table, list(columns), None)
-            cols = [c for c in (*_REQUIRED, "updated_at") if c in columns]
-            with conn.cursor(name="mview_snapshot") as rows:
-                rows.itersize = 20_000
-                rows.execute(
-                    f"SELECT {', '.join(f'{_q(c)}::text' for c in cols)} FROM {_ident(source.table)}"
-                )
-                for row in rows:
-                    dec.apply(rel, None, dict(zip(cols, row, strict=True)))
+        with conn.cursor() as cur:  # the server's clock before the slot: every streamed commit comes later
+            cur.execute("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1")
+            (taken_ms,) = cur.fetchone()
+        rcur = repl.cursor()
+        rcur.execute(f"CREATE_REPLICATION_SLOT {_q(source.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
+        _name, point_text, snapshot, _plugin = rcur.fetchone()
+        point = _lsn(point_text)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(point_text + "\n")
+        conn.autocommit = False
+        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        _read_snapshot(conn, snapshot, source, dec, _Txn(point, taken_ms, end_lsn=point))
     finally:
         conn.close()
     txn, dec.txn = dec.txn, None
     log.append([txn], point, f"cdc snapshot of {source.table} at {point_text}", snapshot=True)
     return point
+
+
+def _read_snapshot(conn, snapshot: str, source: PgSource, dec: _Decoder, txn: _Txn) -> None:
+    """Every row of the table as of the exported `snapshot`, as upserts (or dead letters) of `txn`."""
+    with conn.cursor() as cur:
+        cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+        columns = _check_table(cur, source)
+    dec.txn = txn
+    rel = _Relation(source.table, list(columns), None)
+    cols = [c for c in (*_REQUIRED, "updated_at") if c in columns]
+    with conn.cursor(name="mview_snapshot") as rows:
+        rows.itersize = 20_000
+        rows.execute(f"SELECT {', '.join(f'{_q(c)}::text' for c in cols)} FROM {_ident(source.table)}")
+        for row in rows:
+            dec.apply(rel, None, dict(zip(cols, row, strict=True)))
 
 
 def capture(

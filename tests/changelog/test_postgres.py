@@ -98,6 +98,8 @@ def test_updates_deletes_reinsert_and_several_changes_in_one_transaction(pg, tmp
     assert ts[4] == ts[5]  # one transaction, one commit time
     assert ts[6] == 1767261600250  # updated_at wins over the commit time
     assert ts[7] == ts[8] and ts[:6] == sorted(ts[:6])
+    (snapshot_ts,) = {r["ts"] for r in log_commits(lake)[0]}  # no updated_at: the time the snapshot was taken
+    assert snapshot_ts < min(ts[:6])  # earlier than every streamed change of the same rows
     assert fold(_records(lake)) == _table(pg)
 
 
