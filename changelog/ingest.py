@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 import orjson
+from arro3.core import Array, RecordBatch, Table
+from deltalake import CommitProperties, write_deltalake
 
 from changelog import records
 from changelog.errors import InvalidRecord, NotStored
@@ -107,57 +109,54 @@ def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> 
 
 
 class _Batches:
-    """A file's validated records as Arrow record batches of the topic's schema, to be committed at once."""
+    """A file's validated records as Arrow record batches of the topic's schema, to be committed at once.
+
+    A record that does not fit the schema exactly (a value Arrow would convert, e.g. a bool as `ts`, or refuse, a
+    field that is not a column) sets `unfit`; the file's later records are then counted but not kept."""
 
     def __init__(self, topic: str):
-        self.topic = topic
         self.schema = topic_arrow_schema(topic)
-        self.names = [n for n, _t in topic_columns(topic)]
-        self._types = [self.schema.field(n).type for n in self.names]
-        self._ints = {n for n, t in topic_columns(topic) if t == "bigint"}
-        self._known = frozenset(self.names)
+        self._columns = [(n, self.schema.field(n).type, t == "bigint") for n, t in topic_columns(topic)]
+        self._known = frozenset(n for n, _t, _i in self._columns)
         self._rows: list[dict] = []
-        self.batches: list = []
+        self._batches: list[RecordBatch] = []
+        self.unfit: str | None = None
 
     def add(self, record: dict) -> None:
-        self._rows.append(record)
-        if len(self._rows) >= _BATCH_ROWS:
-            self.flush()
+        if self.unfit is None:
+            self._rows.append(record)
+            if len(self._rows) >= _BATCH_ROWS:
+                self._flush()
 
-    def flush(self) -> None:
-        """Turn the pending records into one record batch; raise ValueError/TypeError/OverflowError if a value does
-        not fit the schema exactly (Arrow refuses a str for int64, an int for a string, an int beyond 64 bits)."""
-        from arro3.core import Array, RecordBatch
+    def _flush(self) -> None:
+        rows, self._rows = self._rows, []
+        try:
+            for r in rows:
+                if not r.keys() <= self._known:
+                    raise ValueError(f"fields {sorted(r.keys() - self._known)} are not columns of the topic")
+            arrays = []
+            for name, kind, is_int in self._columns:
+                values = [r.get(name) for r in rows]
+                if is_int and any(v is not None and type(v) is not int for v in values):
+                    raise TypeError(f"field {name!r} holds a value that is not an integer")  # e.g. a bool
+                arrays.append(
+                    Array(values, type=kind)
+                )  # refuses a str for int64, an int for a string, > 64 bits
+            self._batches.append(RecordBatch.from_arrays(arrays, schema=self.schema))
+        except (ValueError, TypeError, OverflowError, UnicodeError) as e:
+            self.unfit = f"{type(e).__name__}: {str(e)[:200]}"
 
-        if not self._rows:
-            return
-        for r in self._rows:
-            if not r.keys() <= self._known:
-                raise ValueError(f"fields {sorted(r.keys() - self._known)} are not columns of the topic")
-        columns = []
-        for name, kind in zip(self.names, self._types, strict=True):
-            values = [r.get(name) for r in self._rows]
-            if name in self._ints and any(v is not None and type(v) is not int for v in values):
-                raise TypeError(f"field {name!r} holds a value that is not an integer")  # e.g. a bool
-            columns.append(Array(values, type=kind))
-        self.batches.append(RecordBatch.from_arrays(columns, schema=self.schema))
-        self._rows = []
-
-    def table(self):
-        from arro3.core import Table
-
-        self.flush()
-        return Table.from_batches(self.batches, schema=self.schema)
+    def table(self) -> Table:
+        if self._rows and self.unfit is None:
+            self._flush()
+        return Table.from_batches(self._batches, schema=self.schema)
 
 
 def _commit(path: str, topic: str, name: str, batches: _Batches, accepted: int) -> None:
     """Append the file's records to the topic's table in one commit; `NotStored` if they do not fit exactly."""
-    from deltalake import CommitProperties, write_deltalake
-
-    try:
-        table = batches.table()
-    except (ValueError, TypeError, OverflowError, UnicodeError) as e:
-        raise NotStored(topic, name, accepted, f"{type(e).__name__}: {str(e)[:200]}") from None
+    table = batches.table()
+    if batches.unfit is not None:
+        raise NotStored(topic, name, accepted, batches.unfit)
     props = CommitProperties(custom_metadata={"userMetadata": f"ingest {name}"}, max_commit_retries=100)
     write_deltalake(path, table, mode="append", commit_properties=props)
 
