@@ -189,3 +189,13 @@ def test_a_role_without_replication_is_told_what_to_grant(pg, tmp_path):
     with pytest.raises(CdcFailed, match="ALTER ROLE <user> REPLICATION"):
         capture(PgSource(dsn, pg.name, pg.slot), tmp_path, tmp_path, once=True)
     pg.sql(f"DROP PUBLICATION {pg.slot}")
+
+
+def test_truncate_is_a_dead_letter_not_a_silent_gap(pg, tmp_path):
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} VALUES ('u1', 'a', 'DE', NULL)")
+    _capture(pg, lake)
+    pg.sql("TRUNCATE {t}")
+    assert _capture(pg, lake)["rejected"] == 1
+    (dead,) = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
+    assert "TRUNCATE is not captured" in dead["reason"] and "/" in dead["lsn"]
