@@ -20,11 +20,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.topics import read_stream
+from jobs.errors import FanoutLimitChanged
 from jobs.runtime import log
 from jobs.settings import Settings
 from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from joins.table_table import maintain_timeline
 from joins.table_table_state import TimelineStore
+from views.keys import meta_key
 from views.timeline import ENTRY_CARRY, TimelineSink, timeline_ops
 
 __all__ = ["run_timeline", "TOPICS"]
@@ -60,8 +62,23 @@ def _split(batch: DataFrame, per_topic: dict) -> tuple[DataFrame | None, DataFra
     return tweets, follows
 
 
+def _shown(limit: int | None) -> str:
+    return "" if limit is None else str(limit)
+
+
+def _check_fanout_limit(run: JobRun) -> None:
+    """A generation keeps the FANOUT_LIMIT it was built with (which keys hold whose tweets depends on it)."""
+    meta = run.client.hgetall(meta_key(JOB, run.generation))
+    built = meta.get(b"fanout_limit", b"").decode()
+    if b"last_batch_id" in meta and built != _shown(run.settings.fanout_limit):
+        raise FanoutLimitChanged(
+            JOB, run.generation, int(built) if built else None, run.settings.fanout_limit
+        )
+
+
 def _wire(run: JobRun) -> Wiring:
     settings = run.settings
+    _check_fanout_limit(run)
     store = TimelineStore(run.spark, run.state_dir / "changes")
     sink = TimelineSink(settings.redis_url, run.generation, settings.timeline_cap)
     run.totals.update(timeline_ops=0, entries=0)
@@ -77,7 +94,12 @@ def _wire(run: JobRun) -> Wiring:
             return None
         tweets, follows = _split(batch, per_topic)
         changes = maintain_timeline(
-            store.restore(batch_id), tweets, follows, cap=settings.timeline_cap, carry=ENTRY_CARRY
+            store.restore(batch_id),
+            tweets,
+            follows,
+            cap=settings.timeline_cap,
+            carry=ENTRY_CARRY,
+            fanout_limit=settings.fanout_limit,
         )
         t_join = time.monotonic()
         # The changed state rows are staged (a Spark job of its own) while Redis applies the batch; the state
@@ -98,7 +120,8 @@ def _wire(run: JobRun) -> Wiring:
                 f"{t_join - started:.2f}s, redis {t_sink - t_join:.2f}s, state wait {t_state - t_sink:.2f}s)"
             ),
             totals={"timeline_ops": n_ops, "entries": n_entries},
-            meta={"cap": settings.timeline_cap},  # readers cut merged timelines to it
+            # readers cut merged timelines to the cap; a run checks the limit is the generation's
+            meta={"cap": settings.timeline_cap, "fanout_limit": _shown(settings.fanout_limit)},
             inputs=per_topic,
             phases={"join": t_join - started, "sink": t_sink - t_join, "state": t_state - t_sink},
         )

@@ -28,7 +28,7 @@ micro-batches is `joins.table_table_state.TimelineStore`.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -55,6 +55,8 @@ _FOLLOW_COLS = [c.split()[0] for c in FOLLOW_STATE_SCHEMA.split(", ")]
 class TimelineState:
     tweets: DataFrame  # TWEET_STATE_SCHEMA, one row per tweet id ever seen
     follows: DataFrame  # FOLLOW_STATE_SCHEMA, one row per pair ever seen
+    # user_id: the celebrities under the fan-out limit in use (derived from `follows`; None: not computed yet)
+    celebs: DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,17 @@ class TimelineChanges:
     tweets_dead: DataFrame  # tweet_id: tweets that stopped being live
     counts: dict | None = (
         None  # born, died, gained, lost: how many tweets/pairs changed which way (0 = empty)
+    )
+    # With a fan-out limit only (else None), the celebrity side; counts adds up, down (authors who became /
+    # stopped being celebrities), celebs_gained, celebs_lost (0 = empty):
+    authored_adds: DataFrame | None = (
+        None  # user_id, entries (ENTRIES_TYPE): add to the author's set, trim to cap
+    )
+    authored_replaces: DataFrame | None = None  # user_id, entries: the author's whole set (newest cap live)
+    authored_retired: DataFrame | None = None  # user_id: authors who stopped being celebrities
+    celebs_gained: DataFrame | None = None  # follower_id, followee_id: a celebrity the follower now follows
+    celebs_lost: DataFrame | None = (
+        None  # follower_id, followee_id: ... no longer follows (or is no celebrity)
     )
     _cached: tuple = ()
 
@@ -294,9 +307,11 @@ class _Delta:
     follows: DataFrame  # _follow_changes rows (a local checkpoint)
     born: DataFrame  # tweet_id, user_id, text, ts
     died: DataFrame  # tweet_id, user_id (the author before), live_after
-    gained: DataFrame  # follower_id, followee_id
-    lost: DataFrame  # follower_id, followee_id
+    gained: DataFrame  # follower_id, followee_id (effective pairs)
+    lost: DataFrame  # follower_id, followee_id (effective pairs)
     n: dict  # born, died, gained, lost
+    cur_before: DataFrame  # follower_id, followee_id: the effective pairs before the batch
+    cur_after: DataFrame  # ... after it
 
 
 def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None) -> _Delta:
@@ -321,6 +336,8 @@ def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: 
         gained=fc.where(_GAINED).select("follower_id", "followee_id"),
         lost=fc.where(_LOST).select("follower_id", "followee_id"),
         n={"born": n_born, "died": n_died, "gained": n_gained, "lost": n_lost},
+        cur_before=_current(state.follows),
+        cur_after=_current(follows_after),
     )
 
 
@@ -329,7 +346,7 @@ def _removals(d: _Delta, cap: int) -> tuple[DataFrame, DataFrame, list[DataFrame
     entries: an unfollow, or a delete of a tweet by someone they followed before the batch. A loser whose join
     held at most `cap` rows (the view holds all of them) loses exactly those entries; one that held more than
     `cap` (the view holds only the newest `cap`) is in `refill`, to be recomputed whole."""
-    cur_before = _current(d.before.follows)
+    cur_before = d.cur_before
     parts = []
     if d.n["died"]:
         died_authors = d.died.select(F.col("user_id").alias("followee_id"), "tweet_id")
@@ -364,7 +381,7 @@ def _adds(d: _Delta, refill: DataFrame | None, cap: int, carry: str | None) -> D
         authors = _with_carry(d.born, carry).select(
             F.col("user_id").alias("followee_id"), "tweet_id", "ts", "p"
         )
-        kept = _current(d.before.follows)
+        kept = d.cur_before
         if d.n["lost"]:
             kept = kept.join(d.lost, ["follower_id", "followee_id"], "left_anti")
         candidates.append(kept.join(authors, "followee_id").select("follower_id", "tweet_id", "ts", "p"))
@@ -381,12 +398,126 @@ def _adds(d: _Delta, refill: DataFrame | None, cap: int, carry: str | None) -> D
 def _replaces(d: _Delta, refill: DataFrame, cap: int, carry: str | None) -> DataFrame:
     """follower_id, entries: the whole new timeline of each follower in `refill`, recomputed from the state after
     the batch (an empty array when nothing is left)."""
-    pairs = _backfill(
-        _current(d.after.follows).join(refill, "follower_id"), _live(d.after.tweets), cap, carry
-    )
+    pairs = _backfill(d.cur_after.join(refill, "follower_id"), _live(d.after.tweets), cap, carry)
     return refill.join(_timelines(pairs, cap), "follower_id", "left").select(
         "follower_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
     )
+
+
+def _celebs(follows: DataFrame, limit: int) -> DataFrame:
+    """user_id: the authors with more than `limit` current followers."""
+    per_author = _current(follows).groupBy(F.col("followee_id").alias("user_id")).count()
+    return per_author.where(F.col("count") > limit).select("user_id")
+
+
+def _as_followee(users: DataFrame) -> DataFrame:
+    return users.select(F.col("user_id").alias("followee_id"))
+
+
+def _count_parts(dfs: list[DataFrame]) -> list[int]:
+    """The row count of each of `dfs` (lazy local checkpoints among them are materialized), in one Spark job."""
+    union = functools.reduce(
+        DataFrame.unionByName, [df.selectExpr(f"{i} AS part") for i, df in enumerate(dfs)]
+    )
+    got = dict(union.groupBy("part").count().collect())
+    return [int(got.get(i, 0)) for i in range(len(dfs))]
+
+
+@dataclass(frozen=True)
+class _Celebrities:
+    """The celebrity side of one batch (see `_effective`)."""
+
+    before: DataFrame  # user_id: celebrities before the batch
+    after: DataFrame  # ... after it
+    flips: DataFrame  # followee_id, up: authors who became (up) or stopped being (not up) celebrities
+    gained: DataFrame  # follower_id, followee_id: pairs (current, followee a celebrity) that began
+    lost: DataFrame  # ... that ended
+    cached: tuple = ()  # batch-sized local checkpoints, released with the batch
+
+
+# long: one plan per kind of change of the celebrity side, and the counts of all in one Spark job
+def _effective(d: _Delta, limit: int) -> tuple[_Delta, _Celebrities]:
+    """`d` over the *effective* pairs (current pairs whose followee is not a celebrity: more than `limit` current
+    followers), and the celebrity side. An author who crosses the limit in the batch turns all their pairs that
+    stay current into effective gains (no longer a celebrity) or losses (became one), so the join's machinery
+    backfills or removes and refills them like any follow or unfollow."""
+    spark, keys = d.before.tweets.sparkSession, ["follower_id", "followee_id"]
+    before = d.before.celebs
+    if before is None:
+        before = _celebs(d.before.follows, limit).localCheckpoint(eager=False)
+    empty_pairs = _empty(spark, "follower_id string, followee_id string")
+    after, flips = before, _empty(spark, "followee_id string, up boolean")
+    gained = lost = c_gained = c_lost = empty_pairs
+    n = {"up": 0, "down": 0, "celebs_gained": 0, "celebs_lost": 0}
+    if d.n["gained"] or d.n["lost"]:
+        moved = d.follows.where(f"({_GAINED}) OR ({_LOST})").groupBy("followee_id")
+        delta = moved.agg(F.expr(f"sum(CAST({_GAINED} AS int)) - sum(CAST({_LOST} AS int)) AS delta"))
+        now = (
+            d.cur_after.join(delta.select("followee_id"), "followee_id", "left_semi")
+            .groupBy("followee_id")
+            .count()
+        )
+        status = delta.join(now, "followee_id", "left").selectExpr(
+            "followee_id",
+            f"coalesce(count, 0) - delta > {limit} AS was",
+            f"coalesce(count, 0) > {limit} AS now",
+        )
+        flips = status.where("was <> now").selectExpr("followee_id", "now AS up").localCheckpoint(eager=False)
+        after = (
+            before.join(status.select(F.col("followee_id").alias("user_id")), "user_id", "left_anti")
+            .unionByName(status.where("now").select(F.col("followee_id").alias("user_id")))
+            .localCheckpoint(eager=False)
+        )
+        stable = d.cur_after.join(flips, "followee_id").join(d.gained, keys, "left_anti")
+        up, down = stable.where("up").select(*keys), stable.where("NOT up").select(*keys)
+        gained = d.gained.join(_as_followee(after), "followee_id", "left_anti").unionByName(down)
+        lost = d.lost.join(_as_followee(before), "followee_id", "left_anti").unionByName(up)
+        c_gained = d.gained.join(_as_followee(after), "followee_id", "left_semi").unionByName(up)
+        c_lost = d.lost.join(_as_followee(before), "followee_id", "left_semi").unionByName(down)
+        gained, lost, c_gained, c_lost = (
+            df.localCheckpoint(eager=False) for df in (gained, lost, c_gained, c_lost)
+        )
+        counts = _count_parts(
+            [gained, lost, c_gained, c_lost, flips.where("up"), flips.where("NOT up"), after]
+        )
+        d = replace(d, gained=gained, lost=lost, n={**d.n, "gained": counts[0], "lost": counts[1]})
+        n = dict(zip(["celebs_gained", "celebs_lost", "up", "down"], counts[2:6], strict=True))
+    d = replace(
+        d,
+        after=replace(d.after, celebs=after),
+        cur_before=d.cur_before.join(_as_followee(before), "followee_id", "left_anti"),
+        cur_after=d.cur_after.join(_as_followee(after), "followee_id", "left_anti"),
+        n={**d.n, **n},
+    )
+    cached = (flips, gained, lost, c_gained, c_lost) if d.n["gained"] or d.n["lost"] else ()
+    return d, _Celebrities(before, after, flips, c_gained, c_lost, cached)
+
+
+def _authored(d: _Delta, c: _Celebrities, cap: int, carry: str | None) -> tuple[DataFrame, DataFrame]:
+    """(adds, replaces), both user_id, entries: the changes of the celebrities' authored sets. An author who became
+    a celebrity, or a celebrity with a tweet that stopped being live, has the whole set recomputed (the newest
+    `cap` live tweets, an empty array when none is left); a celebrity's other new tweets are added."""
+    spark = d.before.tweets.sparkSession
+    adds = replaces = _empty(spark, f"user_id string, entries {ENTRIES_TYPE}")
+    whole = [c.flips.where("up").select(F.col("followee_id").alias("user_id"))]
+    if d.n["died"]:
+        whole.append(d.died.select("user_id").join(c.after, "user_id", "left_semi"))
+    authors = functools.reduce(DataFrame.unionByName, whole).distinct()
+    if d.n["up"] or d.n["died"]:
+        live = _live(d.after.tweets).join(authors, "user_id", "left_semi")
+        top = _with_carry(_top_per_author(live, cap), carry)
+        entries = F.collect_list(F.struct("ts", "tweet_id", "p")).alias("entries")
+        replaces = authors.join(top.groupBy("user_id").agg(entries), "user_id", "left").select(
+            "user_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
+        )
+    if d.n["born"]:
+        born = d.born.join(c.after, "user_id", "left_semi").join(authors, "user_id", "left_anti")
+        adds = (
+            _with_carry(born, carry)
+            .groupBy("user_id")
+            .agg(_newest(F.collect_list(F.struct("ts", "tweet_id", "p")), cap).alias("entries"))
+        )
+    return adds, replaces
 
 
 def maintain_timeline(
@@ -396,6 +527,7 @@ def maintain_timeline(
     *,
     cap: int,
     carry: str | None = None,
+    fanout_limit: int | None = None,
 ) -> TimelineChanges:
     """The state after one micro-batch, and the timeline changes it causes. See the module docstring.
 
@@ -403,11 +535,16 @@ def maintain_timeline(
     followee_id, ts. Either may be None when the batch has no record of that topic. Batch-sized intermediates are
     cached until `release()`; the new state is materialized. `carry` (optional): the SQL text of a string
     expression over a tweet's columns `ts` and `tweet_id`, evaluated once per tweet (before the tweet is fanned out
-    to its followers) and carried in each of its entries as `p`; without it `p` is null.
+    to its followers) and carried in each of its entries as `p`; without it `p` is null. `fanout_limit`: authors
+    with more current followers are celebrities, not fanned out (None: no limit, and no celebrity plan at all).
     """
     spark = state.tweets.sparkSession
     d = _delta(state, tweets_batch, follows_batch)
     cached = [d.tweets, d.follows]
+    celebs = None
+    if fanout_limit is not None:
+        d, celebs = _effective(d, fanout_limit)
+        cached += celebs.cached
     if d.n["died"] or d.n["lost"]:
         removes, refill, persisted = _removals(d, cap)
         replaces = _replaces(d, refill, cap, carry)
@@ -415,6 +552,16 @@ def maintain_timeline(
     else:
         removes, refill = _empty(spark, "follower_id string, tweet_id string"), None
         replaces = _empty(spark, _TIMELINES_SCHEMA)
+    side = {}
+    if celebs is not None:
+        adds, whole = _authored(d, celebs, cap, carry)
+        side = dict(
+            authored_adds=adds,
+            authored_replaces=whole,
+            authored_retired=celebs.flips.where("NOT up").select(F.col("followee_id").alias("user_id")),
+            celebs_gained=celebs.gained,
+            celebs_lost=celebs.lost,
+        )
     return TimelineChanges(
         after=d.after,
         tweet_rows=d.tweets.select(*_TWEET_COLS),
@@ -426,4 +573,5 @@ def maintain_timeline(
         tweets_dead=d.died.where(~F.col("live_after")).select("tweet_id"),
         counts=dict(d.n),
         _cached=tuple(cached),
+        **side,
     )

@@ -37,6 +37,7 @@ from views.wire import array_command, bulk, command, lit, view_key_column
 __all__ = [
     "TIMELINE_OPS_SCHEMA",
     "ENTRY_CARRY",
+    "RETIRE_SECONDS",
     "timeline_ops",
     "TimelineSink",
     "entry",
@@ -50,6 +51,9 @@ TIMELINE_OPS_SCHEMA = (
     "kind string, id string, mode string, removes array<string>, entries array<string>, body string"
 )
 
+# A former celebrity's authored set expires this long after they stop being one, rather than at once: a reader that
+# read the user's celebrity set just before can still read it.
+RETIRE_SECONDS = 60
 _PIPELINE_BYTES = 1 << 20  # send about this many bytes of commands per round trip
 _MULTI, _EXEC = lit("*1\r\n$5\r\nMULTI\r\n"), lit("*1\r\n$4\r\nEXEC\r\n")
 
@@ -67,11 +71,14 @@ def entry(ts: str, tweet_id: str) -> str:
 ENTRY_CARRY = entry("ts", "tweet_id")  # the join's `carry`: a tweet's entry, made once per tweet
 
 
+_IDS = {"timeline": "follower_id", "celebs": "follower_id", "authored": "user_id", "tweet": "tweet_id"}
+
+
 def _op(df: DataFrame, kind: str, mode="NULL", removes="NULL", entries="NULL", body="NULL") -> DataFrame:
-    """`df` as TIMELINE_OPS_SCHEMA rows of `kind` (keyed by follower_id or tweet_id); the rest are SQL texts."""
+    """`df` as TIMELINE_OPS_SCHEMA rows of `kind` (keyed by `_IDS[kind]`); the rest are SQL texts."""
     return df.selectExpr(
         f"'{kind}' AS kind",
-        f"{'follower_id' if kind == 'timeline' else 'tweet_id'} AS id",
+        f"{_IDS[kind]} AS id",
         f"CAST({mode} AS string) AS mode",
         f"CAST({removes} AS array<string>) AS removes",
         f"CAST({entries} AS array<string>) AS entries",
@@ -79,39 +86,74 @@ def _op(df: DataFrame, kind: str, mode="NULL", removes="NULL", entries="NULL", b
     )
 
 
-def timeline_ops(changes: TimelineChanges) -> DataFrame:
-    """The operations (TIMELINE_OPS_SCHEMA) of one micro-batch's `changes`, made by `maintain_timeline` with
-    `carry=ENTRY_CARRY` (entries are taken as the join carried them). A follower's removes and adds are one `add`
-    operation; branches with no input in the batch are left out of the plan."""
+def _union(parts: list[DataFrame]) -> DataFrame:
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _timeline_parts(changes: TimelineChanges) -> list[DataFrame]:
+    """The followers' timeline operations: a follower's removes and adds are one `add`; refills are `replace`."""
     n = changes.counts
     removing, adding = n["died"] or n["lost"], n["born"] or n["gained"]
-    parts = []
     adds = changes.adds.selectExpr("follower_id", "entries.p AS entries")
     if removing:
         removes = changes.removes.groupBy("follower_id").agg(
             F.expr(f"collect_list({member('tweet_id')}) AS removes")
         )
         touched = adds.join(removes, "follower_id", "full") if adding else removes
-        parts.append(_op(touched, "timeline", "'add'", "removes", "entries" if adding else "NULL"))
-        parts.append(_op(changes.replaces, "timeline", "'replace'", entries="entries.p"))
-    elif adding:
-        parts.append(_op(adds, "timeline", "'add'", entries="entries"))
+        return [
+            _op(touched, "timeline", "'add'", "removes", "entries" if adding else "NULL"),
+            _op(changes.replaces, "timeline", "'replace'", entries="entries.p"),
+        ]
+    return [_op(adds, "timeline", "'add'", entries="entries")] if adding else []
+
+
+def _celebrity_phases(changes: TimelineChanges) -> tuple[list[DataFrame], list[DataFrame]]:
+    """(before, after): the celebrity side's operations applied before the timelines' (authored sets, celebrities
+    gained) and after them (celebrities lost, authored sets retired)."""
+    n = changes.counts
+    first, last = [], []
+    if n["up"] or n["died"]:
+        first.append(_op(changes.authored_replaces, "authored", "'replace'", entries="entries.p"))
     if n["born"]:
-        parts.append(_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))"))
-    if n["died"]:
-        parts.append(_op(changes.tweets_dead, "tweet"))
-    out = parts[0] if parts else _op(changes.tweets_dead, "tweet")
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out
+        first.append(_op(changes.authored_adds, "authored", "'add'", entries="entries.p"))
+    for df, out, column in (
+        (changes.celebs_gained, first, "entries"),
+        (changes.celebs_lost, last, "removes"),
+    ):
+        if n[f"celebs_{'gained' if out is first else 'lost'}"]:
+            per = df.groupBy("follower_id").agg(F.expr(f"collect_list({bulk('followee_id')}) AS ids"))
+            out.append(_op(per, "celebs", **{column: "ids"}))
+    if n["down"]:
+        last.append(_op(changes.authored_retired, "authored", "'retire'"))
+    return first, last
+
+
+def timeline_ops(changes: TimelineChanges) -> list[DataFrame]:
+    """The operations (TIMELINE_OPS_SCHEMA) of one micro-batch's `changes`, made by `maintain_timeline` with
+    `carry=ENTRY_CARRY` (entries are taken as the join carried them), in write phases: one DataFrame per phase, each
+    to be applied after the previous one (`TimelineSink.write` does). Without a fan-out limit there is one phase;
+    with one, up to three (see the module docstring). Branches with no input in the batch are left out."""
+    n = changes.counts
+    timelines = _timeline_parts(changes)
+    born = [_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))")]
+    dead = [_op(changes.tweets_dead, "tweet")]
+    if changes.celebs_gained is None:
+        parts = timelines + (born if n["born"] else []) + (dead if n["died"] else [])
+        return [_union(parts or dead)]
+    first, last = _celebrity_phases(changes)
+    phases = [(born if n["born"] else []) + first, timelines, (dead if n["died"] else []) + last]
+    return [_union(p) for p in phases if p]
 
 
 def _wire(ops_df, generation: int, cap: int):
     """payload (the operation's commands), replies (how many), timelines (1 for a timeline), entries (added).
     One SQL text per column (see `views.wire`)."""
     n_removes, n_entries = "coalesce(size(removes), 0)", "coalesce(size(entries), 0)"
-    key = view_key_column("timeline", generation, "id")
-    timeline = (
+    key = f"CASE WHEN kind = 'timeline' THEN {view_key_column('timeline', generation, 'id')} ELSE {view_key_column('authored', generation, 'id')} END"
+    zset = (
         f"concat({_MULTI}, "
         f"CASE WHEN mode = 'replace' THEN {command(lit('DEL'), key)} ELSE '' END, "
         f"CASE WHEN {n_removes} > 0 THEN {array_command('ZREM', key, 'removes')} ELSE '' END, "
@@ -123,14 +165,22 @@ def _wire(ops_df, generation: int, cap: int):
     queued = (
         f"1 + CAST(mode = 'replace' AS int) + CAST({n_removes} > 0 AS int) + CAST({n_entries} > 0 AS int)"
     )
+    retire = command(lit("EXPIRE"), key, lit(str(RETIRE_SECONDS)))
+    ckey = view_key_column("celebs", generation, "id")
+    celebs = (
+        f"concat(CASE WHEN {n_entries} > 0 THEN {array_command('SADD', ckey, 'entries')} ELSE '' END, "
+        f"CASE WHEN {n_removes} > 0 THEN {array_command('SREM', ckey, 'removes')} ELSE '' END)"
+    )
     tkey = view_key_column("tweet", generation, "id")
     tweet = f"CASE WHEN body IS NULL THEN {command(lit('DEL'), tkey)} ELSE {command(lit('SET'), tkey, 'body')} END"
-    is_timeline = "kind = 'timeline'"
+    is_zset = "kind IN ('timeline', 'authored') AND mode <> 'retire'"
     return ops_df.selectExpr(
-        f"CASE WHEN {is_timeline} THEN {timeline} ELSE {tweet} END AS payload",
-        f"CASE WHEN {is_timeline} THEN {queued} + 2 ELSE 1 END AS replies",
-        f"CAST({is_timeline} AS int) AS timelines",
-        f"CASE WHEN {is_timeline} THEN {n_entries} ELSE 0 END AS entries",
+        f"CASE WHEN {is_zset} THEN {zset} WHEN kind = 'authored' THEN {retire} "
+        f"WHEN kind = 'celebs' THEN {celebs} ELSE {tweet} END AS payload",
+        f"CASE WHEN {is_zset} THEN {queued} + 2 "
+        f"WHEN kind = 'celebs' THEN CAST({n_entries} > 0 AS int) + CAST({n_removes} > 0 AS int) ELSE 1 END AS replies",
+        "CAST(kind = 'timeline' AS int) AS timelines",
+        f"CASE WHEN kind = 'timeline' THEN {n_entries} ELSE 0 END AS entries",
     )
 
 
@@ -159,14 +209,20 @@ class TimelineSink:
     def __init__(self, url: str, generation: int, cap: int):
         self.url, self.generation, self.cap = url, generation, cap
 
-    def write(self, ops_df, batch_id: int) -> dict:
-        """Apply `ops_df` (TIMELINE_OPS_SCHEMA); return {"timelines": ops applied, "entries": entries added}."""
+    def write(self, ops, batch_id: int) -> dict:
+        """Apply `ops` (TIMELINE_OPS_SCHEMA: one DataFrame, or a list of them applied one after the other, as
+        `timeline_ops` makes them); return {"timelines": ops applied, "entries": entries added}."""
         url = self.url
-        sc = ops_df.sparkSession.sparkContext
-        counters = (sc.accumulator(0), sc.accumulator(0))
-        wire = _wire(ops_df, self.generation, self.cap)
-        wire.foreachPartition(lambda rows: _apply_partition(rows, url, counters))
-        return {"timelines": counters[0].value, "entries": counters[1].value}
+        counters = None
+        for ops_df in [ops] if isinstance(ops, DataFrame) else ops:
+            sc = ops_df.sparkSession.sparkContext
+            counters = counters or (sc.accumulator(0), sc.accumulator(0))
+            wire = _wire(ops_df, self.generation, self.cap)
+            wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
+        return {
+            "timelines": counters[0].value if counters else 0,
+            "entries": counters[1].value if counters else 0,
+        }
 
 
 def _hydrate(client, generation: int, tweet_ids: list[str]) -> list[dict]:

@@ -3,9 +3,12 @@ SQL, one MULTI/EXEC per timeline) and its read side, on the real redis-server.""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from pyspark.sql import functions as F
 
+from tests.conftest import split_at_random
 from views.keys import timeline_key, tweet_key
 from views.redis_io import connect, set_generation
 from views.sink import ListSink
@@ -126,7 +129,8 @@ def test_timeline_ops_turn_a_batch_of_join_changes_into_one_operation_per_timeli
         first.after, spark.createDataFrame(batch, tweets), None, cap=2, carry=ENTRY_CARRY
     )
     sink = ListSink()
-    assert sink.write(timeline_ops(changes), 1) == {"rows": 5}
+    [ops] = timeline_ops(changes)  # without a fan-out limit: one write phase
+    assert sink.write(ops, 1) == {"rows": 5}
     rows = sorted(
         ({**r, "entries": sorted(r["entries"]) if r["entries"] is not None else None} for r in sink.rows),
         key=lambda r: (r["kind"], r["id"]),
@@ -190,3 +194,147 @@ def test_read_timeline_merges_the_celebrities_authored_sets_newest_first_once_ea
         {"user_id": "only", "tweet_ids": ["c1", "c3", "c2"]},
         {"user_id": "u", "tweet_ids": ["d1", "a1", "c1", "c3"]},
     ]
+
+
+# --- Celebrity fan-out on read (FANOUT_LIMIT): the join, the sink's write phases and read_timeline together. ---
+
+_TWEETS = "op string, tweet_id string, user_id string, text string, ts bigint"
+_FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
+
+
+class _Hybrid:
+    """The timeline job's steps without its streaming query: `maintain_timeline` with a fan-out limit, the ops'
+    write phases through the real sink into generation 1, and the reads through `read_timeline`."""
+
+    def __init__(self, spark, redis_url, cap: int, limit: int | None):
+        from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState
+        from views.keys import meta_key
+
+        self.spark, self.cap, self.limit = spark, cap, limit
+        self.client = connect(redis_url)
+        self.client.flushall()
+        set_generation(self.client, "timeline", 1)
+        self.client.hset(meta_key("timeline", 1), "cap", cap)
+        self.sink = TimelineSink(redis_url, 1, cap)
+        self.state = TimelineState(
+            spark.createDataFrame([], TWEET_STATE_SCHEMA), spark.createDataFrame([], FOLLOW_STATE_SCHEMA)
+        )
+        self.tweets, self.follows, self.batch = [], [], 0
+
+    def phases(self, tweets: list[dict], follows: list[dict]):
+        """The write phases of one batch of records (validated, as the logs hold them); the state moves on."""
+        from changelog.records import validate
+        from joins.table_table import maintain_timeline
+
+        tw = [validate("tweets", r) for r in tweets]
+        fo = [validate("follows", r) for r in follows]
+        self.tweets += tweets
+        self.follows += follows
+        changes = maintain_timeline(
+            self.state,
+            self.spark.createDataFrame(
+                [(r["op"], r["tweet_id"], r["user_id"], r.get("text"), r["ts"]) for r in tw], _TWEETS
+            )
+            if tw
+            else None,
+            self.spark.createDataFrame(
+                [(r["op"], r["follower_id"], r["followee_id"], r["ts"]) for r in fo], _FOLLOWS
+            )
+            if fo
+            else None,
+            cap=self.cap,
+            carry=ENTRY_CARRY,
+            fanout_limit=self.limit,
+        )
+        self.state = changes.after
+        return timeline_ops(changes)
+
+    def step(self, tweets: list[dict], follows: list[dict]) -> None:
+        self.sink.write(self.phases(tweets, follows), self.batch)
+        self.batch += 1
+
+    def expected(self) -> dict:
+        from timeline_demo.reference import expected_timelines
+
+        return expected_timelines(self.tweets, self.follows, self.cap)
+
+    def read(self, user: str) -> list[str]:
+        from views.timeline import read_timeline
+
+        return [t["tweet_id"] for t in read_timeline(self.client, user)["tweets"]]
+
+    def exported(self) -> dict:
+        return {r["user_id"]: r["tweet_ids"] for r in export_timeline(self.client)}
+
+
+@pytest.mark.parametrize("limit", [0, 2, None], ids=["limit 0", "limit 2", "no limit"])
+def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_url, limit):
+    """Random workloads (deletes, unfollows, re-follows, duplicates, out-of-order), a small cap so that refills
+    happen, cut into batches: after every batch, export and every user's read_timeline equal the brute-force SQL.
+    With limit 2 authors cross the limit both ways across batches."""
+    from timeline_demo.workload import generate
+
+    for seed, chunks in ((1, 1), (2, 4)):
+        wl = generate(seed=seed, users=30, celebrities=2, follows=160, tweets=160)
+        rng = random.Random(seed)
+        tw, fo = split_at_random(wl.tweets, chunks, rng), split_at_random(wl.follows, chunks, rng)
+        h = _Hybrid(spark, redis_url, cap=3, limit=limit)
+        for i in range(chunks):
+            h.step(tw[i], fo[i])
+            want = h.expected()
+            assert h.exported() == want, f"seed {seed}, batch {i}"
+            users = {f"u{j}" for j in range(30)}
+            assert {u: h.read(u) for u in users} == {u: want.get(u, []) for u in users}, (
+                f"seed {seed}, batch {i}"
+            )
+        if limit == 0:  # no one is fanned out: no stored timeline at all
+            assert not list(h.client.scan_iter(match="mv:timeline:*"))
+        if limit is None:
+            assert not list(h.client.scan_iter(match="mv:celebs:*"))
+            assert not list(h.client.scan_iter(match="mv:authored:*"))
+
+
+def _post(t, u, ts):
+    return {"op": "post", "tweet_id": t, "user_id": u, "text": f"{t}!", "ts": ts}
+
+
+def _follow(op, a, b, ts):
+    return {"op": op, "follower_id": a, "followee_id": b, "ts": ts}
+
+
+def test_a_reader_between_the_write_phases_of_a_mode_switch_reads_the_state_before_or_after(spark, redis_url):
+    """FANOUT_LIMIT 1, cap 2: author a becomes a celebrity (a second follower), posts and deletes as one, stops
+    being one (an unfollow), becomes one again and stops again (everyone unfollows). The sink applies each batch's
+    write phases one at a time; after each phase every user reads exactly their timeline before or after the batch
+    (a mode switch never hides or doubles a tweet), and after the last phase the one after."""
+    from views.keys import authored_key
+
+    h = _Hybrid(spark, redis_url, cap=2, limit=1)
+    users = ["r", "s", "t"]
+    batches = [
+        (
+            [_post("a1", "a", 1), _post("a2", "a", 2), _post("a3", "a", 3), _post("b1", "b", 4)],
+            [_follow("follow", "r", "a", 1), _follow("follow", "r", "b", 1)],
+        ),
+        ([], [_follow("follow", "s", "a", 2)]),  # a: 2 followers > 1, a celebrity
+        ([_post("a4", "a", 5), {"op": "delete", "tweet_id": "a3", "user_id": "a", "ts": 9}], []),
+        ([], [_follow("unfollow", "s", "a", 10)]),  # back to 1: fanned out again
+        ([], [_follow("follow", "t", "a", 11), _follow("follow", "s", "a", 11)]),
+        ([], [_follow("unfollow", u, "a", 12) for u in users]),
+    ]
+    n_phases = []
+    for i, (tw, fo) in enumerate(batches):
+        before = {u: h.read(u) for u in users}
+        phases = h.phases(tw, fo)
+        want = h.expected()
+        after = {u: want.get(u, []) for u in users}
+        n_phases.append(len(phases))
+        for p, ops in enumerate(phases):
+            h.sink.write(ops, i)
+            for u in users:
+                assert h.read(u) in (before[u], after[u]), f"batch {i}, after phase {p}: {u}"
+        assert {u: h.read(u) for u in users} == after, f"batch {i}"
+        assert h.exported() == {u: v for u, v in after.items() if v}
+    assert n_phases[1] >= 2 and n_phases[3] >= 2  # the switches have phases to interleave
+    assert after == {"r": ["b1"], "s": [], "t": []}
+    assert 0 < h.client.ttl(authored_key(1, "a")) <= 60  # retired: kept a little for readers in flight
