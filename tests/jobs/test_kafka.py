@@ -184,3 +184,67 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
     finally:
         producer.halt.set()
         stop(settings, JOB)
+
+
+def _retention(bootstrap: str, names: list[str], ms: int) -> None:
+    """Set the Kafka topics' retention.ms to `ms` and segment.ms to a second (`ms` for a long retention)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    op = AlterConfigOpType.SET
+    entries = [ConfigEntry("retention.ms", str(ms), incremental_operation=op)]
+    entries.append(ConfigEntry("segment.ms", str(1000 if ms < 60_000 else ms), incremental_operation=op))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.incremental_alter_configs(
+        [ConfigResource("topic", n, incremental_configs=entries) for n in names]
+    ).values():
+        fut.result(30)
+
+
+def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
+    spark, tmp_path, kafka, redis_url
+):
+    """Half a workload through Kafka, then Kafka's retention deletes it, then the other half: the timeline view
+    equals the one of the same records through `mview ingest`, and `replay` rebuilds it exactly from the logs."""
+    from changelog.kafka import watermarks
+    from jobs.replay import replay
+    from jobs.timeline import run_timeline
+    from tests.jobs.opshelp import redis_content
+    from timeline_demo.workload import generate
+    from views.redis_io import connect
+
+    wl = generate(seed=5, users=40, celebrities=1, follows=240, tweets=240)
+    base = redis_url.rsplit("/", 1)[0]
+    via_kafka = make_settings(tmp_path / "k", f"{base}/1", **kafka)
+    via_ingest = make_settings(tmp_path / "i", f"{base}/2")
+    names = [f"{kafka['KAFKA_TOPIC_PREFIX']}{t}" for t in ("tweets", "follows")]
+    halves = {
+        t: (getattr(wl, t)[: len(getattr(wl, t)) // 2], getattr(wl, t)[len(getattr(wl, t)) // 2 :])
+        for t in ("tweets", "follows")
+    }
+
+    def deleted() -> bool:  # the first half is gone from Kafka (its segments deleted by retention)
+        marks = watermarks(kafka["KAFKA_BOOTSTRAP"], names)
+        return all(
+            sum(lo for lo, _ in marks[f"{kafka['KAFKA_TOPIC_PREFIX']}{t}"].values()) == len(halves[t][0])
+            for t in halves
+        )
+
+    for half in (0, 1):
+        for topic in ("tweets", "follows"):
+            path = tmp_path / f"{topic}{half}.jsonl"
+            path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in halves[topic][half]))
+            _mview(via_kafka, "produce", topic, str(path))
+            ingest(None, via_ingest.lake_dir, topic, [str(path)])
+        if half == 1:  # the second half rolled new segments: the first half's, older than 15 s, are deleted
+            wait_for(deleted, "Kafka's retention to delete the first half", timeout_s=120)
+            _retention(kafka["KAFKA_BOOTSTRAP"], names, 7 * 86_400_000)  # before the second half is 15 s old
+        _mview(via_kafka, "run", JOB, "--once")
+        if half == 0:
+            _retention(kafka["KAFKA_BOOTSTRAP"], names, 15_000)
+
+    run_timeline(spark, via_kafka, once=True)
+    run_timeline(spark, via_ingest, once=True)
+    expected = redis_content(connect(via_ingest.redis_url), "timeline", 1)
+    assert expected and redis_content(connect(via_kafka.redis_url), "timeline", 1) == expected
+    assert replay(spark, via_kafka, "timeline") == 0
+    assert redis_content(connect(via_kafka.redis_url), "timeline", 2) == expected
