@@ -301,11 +301,14 @@ def dead_letter(kafka_topic_name: str, partition: int, offset: int, raw: bytes, 
 
 
 def _validate(rows, names: dict[str, str]) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
-    """Per lake topic, the valid records and the dead-letter entries of `rows`, in offset order."""
+    """Per lake topic, the valid records and the dead-letter entries of `rows`, in offset order. A blank message
+    (empty, only whitespace, or null) is skipped, as `mview ingest` skips a blank line."""
     good: dict[str, list[dict]] = {t: [] for t in names.values()}
     dead: dict[str, list[dict]] = {t: [] for t in names.values()}
     for name, partition, offset, value in sorted(rows, key=lambda r: (r[0], r[1], r[2])):
         topic, raw = names[name], bytes(value or b"")
+        if len(raw) <= MAX_RECORD_BYTES and not raw.strip():
+            continue
         try:
             good[topic].append(parse_line(topic, raw))
         except InvalidRecord as e:

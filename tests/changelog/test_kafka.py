@@ -101,6 +101,7 @@ def test_copy_batch_replayed_after_a_crash_adds_nothing(tmp_path):
     names = {"p.tweets": "tweets", "p.follows": "follows"}
     good = b'{"op":"post","tweet_id":"t1","user_id":"u1","text":"x","ts":1}'
     rows = [("p.tweets", 0, 7, good), ("p.tweets", 1, 3, b"nope"), ("p.follows", 2, 0, b"{}")]
+    rows += [("p.tweets", 2, 0, None), ("p.tweets", 2, 1, b" \r\n")]  # blank: skipped, as ingest skips them
     first = copy_batch(tmp_path, names, rows, app_id="a", version=4)
     assert first == {"tweets": {"accepted": 1, "rejected": 1}, "follows": {"accepted": 0, "rejected": 1}}
     assert copy_batch(tmp_path, names, rows, app_id="a", version=4) == first  # what the batch holds
