@@ -20,6 +20,18 @@ and the changes to publish, by the product rule d(T join F) = dT join F' + T' jo
 Duplicate records change no state, so they have one effect. Because state is a function of the *set* of
 records, the published timelines never depend on arrival order or on batch boundaries.
 
+Celebrities (`fanout_limit`, FANOUT_LIMIT): an author with more than `fanout_limit` current followers is a
+*celebrity* and is not fanned out on write. The steps above then run over the *effective* pairs (current pairs whose
+followee is not a celebrity), so the follower timelines hold exactly the newest `cap` tweets of their effective
+followees. An author who crosses the limit in a batch turns every pair of theirs that stays current into an effective
+gain (no longer a celebrity: backfilled) or loss (became one: removed, and refilled when the timeline was full). The
+celebrity side of the changes: per celebrity, the newest `cap` live tweets (`authored_adds`, and `authored_replaces`
+for an author who became one or lost a live tweet), authors who stopped being one (`authored_retired`), and the
+(follower, celebrity) pairs that began or ended (`celebs_gained`, `celebs_lost`). The newest `cap` of a follower's
+whole join is the newest `cap` of their timeline merged with their celebrities' sets (`views.timeline.read_timeline`).
+With `fanout_limit=None` none of this is planned. Who is a celebrity is derived state (`TimelineState.celebs`), kept in
+memory across batches and recomputed from the follows after a restore.
+
 Every step is a Spark SQL plan over the batch and the state (no Python per row); plan branches whose input is
 empty in a batch (no deletes, no unfollows, no new follows, ...) are left out. The state's durable form between
 micro-batches is `joins.table_table_state.TimelineStore`.

@@ -6,10 +6,26 @@ removed entries and added entries of a follower become one `add` operation; a fo
 recomputed whole gets one `replace`; a tweet that became live has its JSON stored, one that stopped being live
 deleted.
 
-Sink input (one DataFrame per micro-batch, `TIMELINE_OPS_SCHEMA`):
+With a fan-out limit (FANOUT_LIMIT), a celebrity's tweets are not in their followers' timelines: they are kept in
+the author's *authored set* (`mv:authored:<g>:{author}`, the newest `cap` live tweets), and each user's *celebrity
+set* (`mv:celebs:<g>:{user}`) names the celebrities they follow. `read_timeline` merges them. The operations then come
+in three write phases, each applied after the previous one, so that a reader between phases never misses or doubles a
+tweet of an author who crossed the limit (a reader drops duplicates by tweet id):
+1. new tweet bodies; authored sets added to or replaced (an author who became a celebrity first of all); celebrities
+   added to users' celebrity sets;
+2. the followers' timelines (an author who became a celebrity leaves them here, one who stopped being one enters them);
+3. bodies of tweets that stopped being live; celebrities removed from users' celebrity sets; the authored sets of
+   authors who stopped being celebrities expire `RETIRE_SECONDS` later (a reader that read a celebrity set just before
+   may still read them).
+Every key is written whole in its MULTI/EXEC, so a reader sees it before or after the batch; a read of a user's
+timeline and celebrity set is one atomic script call (one hash slot: the user's).
+
+Sink input (one DataFrame per write phase, `TIMELINE_OPS_SCHEMA`):
 - `kind="timeline"`, `id=follower`, `mode="add"`: ZREM the `removes`, ZADD the `entries`, then keep the newest
   `cap`; `mode="replace"`: the entries are the follower's whole new timeline (a refill after a removal).
 - `kind="tweet"`, `id=tweet_id`: `body` is the tweet's JSON to store, or null to delete it.
+- `kind="authored"`, `id=author`: as a timeline, on the author's authored set; `mode="retire"`: let it expire.
+- `kind="celebs"`, `id=user`: `entries` are celebrity ids to add to the user's celebrity set, `removes` to remove.
 `removes` and `entries` are arrays of wire-protocol text made by `member(tweet_id)` and `entry(ts, tweet_id)`, in
 the JVM; an added entry is made once per tweet before it is fanned out to its followers (the join evaluates
 `ENTRY_CARRY` per tweet: `maintain_timeline(..., carry=ENTRY_CARRY)`). The sink builds each operation's Redis

@@ -125,3 +125,33 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
         ("t3", "b", "z", 5, True),
     ]
     assert follows_after == [("r", "a", "unfollow", 4), ("r", "b", "follow", 5), ("s", "a", "follow", 4)]
+
+
+def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limit(
+    spark, tmp_path, redis_url, rclient
+):
+    """FANOUT_LIMIT=2 (most authors with followers are celebrities at some point, crossing both ways across the
+    batches): `query` and `export` (the CLI's read functions) give the brute-force SQL; a run of the same generation
+    with another limit is refused, saying to replay."""
+    from jobs.errors import FanoutLimitChanged
+    from views.read import export_view, query_view
+
+    wl = generate(seed=4, users=60, celebrities=2, follows=400, tweets=400)
+    settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=4, FANOUT_LIMIT=2)
+    rng = random.Random(4)
+    tw, fo = split_at_random(wl.tweets, 3, rng), split_at_random(wl.follows, 3, rng)
+    for i in range(3):
+        ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", tw[i])])
+        ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", fo[i])])
+        run_timeline(spark, settings, once=True)
+    expected = expected_timelines(wl.tweets, wl.follows, 4)
+    client = connect(redis_url)
+    assert {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline", job="timeline")} == expected
+    assert any(rclient.scan_iter(match="mv:celebs:1:*")) and any(rclient.scan_iter(match="mv:authored:1:*"))
+    for user in [f"u{i}" for i in range(60)]:
+        got = query_view(client, "timeline", user, limit=3, job="timeline")
+        assert [t["tweet_id"] for t in got["tweets"]] == expected.get(user, [])[:3]
+    with pytest.raises(FanoutLimitChanged, match="mview replay timeline"):
+        run_timeline(
+            spark, make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=4, FANOUT_LIMIT=3), once=True
+        )
