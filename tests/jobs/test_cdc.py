@@ -87,6 +87,16 @@ def test_cdc_without_a_database_says_so_in_one_line(pg, redis_url, tmp_path):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "PG_DSN (" in lines[0] and "port=1" in lines[0] and "hunter2" not in lines[0]
+    assert _mview(settings, "deploy", "cdc").returncode == 0  # deployed, it waits for the database
+    status = wait_for(
+        lambda: (s := status_of(settings, "cdc")).get("state") == "waiting" and s, "waiting", 60
+    )
+    assert status["running"] and "port=1" in status["error"] and status["retry_in_s"] >= 2
+    assert (
+        "hunter2" not in json.dumps(status)
+        and "hunter2" not in (settings.lake_dir / "jobs/cdc/job.log").read_text()
+    )
+    assert "stopped" in _mview(settings, "stop", "cdc").stdout
 
 
 def _history(pg) -> dict[str, list[tuple[int, tuple | None]]]:
