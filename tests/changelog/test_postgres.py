@@ -199,3 +199,30 @@ def test_truncate_is_a_dead_letter_not_a_silent_gap(pg, tmp_path):
     assert _capture(pg, lake)["rejected"] == 1
     (dead,) = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
     assert "TRUNCATE is not captured" in dead["reason"] and "/" in dead["lsn"]
+
+
+def test_a_first_start_that_dies_before_its_snapshot_commit_starts_over(pg, tmp_path):
+    from changelog import postgres
+
+    lake = tmp_path / "lake"
+    pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 50) i")
+    real = postgres._Log.append
+
+    def die_before_commit(self, *args, **kw):
+        raise SystemExit("killed")
+
+    postgres._Log.append = die_before_commit
+    try:
+        with pytest.raises(SystemExit):
+            _capture(pg, lake)
+    finally:
+        postgres._Log.append = real
+    assert pg.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", params=(pg.slot,)) == [
+        (1,)
+    ]
+    pg.sql("UPDATE {t} SET country = 'FR' WHERE user_id = 'u1'")  # after the orphaned slot's snapshot
+    again = _capture(pg, lake)
+    assert (
+        again["snapshot_rows"] == 50 and len(_records(lake)) == 50
+    )  # a new snapshot, which holds the update
+    assert fold(_records(lake)) == _table(pg)
