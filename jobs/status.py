@@ -128,7 +128,8 @@ def job_status(settings: Settings) -> dict:
             gen = serving.get(name, 0)
         else:
             gen = int(s.get("generation", 0))
-            s.setdefault("redis", str(serving))
+            if not spec.source:  # a source job writes only the lake: Redis is none of its business
+                s.setdefault("redis", str(serving))
         pid = pid_of(settings, name)
         row = {
             "running": pid is not None,
