@@ -51,6 +51,7 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
         started = time.monotonic()
         try:
             write_status(settings, "cdc", state="running", error=None, retry_in_s=None)
+            log(f"cdc: capturing {source.table} (slot {source.slot}) at PG_DSN ({shown_dsn(source.dsn)})")
             capture(
                 source,
                 settings.lake_dir,
