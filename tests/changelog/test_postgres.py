@@ -4,6 +4,7 @@ exactly once across a capture that dies before confirming."""
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 import pytest
@@ -46,8 +47,11 @@ def test_snapshot_and_stream_with_writes_during_the_snapshot_lose_and_double_not
 
     t = threading.Thread(target=writer)
     t.start()
+    while writes["n"] < 5:  # the writer runs before, during and after the snapshot
+        time.sleep(0.01)
+    before = writes["n"]
     first = _capture(pg, lake)
-    during = writes["n"]
+    during = writes["n"] - before
     stop.set()
     t.join()
     second = _capture(pg, lake)
