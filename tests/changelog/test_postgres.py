@@ -19,6 +19,24 @@ def _capture(pg, lake, **kw):
     return capture(PgSource(pg.dsn, pg.name, pg.slot), lake, lake / "state", once=True, **kw)
 
 
+def _capture_killed_in_append(monkeypatch, pg, lake, *, after_commit: bool) -> None:
+    """A capture that dies in its first append to the log: just after the Delta commit (before the slot hears
+    of it), or just before."""
+    from changelog import postgres
+
+    real = postgres._Log.append
+
+    def append(self, *args, **kw):
+        if after_commit:
+            real(self, *args, **kw)
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(postgres._Log, "append", append)
+    with pytest.raises(SystemExit):
+        _capture(pg, lake)
+    monkeypatch.undo()
+
+
 def _records(lake):
     return [r for commit in log_commits(lake) for r in commit]
 
@@ -131,27 +149,14 @@ def test_bad_rows_and_schema_drift_become_dead_letters_with_the_lsn(pg, tmp_path
     assert orjson.loads(dead[3]["raw"])["user_id"] == "u4"
 
 
-def test_a_capture_that_dies_before_confirming_appends_nothing_twice(pg, tmp_path):
+def test_a_capture_that_dies_before_confirming_appends_nothing_twice(pg, tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 10) i")
     _capture(pg, lake)
     pg.sql("UPDATE {t} SET country = 'FR'")
     pg.sql("UPDATE {t} SET country = 'IT' WHERE user_id = 'u1'")
 
-    from changelog import postgres
-
-    real = postgres._Log.append
-
-    def append_then_die(self, *args, **kw):  # dies after the Delta commit, before the slot hears of it
-        real(self, *args, **kw)
-        raise SystemExit("killed")
-
-    postgres._Log.append = append_then_die
-    try:
-        with pytest.raises(SystemExit):
-            _capture(pg, lake)
-    finally:
-        postgres._Log.append = real
+    _capture_killed_in_append(monkeypatch, pg, lake, after_commit=True)
     died_after = sum(len(c) for c in log_commits(lake))
     assert died_after in (20, 21)  # the first commit of the stream holds the first or both transactions
     again = _capture(pg, lake)
@@ -205,22 +210,10 @@ def test_truncate_is_a_dead_letter_not_a_silent_gap(pg, tmp_path):
     assert "TRUNCATE is not captured" in dead["reason"] and "/" in dead["lsn"]
 
 
-def test_a_first_start_that_dies_before_its_snapshot_commit_starts_over(pg, tmp_path):
-    from changelog import postgres
-
+def test_a_first_start_that_dies_before_its_snapshot_commit_starts_over(pg, tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 50) i")
-    real = postgres._Log.append
-
-    def die_before_commit(self, *args, **kw):
-        raise SystemExit("killed")
-
-    postgres._Log.append = die_before_commit
-    try:
-        with pytest.raises(SystemExit):
-            _capture(pg, lake)
-    finally:
-        postgres._Log.append = real
+    _capture_killed_in_append(monkeypatch, pg, lake, after_commit=False)
     assert pg.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", params=(pg.slot,)) == [
         (1,)
     ]
