@@ -1,7 +1,8 @@
 """`python -m jobs.submit ARGS...`: run any `mview` command (e.g. `run timeline --once`) under `spark-submit`
 against SPARK_MASTER (`spark://host:7077`, `yarn`, `k8s://...`, `local[*]`).
 
-The command is `spark-submit --master $SPARK_MASTER --packages <Delta jars> --conf spark.pyspark.python=<this
+The command is `spark-submit --master $SPARK_MASTER --packages <Delta jars[,Spark's Kafka source with a
+KAFKA_BOOTSTRAP]> --conf spark.pyspark.python=<this
 interpreter> .../jobs/__main__.py ARGS`. The executors must be able to import this project and its
 dependencies with that interpreter (same machine, or the same venv path on every node), and LAKE_DIR must be a
 path every executor sees (a shared file system, or the same machine).
@@ -30,6 +31,8 @@ def delta_packages() -> str:
 def submit_command(settings: Settings, args: list[str]) -> list[str]:
     import pyspark
 
+    from jobs.spark import kafka_package
+
     spark_submit = shutil.which("spark-submit") or str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
     local_bin = Path(sys.executable).parent / "spark-submit"
     if local_bin.exists():
@@ -39,7 +42,7 @@ def submit_command(settings: Settings, args: list[str]) -> list[str]:
         "--master",
         settings.spark_master,
         "--packages",
-        delta_packages(),
+        delta_packages() + (f",{kafka_package()}" if settings.kafka_bootstrap else ""),
         "--conf",
         f"spark.pyspark.python={sys.executable}",
         "--conf",
