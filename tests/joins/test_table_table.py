@@ -314,3 +314,45 @@ def test_a_batch_chunked_any_way_gives_the_same_state_and_timelines(spark, cuts)
         ("s", "a", "unfollow", 8),
         ("s", "b", "follow", 3),
     ]
+
+
+def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_losses_then_gains(spark):
+    """FANOUT_LIMIT 1: a second follower makes `a` a celebrity: r's pair stops being effective (its entries are
+    removed), the authored set is made whole, r and s gain `a` as a celebrity. An unfollow brings `a` back to one
+    follower: s's pair becomes effective (backfilled), both celebrity pairs end, the authored set is retired."""
+
+    def step(state, events):
+        tweets = [(op, t, u, f"{t}!", ts) for op, t, u, ts in events if op in ("post", "delete")]
+        follows = [e for e in events if e[0] in ("follow", "unfollow")]
+        return maintain_timeline(
+            state,
+            spark.createDataFrame(tweets, _TWEETS) if tweets else None,
+            spark.createDataFrame(follows, _FOLLOWS) if follows else None,
+            cap=5,
+            fanout_limit=1,
+        )
+
+    def pairs(df):
+        return sorted((r.follower_id, r.followee_id) for r in df.collect())
+
+    first = step(
+        _empty_state(spark), [("follow", "r", "a", 1), ("post", "t1", "a", 2), ("post", "t2", "a", 3)]
+    )
+    assert _observed(first)["adds"] == {"r": [("t1", 2), ("t2", 3)]}
+    up = step(first.after, [("follow", "s", "a", 4)])
+    assert {k: up.counts[k] for k in ("gained", "lost", "up", "down", "celebs_gained")} == {
+        "gained": 0,
+        "lost": 1,
+        "up": 1,
+        "down": 0,
+        "celebs_gained": 2,
+    }
+    assert _observed(up)["removes"] == {"r": ["t1", "t2"]} and not _observed(up)["adds"]
+    assert [(r.user_id, sorted(e.tweet_id for e in r.entries)) for r in up.authored_replaces.collect()] == [
+        ("a", ["t1", "t2"])
+    ]
+    assert pairs(up.celebs_gained) == [("r", "a"), ("s", "a")]
+    down = step(up.after, [("unfollow", "r", "a", 5)])
+    assert _observed(down)["adds"] == {"s": [("t1", 2), ("t2", 3)]} and not _observed(down)["removes"]
+    assert pairs(down.celebs_lost) == [("r", "a"), ("s", "a")]
+    assert [r.user_id for r in down.authored_retired.collect()] == ["a"]
