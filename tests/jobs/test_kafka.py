@@ -1,11 +1,14 @@
 """The `kafka` job against a real broker, run as the CLI runs it (a Spark driver per run, so few runs):
 
-1. `mview produce` a workload with bad lines, `mview run kafka --once --json`: the Delta logs hold exactly what
-   `mview ingest` of the same files stores, and the dead letters carry the same reasons, line by line, plus
-   unique Kafka coordinates; a second `--once` copies nothing; status shows no lag.
+1. `mview produce` a workload with bad lines (status: lag = every message), `mview run kafka --once --json`: the
+   Delta logs hold exactly what `mview ingest` of the same files stores, and the dead letters carry the same
+   reasons, line by line, plus unique Kafka coordinates; a second `--once` copies nothing; no lag. Without a
+   broker, or without KAFKA_BOOTSTRAP, `--once` is one line saying what to do.
 2. deployed: input keeps arriving; kill -9 of the driver with a micro-batch in flight, deploy again; then the
    broker stopped under the job (status says it waits) and started again: every produced record is in the Delta
    log exactly once (counted), and the lag returns to 0.
+3. half a workload through Kafka, deleted there by retention, then the other half: the timeline view equals the
+   view of the same records through `mview ingest`, and `replay` rebuilds it exactly.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(tmp_path, kaf
         _mview(settings, "produce", topic, str(files[topic]))
         ingest(None, direct, topic, [str(files[topic])])
 
+    assert status_of(settings, JOB)["lag_versions"] == sum(len(lines) for lines in _workload().values())
     out = json.loads(_mview(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
     assert set(out) == set(TOPICS)
     for topic in TOPICS:
@@ -116,6 +120,17 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(tmp_path, kaf
     }
     assert sum(len(_dead(settings.lake_dir, t)) for t in TOPICS) == 9 + 2 + 1
     assert status_of(settings, JOB)["lag_versions"] == 0
+
+
+def test_once_without_broker_or_configuration_says_what_to_do(tmp_path, redis_url):
+    settings = make_settings(tmp_path / "lake", redis_url, KAFKA_BOOTSTRAP="127.0.0.1:1")
+    done = _mview(settings, "run", JOB, "--once", check=False)
+    err = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1 and len(err) == 1
+    assert "KAFKA_BOOTSTRAP=127.0.0.1:1" in err[0] and "make kafka" in err[0]
+    assert status_of(settings, JOB)["lag_versions"] is None  # the broker does not answer: unknown
+    done = _mview(make_settings(tmp_path / "lake", redis_url), "run", JOB, "--once", check=False)
+    assert done.returncode == 1 and b"Kafka is not configured: set KAFKA_BOOTSTRAP" in done.stderr
 
 
 class _Producer(threading.Thread):
