@@ -23,6 +23,8 @@ class JobSpec:
     # "module:function" taking (settings) and returning the job's lag as an int (None: unknown), for a job whose
     # input is not the Delta logs of `topics` (a source job: Kafka messages, WAL bytes). Empty: log versions.
     lag: str = ""
+    # The unit of the lag (the metric `mview_lag_<unit>`): log versions, or a source job's own (messages, bytes).
+    lag_unit: str = "versions"
     # A source job copies an outside system into the topics' logs: no views, no generations, never replayed.
     source: bool = False
 
@@ -49,8 +51,18 @@ JOBS: dict[str, JobSpec] = {
         ("enriched_activity", "activity_by_country"),
         "jobs.enrichment:run_enrichment",
     ),
-    "kafka": JobSpec("kafka", TOPICS, (), "jobs.kafka:run_kafka", lag="jobs.kafka:kafka_lag", source=True),
-    "cdc": JobSpec("cdc", ("profiles",), (), "jobs.cdc:run_cdc", lag="jobs.cdc:lag", source=True),
+    "kafka": JobSpec(
+        "kafka",
+        TOPICS,
+        (),
+        "jobs.kafka:run_kafka",
+        lag="jobs.kafka:kafka_lag",
+        lag_unit="messages",
+        source=True,
+    ),
+    "cdc": JobSpec(
+        "cdc", ("profiles",), (), "jobs.cdc:run_cdc", lag="jobs.cdc:lag", lag_unit="bytes", source=True
+    ),
 }
 
 VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in spec.views}
