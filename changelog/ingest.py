@@ -29,12 +29,11 @@ from typing import BinaryIO
 
 import orjson
 from arro3.core import Array, RecordBatch, Table
-from deltalake import CommitProperties, write_deltalake
 
 from changelog import records
 from changelog.errors import InvalidRecord, NotStored
 from changelog.records import check_record_size, parse_line
-from changelog.topics import ensure_topic, topic_arrow_schema, topic_columns
+from changelog.topics import append_table, ensure_topic, topic_arrow_schema, topic_columns
 
 __all__ = ["IngestResult", "ingest", "deadletter_path", "DEADLETTER_RAW_CHARS"]
 
@@ -157,8 +156,7 @@ def _commit(path: str, topic: str, name: str, batches: _Batches, accepted: int) 
     table = batches.table()
     if batches.unfit is not None:
         raise NotStored(topic, name, accepted, batches.unfit)
-    props = CommitProperties(custom_metadata={"userMetadata": f"ingest {name}"}, max_commit_retries=100)
-    write_deltalake(path, table, mode="append", commit_properties=props)
+    append_table(path, table, note=f"ingest {name}")
 
 
 def ingest(

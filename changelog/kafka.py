@@ -366,10 +366,10 @@ def _append_dead_letters(path: Path, entries: list[dict]) -> int:
 def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version: int) -> None:
     """Append `lines` (validated records) to the topic's log in one commit that records the Delta transaction
     (`app_id`, `version`), unless a commit of this log already recorded `version` or a later one for `app_id`."""
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake import DeltaTable
 
     from changelog.ingest import _Batches
-    from changelog.topics import ensure_topic
+    from changelog.topics import append_table, ensure_topic
 
     path = ensure_topic(None, lake_dir, topic)
     done = DeltaTable(path).transaction_version(app_id)
@@ -378,12 +378,7 @@ def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version:
     batches = _Batches(topic)
     for record in lines:
         batches.add(record)
-    props = CommitProperties(
-        custom_metadata={"userMetadata": f"kafka batch {version}"},
-        app_transactions=[Transaction(app_id, version)],
-        max_commit_retries=100,
-    )
-    write_deltalake(path, batches.table(), mode="append", commit_properties=props)
+    append_table(path, batches.table(), note=f"kafka batch {version}", transactions=((app_id, version),))
 
 
 def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, version: int) -> dict:

@@ -338,7 +338,8 @@ class _Log:
         """Dead letters first, then one Delta commit of the transactions' records recording `lsn` (and, for the
         snapshot, `lsn` as the slot's snapshot marker). A snapshot commit is made even when it holds no row."""
         from arro3.core import Array, Table
-        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        from changelog.topics import append_table
 
         dead = [d for t in txns for d in t.dead]
         if dead:
@@ -348,19 +349,11 @@ class _Log:
             columns = {
                 n: Array([r.get(n) for r in records], type=self.schema.field(n).type) for n in self.names
             }
-            txns_ = [Transaction(self.app_id, lsn)]
-            if snapshot:
-                txns_.append(Transaction(f"{self.app_id}:snapshot", lsn))
-            props = CommitProperties(
-                app_transactions=txns_,
-                custom_metadata={"userMetadata": note},
-                max_commit_retries=100,
+            txns_ = (
+                ((self.app_id, lsn), (f"{self.app_id}:snapshot", lsn)) if snapshot else ((self.app_id, lsn),)
             )
-            write_deltalake(
-                self.path,
-                Table.from_pydict(columns, schema=self.schema),
-                mode="append",
-                commit_properties=props,
+            append_table(
+                self.path, Table.from_pydict(columns, schema=self.schema), note=note, transactions=txns_
             )
             self.commits += 1
         self.appended += len(records)

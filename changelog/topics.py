@@ -13,12 +13,20 @@ and delta-rs writers share every topic log in both directions. Its schema is `to
 Creating a topic is safe under concurrency: creators of the same topic take turns on an exclusive lock
 (`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
 first counts as done.
+
+Appending is safe under concurrency too. Every append of records (`append_table`: `mview ingest`, the kafka and
+cdc jobs, all through delta-rs, whose commits are atomic put-if-absent) holds that lock shared, so appends run
+side by side; a Spark writer of a topic (maintenance's compaction and OPTIMIZE) holds it exclusive
+(`topic_lock(path, exclusive=True)`), because Spark's commit on a local disk checks and then renames, which is
+atomic only among the writers of one JVM.
 """
 
 from __future__ import annotations
 
 import fcntl
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from changelog.errors import UnknownTopic
@@ -35,6 +43,8 @@ __all__ = [
     "read_batch",
     "latest_version",
     "ensure_delta_table",
+    "append_table",
+    "topic_lock",
 ]
 
 TOPICS: tuple[str, ...] = tuple(TOPIC_FIELDS)
@@ -111,6 +121,32 @@ def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
                 if not _exists(path):  # not a writer outside the lock that created it first
                     raise
     return str(path)
+
+
+@contextmanager
+def topic_lock(path: Path | str, *, exclusive: bool) -> Iterator[None]:
+    """Hold the writers' lock of the topic log at `path` (see the module docstring), shared or exclusive."""
+    path = Path(path)
+    with open(path.parent / f".{path.name}.lock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)  # released when the file is closed
+        yield
+
+
+def append_table(
+    path: Path | str, table, *, note: str, transactions: tuple[tuple[str, int], ...] = ()
+) -> None:
+    """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `path` in one delta-rs
+    commit with `userMetadata` `note`, recording each Delta transaction `(app_id, version)` of `transactions`
+    (the idempotent writes of the kafka and cdc jobs), under the shared writers' lock."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    props = CommitProperties(
+        custom_metadata={"userMetadata": note},
+        app_transactions=[Transaction(app, version) for app, version in transactions] or None,
+        max_commit_retries=100,
+    )
+    with topic_lock(path, exclusive=False):
+        write_deltalake(str(path), table, mode="append", commit_properties=props)
 
 
 def read_stream(spark, lake_dir: Path, topic: str, *, max_files_per_trigger: int | None = None):

@@ -33,7 +33,7 @@ from pathlib import Path
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
-from changelog.topics import topic_path
+from changelog.topics import topic_lock, topic_path
 from jobs.deploy import pid_of
 from jobs.generations import drop_generation, generations, replay_in_progress
 from jobs.registry import JOBS
@@ -79,9 +79,10 @@ def compact_topic(spark, lake_dir: Path, topic: str) -> tuple[int, int]:
     counts = df.agg(F.count("*").alias("n")).crossJoin(kept.agg(F.count("*").alias("k"))).first()
     before, after = counts["n"], counts["k"]
     if after < before:
-        kept.write.format("delta").mode("overwrite").option("dataChange", "false").option(
-            "userMetadata", f"compaction {before}->{after}"
-        ).save(path)
+        with topic_lock(path, exclusive=True):  # no delta-rs append may commit beside Spark's commit
+            kept.write.format("delta").mode("overwrite").option("dataChange", "false").option(
+                "userMetadata", f"compaction {before}->{after}"
+            ).save(path)
     return before, after
 
 
@@ -117,7 +118,10 @@ def _optimize_and_vacuum(spark, settings: Settings, report: dict) -> None:
         is_idle_state = parts[0] == "state" and len(parts) > 1 and parts[1] not in running
         try:
             dt = DeltaTable.forPath(spark, str(table))
-            if is_topic or is_idle_state:
+            if is_topic:
+                with topic_lock(table, exclusive=True):
+                    dt.optimize().executeCompaction()
+            elif is_idle_state:
                 dt.optimize().executeCompaction()
                 report["optimized"].append(str(rel))
             dt.vacuum(hours)
