@@ -66,8 +66,8 @@ demo: setup redis ## generate a workload, ingest it, run the timeline job, print
 ui: setup ## serve the operations page on :UI_PORT (8764): every job, live charts of batch time, input rate, lag
 	$(MVIEW) ui --port $(UI_PORT) --timeline-url http://127.0.0.1:$(WEB_PORT)/
 
-demo-web: setup redis ## serve the live home-timeline page on :WEB_PORT (8765) while the job runs and new tweets arrive
-	$(PY) -m timeline_demo.web --live --port $(WEB_PORT)
+demo-web: setup redis $(if $(KAFKA),kafka) ## serve the live home-timeline page on :WEB_PORT (8765) while the job runs and new tweets arrive (KAFKA=1: produced to Kafka, copied by the kafka job)
+	$(if $(KAFKA),KAFKA_BOOTSTRAP="$${KAFKA_BOOTSTRAP:-127.0.0.1:9092}" )$(PY) -m timeline_demo.web --live $(if $(KAFKA),--kafka )--port $(WEB_PORT)
 
 jvm-cache: setup ## build the driver JVM's AOT cache (needs a JDK 25+; ~2 min): faster cold start of every job
 	$(PY) -m jobs.jvmcache

@@ -1,6 +1,8 @@
 """Live mode of the web page (`make demo-web`): the timeline job runs continuously in this process while a
 trickle of new tweets (by the demo workload's celebrities, so many timelines move) and follows is ingested
-every few seconds. If the tweets log is empty, the demo workload is ingested first."""
+every few seconds. If the tweets log is empty, the demo workload is ingested first. Through Kafka
+(`make demo-web KAFKA=1`, `kafka=True`): the trickle is produced to KAFKA_BOOTSTRAP instead, and the `kafka` job
+runs beside `timeline` in this process, copying it into the logs."""
 
 from __future__ import annotations
 
@@ -11,10 +13,15 @@ import time
 __all__ = ["run_live"]
 
 
-def run_live(settings, *, every: float = 3.0, size: str = "demo", seed: int = 7, on_ready=None) -> None:
+def run_live(
+    settings, *, every: float = 3.0, size: str = "demo", seed: int = 7, on_ready=None, kafka: bool = False
+) -> None:
     """Run until KeyboardInterrupt. `on_ready(user)` is called with a user worth watching (follows u0)."""
     from changelog.ingest import ingest
+    from changelog.kafka import produce
     from changelog.topics import ensure_topic, latest_version, read_batch
+    from jobs import runtime
+    from jobs.kafka import run_kafka
     from jobs.spark import get_spark
     from jobs.timeline import run_timeline
     from timeline_demo.reference import current_tables
@@ -38,13 +45,24 @@ def run_live(settings, *, every: float = 3.0, size: str = "demo", seed: int = 7,
         on_ready(fans[0])
     errors: list = []
 
-    def job():
+    def job(run):
         try:
-            run_timeline(spark, settings, once=False)
+            run(spark, settings, once=False)
         except Exception as e:
             errors.append(e)
 
-    threading.Thread(target=job, name="timeline-job", daemon=True).start()
+    threading.Thread(target=job, args=(run_timeline,), name="timeline-job", daemon=True).start()
+    if kafka:
+        threading.Thread(target=job, args=(run_kafka,), name="kafka-job", daemon=True).start()
+
+    def feed(topic: str, records: list) -> None:
+        if kafka:
+            produce(
+                settings.kafka_bootstrap, settings.kafka_topic_prefix, topic, [write_jsonl(records, path)]
+            )
+        else:
+            ingest(spark, settings.lake_dir, topic, [write_jsonl(records, path)])
+
     rng = random.Random()
     celebs = [f"u{i}" for i in range(SIZES[size]["celebrities"])]
     users = [f"u{i}" for i in range(SIZES[size]["users"])]
@@ -67,7 +85,7 @@ def run_live(settings, *, every: float = 3.0, size: str = "demo", seed: int = 7,
                     }
                 )
                 n += 1
-            ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tweets, path)])
+            feed("tweets", tweets)
             if rng.random() < 0.3:
                 f = {
                     "op": "follow",
@@ -75,10 +93,14 @@ def run_live(settings, *, every: float = 3.0, size: str = "demo", seed: int = 7,
                     "followee_id": rng.choice(celebs),
                     "ts": now,
                 }
-                ingest(spark, settings.lake_dir, "follows", [write_jsonl([f], path)])
-            print(f"ingested {len(tweets)} tweets by {', '.join(t['user_id'] for t in tweets)}", flush=True)
+                feed("follows", [f])
+            print(
+                f"{'produced' if kafka else 'ingested'} {len(tweets)} tweets by {', '.join(t['user_id'] for t in tweets)}",
+                flush=True,
+            )
             time.sleep(every)
     finally:
+        runtime.STOP.set()  # the kafka job's restart loop ends with its query
         for q in spark.streams.active:
             q.stop()
     if errors:

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--live", action="store_true", help="also run the job and ingest a trickle of new events")
     p.add_argument("--every", type=float, default=3.0, help="seconds between trickle ingests (--live)")
+    p.add_argument("--kafka", action="store_true", help="--live through KAFKA_BOOTSTRAP and the kafka job")
     args = p.parse_args(argv)
     settings = Settings.from_env()
     server = serve_in_thread(settings.redis_url, args.host, args.port)
@@ -80,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def live():
             run_live(
-                settings, every=args.every, on_ready=lambda u: print(f"watch {url}?user={u}", flush=True)
+                settings,
+                every=args.every,
+                on_ready=lambda u: print(f"watch {url}?user={u}", flush=True),
+                kafka=args.kafka,
             )
 
     serve_until_interrupted(server, live)
