@@ -7,6 +7,10 @@
   password) and it tries again after 2, 4, ... 60 s.
 - `lag`: WAL bytes the slot has not confirmed (`mview status`); `drop`: removes the slot and the publication
   (`mview stop cdc --drop-slot`).
+- Metrics (`jobs.metrics`, `metrics_url` in the status), `mview run` and deployed alike: per Delta commit of the
+  log, `mview_input_records_total{topic="profiles"}` counts the changes captured (appended or dead-lettered),
+  `mview_batches_total` and `mview_batch_duration_seconds` the commit; at each scrape `mview_lag_bytes` is `lag`,
+  `mview_rejected_records_total` the dead letters and `mview_last_batch_timestamp_seconds` the last commit.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import psycopg2
 from changelog.errors import CdcFailed, PostgresUnavailable
 from changelog.postgres import PgSource, capture, drop_slot, shown_dsn, wal_lag
 from jobs import runtime
+from jobs.metrics import metrics_for
 from jobs.runtime import job_dir, log, write_status
 from jobs.settings import Settings
 
@@ -35,14 +40,18 @@ def _source(settings: Settings) -> PgSource:
 def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
     """Capture PG_TABLE into the `profiles` log; `spark` and `generation` are not used (a source job)."""
     source = _source(settings)
+    metrics = metrics_for(settings, "cdc")
+    write_status(settings, "cdc", metrics_url=metrics.url if metrics else None)
     if once:
-        return capture(source, settings.lake_dir, job_dir(settings, "cdc"), once=True)
+        return capture(
+            source, settings.lake_dir, job_dir(settings, "cdc"), once=True, progress=_meter(metrics, {}, None)
+        )
     totals = {"appended": 0, "rejected": 0}
     failures = 0
     while not runtime.STOP.is_set():
         base = dict(totals)
 
-        def progress(p: dict, base=base) -> None:
+        def status(p: dict, base=base) -> None:
             totals.update(
                 appended=base["appended"] + p["appended"], rejected=base["rejected"] + p["rejected"]
             )
@@ -58,7 +67,7 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
                 job_dir(settings, "cdc"),
                 once=False,
                 stop=runtime.STOP.is_set,
-                progress=progress,
+                progress=_meter(metrics, {}, status),
             )
         except (PostgresUnavailable, CdcFailed, OSError, psycopg2.Error) as e:
             failures = 1 if time.monotonic() - started > 300 else failures + 1
@@ -70,6 +79,21 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
             write_status(settings, "cdc", state="waiting", error=reason, retry_in_s=delay)
             runtime.STOP.wait(delay)
     return totals
+
+
+def _meter(metrics, seen: dict, then):
+    """The progress callback of one capture: counts each Delta commit's changes in `metrics` (the capture's
+    counts are cumulative: `seen` keeps the last), then calls `then`."""
+
+    def progress(p: dict) -> None:
+        n = p["appended"] + p["rejected"]
+        if metrics is not None:
+            metrics.count({"profiles": n - seen.get("n", 0)}, p.get("seconds", 0.0))
+        seen["n"] = n
+        if then is not None:
+            then(p)
+
+    return progress
 
 
 def lag(settings: Settings) -> int | None:

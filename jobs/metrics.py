@@ -8,10 +8,12 @@ job's status file (`metrics_url`, shown by `mview status` while the job runs). `
 Two sources, so that `mview status` and the metrics never disagree:
 - per micro-batch, the skeleton calls `observe(batch, seconds)`: input records per topic, batch duration and the
   phases of a batch (histograms), and what the batch wrote to its views (`Batch.totals` counts such as
-  `entries`, `timeline_ops`, `emitted`);
+  `entries`, `timeline_ops`, `emitted`); the `cdc` job calls `count(inputs, seconds)` per Delta commit of the
+  log (its input records are the changes captured);
 - at each scrape, the rest is read where `mview status` reads it: the job's status file (late, held, state rows,
-  generation, last batch time, restarts, rebuilds), the dead-letter logs (rejected records) and the lag of the
-  checkpoint behind the logs.
+  generation, last batch time, restarts, rebuilds), the dead-letter logs (rejected records) and the lag, the one
+  `mview status` shows as `lag_versions`: of the checkpoint behind the logs, or a source job's own (in its
+  `JobSpec.lag_unit`).
 
 | metric | type | labels | meaning |
 |---|---|---|---|
@@ -25,7 +27,9 @@ Two sources, so that `mview status` and the metrics never disagree:
 | `mview_held_records` | gauge | job | records waiting for a watermark |
 | `mview_state_rows` | gauge | job | rows of the join's state (where the job reports them) |
 | `mview_state_bytes` | gauge | job | bytes of the generation's state directory |
-| `mview_lag_versions` | gauge | job | log versions of the job's topics not yet processed |
+| `mview_lag_versions` | gauge | job | log versions of the job's topics not yet processed (a view job) |
+| `mview_lag_messages` | gauge | job | messages the broker holds that the `kafka` job has not copied |
+| `mview_lag_bytes` | gauge | job | WAL bytes the `cdc` job's replication slot has not confirmed |
 | `mview_last_batch_timestamp_seconds` | gauge | job | when the last micro-batch finished (Unix time) |
 | `mview_generation` | gauge | job | the generation the job writes |
 | `mview_restarts_total` | counter | job | query restarts of the deployed job |
@@ -49,6 +53,11 @@ __all__ = ["JobMetrics", "metrics_for"]
 
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _LATE = ("late", "late_events", "late_changes")  # the status fields that count late records, per job
+_LAG_DOC = {
+    "versions": "log versions of the job's topics not yet processed",
+    "messages": "messages the broker holds that the job has not copied",
+    "bytes": "WAL bytes the replication slot has not confirmed",
+}
 _LOCK = threading.Lock()
 _SERVING: dict[
     str, JobMetrics
@@ -102,14 +111,15 @@ class _StatusCollector:
             yield _gauge(
                 "mview_state_bytes", "bytes of the generation's state directory", job, _dir_bytes(state)
             )
+        spec = job_spec(job)
+        if gen is not None or spec.lag:
             try:
-                lag = lag_versions(self.settings, job, gen)
+                lag = lag_versions(self.settings, job, gen or 0)
             except Exception:  # noqa: BLE001 - a log being written: the next scrape reads it
                 lag = None
             if lag is not None:
-                yield _gauge(
-                    "mview_lag_versions", "log versions of the job's topics not yet processed", job, lag
-                )
+                unit = spec.lag_unit
+                yield _gauge(f"mview_lag_{unit}", _LAG_DOC.get(unit, unit + " not yet processed"), job, lag)
         if st.get("last_batch_ms"):
             yield _gauge(
                 "mview_last_batch_timestamp_seconds",
@@ -166,15 +176,19 @@ class JobMetrics:
     def observe(self, batch, seconds: float) -> None:
         """Count one micro-batch that processed records (`jobs.skeleton.Batch`) and took `seconds`."""
         job = self.job
-        for topic, n in batch.inputs.items():
-            self.inputs.labels(job, topic).inc(n)
-        self.batches.labels(job).inc()
-        self.duration.labels(job).observe(seconds)
+        self.count(batch.inputs, seconds)
         for phase, s in batch.phases.items():
             self.phases.labels(job, phase).observe(s)
         for kind, n in batch.totals.items():
             if isinstance(n, (int, float)) and not isinstance(n, bool):
                 self.writes.labels(job, kind).inc(n)
+
+    def count(self, inputs: dict[str, int], seconds: float) -> None:
+        """Count one batch that processed `inputs` (records per topic) in `seconds`."""
+        for topic, n in inputs.items():
+            self.inputs.labels(self.job, topic).inc(n)
+        self.batches.labels(self.job).inc()
+        self.duration.labels(self.job).observe(seconds)
 
     def serve(self, port: int) -> str:
         """Serve on 127.0.0.1:`port`, or an ephemeral port if it is taken; returns the URL."""

@@ -1,5 +1,6 @@
 """The `cdc` job through the command line against a real PostgreSQL: run --once, a deployed job killed with
-SIGKILL mid-stream and deployed again (each change once), status lag in WAL bytes, stop --drop-slot."""
+SIGKILL mid-stream and deployed again (each change once), status lag in WAL bytes, its Prometheus metrics,
+stop --drop-slot."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.deploy import settings_env
+from jobs.devredis import free_port
 from tests.conftest import make_settings
 from tests.jobs.opshelp import status_of, wait_for
 from tests.pghelp import fold, log_commits
@@ -30,9 +35,18 @@ def _count(lake) -> int:
         return 0
 
 
+def _scrape(url: str) -> dict:
+    """{(sample name, labels without `job`): value} of a scrape of the metrics at `url`."""
+    out = {}
+    for family in text_string_to_metric_families(urllib.request.urlopen(url, timeout=10).read().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job")))] = s.value
+    return out
+
+
 def test_cdc_once_deployed_killed_and_redeployed_captures_each_change_once(pg, redis_url, tmp_path):
     lake = tmp_path / "lake"
-    settings = make_settings(lake, redis_url, METRICS_PORT="off", **pg.env())
+    settings = make_settings(lake, redis_url, METRICS_PORT=free_port(), **pg.env())
     pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 500) i")
     once = _mview(settings, "run", "cdc", "--once", "--json")
     assert once.returncode == 0, once.stderr
@@ -70,6 +84,28 @@ def test_cdc_once_deployed_killed_and_redeployed_captures_each_change_once(pg, r
     names = [r["name"] for r in records[500:]]
     assert sorted(names) == sorted(f"c{i}" for i in range(1, changes + 1))
     assert fold(records) == {u: (n, c) for u, n, c in pg.sql("SELECT user_id, name, country FROM {t}")}
+
+    # Its metrics: the input counter moves by exactly the changes committed (7 in 3 transactions, one a delete).
+    url = status["metrics_url"]
+    start = _scrape(url)
+    pg.sql("UPDATE {t} SET country = 'FR' WHERE user_id IN ('u1', 'u2', 'u3')")
+    pg.sql(
+        "UPDATE {t} SET name = 'again' WHERE user_id IN ('u4', 'u5')", "DELETE FROM {t} WHERE user_id = 'u6'"
+    )
+    pg.sql("INSERT INTO {t} VALUES ('new', 'n', 'IT', NULL)")
+    key = ("mview_input_records_total", (("topic", "profiles"),))
+    wait_for(lambda: _scrape(url)[key] - start[key] >= 7, "the 7 changes to be counted", 60)
+    wait_for(lambda: _count(lake) == 500 + changes + 7, "the 7 changes in the log", 60)
+    end = _scrape(url)
+    assert end[key] - start[key] == 7
+    assert end[("mview_rejected_records_total", (("topic", "profiles"),))] == 0
+    batches = ("mview_batches_total", ())
+    assert end[batches] - start[batches] in (1, 2, 3)  # a commit holds one or more transactions
+    assert end[("mview_batch_duration_seconds_count", ())] == end[batches]
+    assert (
+        end[("mview_last_batch_timestamp_seconds", ())] >= start[("mview_last_batch_timestamp_seconds", ())]
+    )
+    assert ("mview_lag_bytes", ()) in end and ("mview_lag_versions", ()) not in end
 
     stopped = _mview(settings, "stop", "cdc", "--drop-slot")
     assert stopped.returncode == 0, stopped.stderr
