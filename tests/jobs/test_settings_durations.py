@@ -57,3 +57,9 @@ def test_a_copy_with_another_duration_parses_it_again():
     s = dataclasses.replace(Settings.from_env({}), trigger_interval="2 s")
     assert s.trigger_interval_ms == 2_000
     assert Settings.from_env({}).clicks_idle_timeout_ms is None  # empty: off
+
+
+def test_redis_cluster_is_refused_with_a_message_until_the_sinks_route_per_node():
+    with pytest.raises(ValueError, match="REDIS_CLUSTER=true"):
+        Settings.from_env({"REDIS_CLUSTER": "true"})
+    assert Settings.from_env({"REDIS_CLUSTER": "false"}).redis_cluster is False
