@@ -13,7 +13,7 @@ WEB_PORT ?= 8765
 UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop test lint fmt demo demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop test lint fmt demo demo-cdc demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,7 +34,7 @@ setup: $(VENV)/.installed ## create .venv, install the project and its dependenc
 redis: setup ## start a development redis-server at REDIS_URL unless one answers there
 	@$(PY) -m jobs.devredis
 
-redis-cluster: setup ## start a local three-master Redis Cluster, its first node at REDIS_URL's port (use with REDIS_CLUSTER=true)
+redis-cluster: setup ## start a local three-master Redis Cluster on the port of REDIS_URL and the next two (the jobs cannot use one yet)
 	@$(PY) -m jobs.devredis --cluster
 
 postgres: setup ## start a development PostgreSQL (wal_level=logical, data in LAKE_DIR/postgres) at PG_DSN unless one answers there
@@ -62,6 +62,9 @@ fmt: setup ## ruff format and autofix
 
 demo: setup redis ## generate a workload, ingest it, run the timeline job, print and verify timelines
 	$(PY) -m timeline_demo
+
+demo-cdc: setup redis postgres ## profiles in PostgreSQL captured by the cdc job: an UPDATE changes the enrichment of later events only, and a replay agrees
+	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m timeline_demo.cdc_demo
 
 ui: setup ## serve the operations page on :UI_PORT (8764): every job, live charts of batch time, input rate, lag
 	$(MVIEW) ui --port $(UI_PORT) --timeline-url http://127.0.0.1:$(WEB_PORT)/
