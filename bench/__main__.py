@@ -15,6 +15,11 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   (its Delta commit) to its presence in every current follower's timeline in Redis; p50 and p99.
 - metrics: the cost of the jobs' Prometheus metrics, throughput and freshness with them on and off (`bench.metrics`).
 - clicks, enrichment: `bench.clicks.run` / `bench.enrichment.run`.
+- cdc: change data capture from the bench's own PostgreSQL, `bench.cdc.run`: changes/s of `mview run cdc --once`
+  for a bulk UPDATE of 100k rows, and COMMIT of a profile change -> first enriched event using it (deployed jobs).
+- kafka: the bench's own Kafka broker, `bench.kafka`: records/s per core of `mview run kafka --once` copying ~300k
+  messages beside the producer's messages/s, and freshness through Kafka (produce -> every follower's timeline,
+  `kafka` and `timeline` deployed) beside the Delta path's.
 
 The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks` and `bench.enrichment`; the table and
 the plot in `bench.report`.
@@ -37,7 +42,19 @@ from bench.report import END, START, markdown_table, plot, update_readme
 
 __all__ = ["main"]
 
-PARTS = ("redis", "throughput", "replay", "incrementality", "freshness", "metrics", "clicks", "enrichment")
+PARTS = (
+    "redis",
+    "throughput",
+    "replay",
+    "incrementality",
+    "freshness",
+    "metrics",
+    "clicks",
+    "enrichment",
+    "cdc",
+    "kafka",
+    "fanout",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enrichment-events", type=int, default=1_000_000, help="events of the enrichment bench")
     p.add_argument("--profiles", type=int, default=100_000, help="profiles of the enrichment bench")
     p.add_argument("--events", type=int, default=None, help="events of both (profiles = events / 10)")
+    p.add_argument("--cdc-rows", type=int, default=100_000, help="rows of the cdc bench's bulk UPDATE")
+    p.add_argument(
+        "--cdc-seconds", type=float, default=60.0, help="cdc: seconds of profile changes (one every 2 s)"
+    )
+    p.add_argument(
+        "--kafka-seconds", type=float, default=60.0, help="kafka: seconds of tweets produced (10 every 2 s)"
+    )
+    p.add_argument("--fanout-followers", type=int, default=1_000_000, help="fanout: the celebrity's followers")
     p.add_argument(
         "--scale", type=float, default=1.0, help="workload size factor (e.g. 0.05 for a smoke run)"
     )
@@ -103,7 +128,24 @@ def _jvm(spark) -> str:
     return f"Java {jvm.System.getProperty('java.version')}, {cache}"
 
 
-def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port: int) -> None:
+def _start_kafka(res: dict, tmp: Path):
+    """The kafka part's broker (process, bootstrap), or None with the part's error in `res` if it cannot start."""
+    from bench.kafka import start_kafka
+
+    try:
+        return start_kafka(tmp)
+    except Exception as e:  # noqa: BLE001 - the other parts still run
+        res["kafka"] = {"error": f"{type(e).__name__}: {e}"}
+        return None
+
+
+def _with_kafka(settings, bootstrap: str):
+    import dataclasses
+
+    return dataclasses.replace(settings, kafka_bootstrap=bootstrap)
+
+
+def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port: int, broker=None) -> None:
     from bench.freshness import bench_freshness
     from bench.timeline import (
         bench_incrementality,
@@ -113,7 +155,7 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
         throughput_workload,
     )
 
-    if want & {"freshness", "metrics"} and not want & {
+    if want & {"freshness", "metrics", "kafka"} and not want & {
         "throughput",
         "replay",
     }:  # freshness alone: the job catches up
@@ -137,6 +179,17 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
 
         follows, seconds = throughput_workload(args.scale).follows, args.freshness_seconds / 2
         _part(res, "metrics", bench_metrics, spark, settings, tmp, follows, args.metrics_pairs, seconds)
+    if "fanout" in want:
+        from bench.fanout import bench_fanout
+
+        n = max(1_000, int(args.fanout_followers * args.scale))
+        _part(res, "fanout", bench_fanout, spark, tmp, port, followers=n, limit=min(10_000, n // 10), scale=args.scale)
+    if "kafka" in want and res.get("kafka") is None:  # else the broker did not start: its error is there
+        from bench.kafka import bench_kafka
+
+        follows, fr = throughput_workload(args.scale).follows, res.get("freshness")
+        kw = {"scale": args.scale, "seconds": args.kafka_seconds, "delta": fr if fr and "error" not in fr else None}
+        _part(res, "kafka", bench_kafka, spark, settings, tmp, port, broker, follows, **kw)
 
 
 def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
@@ -152,6 +205,12 @@ def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
         profiles = max(100, int(args.profiles * args.scale))
         settings = scratch_settings(tmp / "lake-enrich", port, 3)
         _part(res, "enrichment", _other, run, settings, (events, profiles))
+    if "cdc" in want:
+        from bench.cdc import run as run_cdc
+
+        rows = max(1_000, int(args.cdc_rows * args.scale))
+        settings = scratch_settings(tmp / "lake-cdc", port, 4)
+        _part(res, "cdc", run_cdc, settings, rows=rows, seconds=args.cdc_seconds)
 
 
 def _write(res: dict, args) -> None:
@@ -183,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
         }
     }
+    broker = None
     try:
         if "redis" in want or "throughput" in want:
             from bench.timeline import bench_redis
@@ -191,11 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         from jobs.spark import get_spark
 
         settings = scratch_settings(tmp / "lake-tp", port, 0)
-        spark = get_spark(settings, "mview-bench")
+        broker = _start_kafka(res, tmp) if "kafka" in want else None
+        # With a broker the bench's JVM gets Spark's Kafka source (a JVM's packages are fixed at its start).
+        spark = get_spark(settings if broker is None else _with_kafka(settings, broker[1]), "mview-bench")
         res["meta"]["jvm"] = _jvm(spark)
-        _timeline_parts(res, want, args, spark, settings, tmp, port)
+        _timeline_parts(res, want, args, spark, settings, tmp, port, broker)
         _other_parts(res, want, args, tmp, port)
     finally:
+        if broker is not None:
+            from bench.kafka import stop_kafka
+
+            stop_kafka(broker[0])
         proc.terminate()
         proc.wait(10)
     res["meta"]["seconds"] = round(time.monotonic() - t_start, 1)

@@ -14,6 +14,8 @@ GOALS = {
     "freshness_p99_s": 5.0,
     "freshness_p50_s": 1.0,
     "growth_per_doubling": 0.20,
+    "kafka_freshness_p50_s": 2.0,
+    "kafka_freshness_p99_s": 5.0,
 }
 COLUMNS = ("figure", "workload", "command", "measured", "reference", "ratio", "goal", "met")
 
@@ -34,14 +36,17 @@ def _met(ok: bool | None) -> str:
 
 def table_rows(res: dict) -> list[dict]:
     """One row per figure, with the keys `COLUMNS`: the timeline's throughput, freshness, incrementality and
-    replay, the clicks and enrichment benches' own rows, then a row for every timeline part that failed."""
+    replay, the clicks and enrichment benches' own rows, change data capture, then a row for every timeline part
+    that failed."""
     return (
         _throughput_rows(res)
         + _freshness_rows(res)
         + _metrics_rows(res)
         + _incrementality_rows(res)
         + _replay_rows(res)
+        + _kafka_rows(res)
         + _other_rows(res)
+        + _cdc_rows(res)
         + _failed_rows(res)
     )
 
@@ -204,6 +209,56 @@ def _replay_rows(res: dict) -> list[dict]:
     return rows
 
 
+def _kafka_rows(res: dict) -> list[dict]:
+    """The kafka part (`bench.kafka`): the kafka job's copy rate beside the producer's rate into the same broker,
+    and freshness through Kafka beside the Delta path's of the same run; one row saying so when it failed."""
+    k = res.get("kafka")
+    if not k:
+        return []
+    if "error" in k:
+        return [_row("kafka", measured=f"failed: {k['error']}", met="**not met**")]
+    warm, cold, prod = k["copy_warm"], k["copy_cold"], k["produce"]
+    rate = prod["messages_per_s"]
+    rows = [
+        _row(
+            "kafka job records/s per core (Kafka -> Delta logs)",
+            workload=k["workload"],
+            command="mview run kafka --once (in the bench's JVM: warm; cold = its first run there)",
+            measured=f"{_fmt(warm['records_per_s_per_core'])}/s/core warm ({_fmt(warm['records_per_s'])}/s, "
+            f"{warm['batches']} batches, {warm['batch_seconds']}s, {warm['cores']} cores; "
+            f"{_fmt(warm['records_per_cpu_s'])} records per CPU-s of JVM {warm['jvm_cpu_seconds']}s + driver "
+            f"{warm['python_cpu_seconds']}s); cold {_fmt(cold['records_per_s_per_core'])}/s/core",
+            reference=f"producer {_fmt(prod['messages_per_s'])} messages/s into the same broker (`mview produce`)",
+            ratio=_fmt(round(warm["records_per_s"] / rate, 3) if rate else None),
+            goal="(none set)",
+            met="n/a",
+        )
+    ]
+    fr, d = k["freshness"], k["delta_freshness"]
+    ok = None
+    if fr["tweets"]:
+        ok = (
+            fr["p99_s"] is not None
+            and fr["p50_s"] <= GOALS["kafka_freshness_p50_s"]
+            and fr["p99_s"] <= GOALS["kafka_freshness_p99_s"]
+            and fr["not_visible_after_60s"] == 0
+        )
+    rows.append(
+        _row(
+            "freshness through Kafka p50 / p99 (produce -> every follower)",
+            workload=fr["workload"],
+            command=fr["command"],
+            measured=f"{_fmt(fr['p50_s'], ' s')} / {_fmt(fr['p99_s'], ' s')} ({fr['visible']}/{fr['tweets']} tweets seen)",
+            reference=f"Delta path (`mview ingest`): {_fmt(d.get('p50_s'), ' s')} / {_fmt(d.get('p99_s'), ' s')} "
+            f"({d.get('source')})",
+            ratio=_fmt(round(fr["p99_s"] / d["p99_s"], 2)) + "x" if fr["p99_s"] and d.get("p99_s") else "n/a",
+            goal="p50 <= 2 s, p99 <= 5 s",
+            met=_met(ok),
+        )
+    )
+    return rows
+
+
 def _other_rows(res: dict) -> list[dict]:
     """The clicks and enrichment benches: their own rows (in this table's columns), else a summary of their
     figures, or one row saying they were not available or failed."""
@@ -224,6 +279,46 @@ def _other_rows(res: dict) -> list[dict]:
                 if k not in ("available",) and not isinstance(v, (dict, list))
             )
             rows.append(_row(name, command=f"bench.{name}.run", measured=summary))
+    return rows
+
+
+def _cdc_rows(res: dict) -> list[dict]:
+    """Change data capture (`bench.cdc`): the capture's changes/s against the snapshot of the same run (and
+    `mview ingest` of as many records), and COMMIT -> first enriched use with the jobs deployed."""
+    c = res.get("cdc")
+    if not c:
+        return []
+    if "error" in c:
+        return [_row("cdc", measured=f"failed: {c['error']}", met="**not met**")]
+    cap, lat = c["capture"], c["latency"]
+    n = cap["rows"]
+    rows = [
+        _row(
+            "cdc changes/s (bulk UPDATE)",
+            workload=f"1 UPDATE of {n:,} rows, then `mview run cdc --once`",
+            command="python -m bench --only cdc",
+            measured=f"{_fmt(cap['changes_per_s'])} changes/s ({n:,} in {cap['capture_seconds']}s of capture,"
+            f" {cap['capture_commits']} Delta commit(s)); whole command {cap['command_seconds']}s",
+            reference=f"snapshot of the same rows {_fmt(cap['snapshot_rows_per_s'])} rows/s;"
+            f" `mview ingest` of {n:,} records {cap['ingest_command_seconds']}s",
+            ratio=f"{cap['changes_per_s'] / cap['snapshot_rows_per_s']:.2f}",
+            goal="(none set)",
+            met="n/a",
+        )
+    ]
+    rows.append(
+        _row(
+            "cdc COMMIT -> first enriched use p50 / p99",
+            workload=f"cdc + enrichment deployed, 1 profile change + 1 event using it (+ {lat['background_events']}"
+            f" others) every {lat['interval_s']:g}s, ALLOWED_LATENESS 0",
+            command="python -m bench --only cdc",
+            measured=f"{_fmt(lat['p50_s'], 's')} / {_fmt(lat['p99_s'], 's')} ({lat['seen']}/{lat['samples']}"
+            f" samples; in the profiles log after {_fmt(lat['captured_p50_s'], 's')} p50)",
+            reference="",
+            goal="(none set)",
+            met="n/a",
+        )
+    )
     return rows
 
 

@@ -151,3 +151,79 @@ def test_the_metrics_cost_row_is_met_when_the_direct_cost_is_under_3_percent_and
     assert row["met"] == met
     if not change:
         assert "cost 2% / 1.3% / 2%" in row["measured"] and "noise 1% / 2% / 2.5%" in row["measured"]
+
+
+def test_cdc_rows_set_the_capture_beside_the_snapshot_and_say_when_the_part_failed():
+    cdc = {
+        "capture": {
+            "rows": 100_000,
+            "capture_seconds": 4.0,
+            "capture_commits": 2,
+            "changes_per_s": 25_000,
+            "command_seconds": 5.5,
+            "snapshot_rows_per_s": 50_000,
+            "ingest_command_seconds": 3.0,
+        },
+        "latency": {
+            "background_events": 100,
+            "interval_s": 2.0,
+            "p50_s": 1.5,
+            "p99_s": 3.25,
+            "seen": 30,
+            "samples": 30,
+            "captured_p50_s": 0.4,
+        },
+    }
+    rows = {r["figure"]: r for r in table_rows({**RESULTS, "cdc": cdc})}
+    capture = rows["cdc changes/s (bulk UPDATE)"]
+    assert capture["ratio"] == "0.50" and capture["measured"].startswith("25,000 changes/s (100,000 in 4.0s")
+    assert "50,000 rows/s" in capture["reference"]
+    latency = rows["cdc COMMIT -> first enriched use p50 / p99"]["measured"]
+    assert latency.startswith("1.5s / 3.25s (30/30 samples")
+    failed = {r["figure"]: r for r in table_rows({**RESULTS, "cdc": {"error": "RuntimeError: no server"}})}
+    assert failed["cdc"]["measured"] == "failed: RuntimeError: no server"
+
+
+def _kafka(p50: float, p99: float, unseen: int = 0) -> dict:
+    copy = {
+        "records_per_s_per_core": 20_000,
+        "records_per_s": 40_000,
+        "batches": 3,
+        "batch_seconds": 7.5,
+        "cores": 2,
+        "records_per_cpu_s": 15_000,
+        "jvm_cpu_seconds": 12.0,
+        "python_cpu_seconds": 8.0,
+    }
+    fresh = {"workload": "w", "command": "c", "tweets": 300, "visible": 300 - unseen}
+    return {
+        "workload": "300,000 messages",
+        "produce": {"messages_per_s": 160_000},
+        "copy_cold": {**copy, "records_per_s_per_core": 9_000},
+        "copy_warm": copy,
+        "freshness": {**fresh, "p50_s": p50, "p99_s": p99, "not_visible_after_60s": unseen},
+        "delta_freshness": {"p50_s": 1.0, "p99_s": 2.0, "source": "the freshness part of this run"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("kafka", "met"),
+    [
+        (_kafka(1.5, 4.0), "met"),
+        (_kafka(2.5, 4.0), "**not met**"),  # p50 over 2 s
+        (_kafka(1.5, 5.5), "**not met**"),  # p99 over 5 s
+        (_kafka(1.5, 4.0, unseen=1), "**not met**"),  # a tweet never seen
+    ],
+)
+def test_kafka_rows_set_the_copy_beside_the_producer_and_judge_freshness_on_its_goals(kafka, met):
+    rows = {r["figure"]: r for r in table_rows({**RESULTS, "kafka": kafka})}
+    copy = rows["kafka job records/s per core (Kafka -> Delta logs)"]
+    assert copy["measured"].startswith("20,000/s/core warm (40,000/s, 3 batches")
+    assert "cold 9,000/s/core" in copy["measured"] and "160,000 messages/s" in copy["reference"]
+    assert copy["ratio"] == "0.25"
+    fresh = rows["freshness through Kafka p50 / p99 (produce -> every follower)"]
+    assert fresh["met"] == met
+    assert fresh["reference"] == "Delta path (`mview ingest`): 1 s / 2 s (the freshness part of this run)"
+    broken = {**RESULTS, "kafka": {"error": "KafkaBrokerFailed: no mvn"}}
+    failed = {r["figure"]: r for r in table_rows(broken)}
+    assert failed["kafka"]["measured"] == "failed: KafkaBrokerFailed: no mvn"
