@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.common import ingest_records, say
 
-__all__ = ["bench_freshness"]
+__all__ = ["bench_freshness", "measure_freshness", "deploy_jobs", "ingest_tweets"]
 
 
 def _followers(follows: list[dict]) -> dict[str, list[str]]:
@@ -26,13 +26,27 @@ def _followers(follows: list[dict]) -> dict[str, list[str]]:
     return out
 
 
-def _deploy(settings):
-    """Deploy the timeline job (`mview deploy timeline`); returns the function that stops it."""
+def deploy_jobs(settings, jobs: tuple[str, ...] = ("timeline",)):
+    """Deploy `jobs` (`mview deploy JOB` each); returns the function that stops them all."""
     from jobs.deploy import deploy, stop
 
-    if deploy(settings, "timeline"):
-        raise RuntimeError("mview deploy timeline failed")
-    return lambda: stop(settings, "timeline")
+    started: list[str] = []
+
+    def stop_all() -> None:
+        for job in reversed(started):
+            stop(settings, job)
+
+    for job in jobs:
+        if deploy(settings, job):
+            stop_all()
+            raise RuntimeError(f"mview deploy {job} failed")
+        started.append(job)
+    return stop_all
+
+
+def ingest_tweets(spark, settings, records: list[dict], path: Path) -> None:
+    """The Delta path's append of a batch of tweets: `mview ingest tweets` of a file holding them."""
+    ingest_records(spark, settings, "tweets", records, path)
 
 
 class _Visibility:
@@ -78,9 +92,9 @@ class _Visibility:
         self.done.set()
 
 
-def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: str, probe_id: str) -> float:
-    """Append a probe tweet by `author` and wait until the deployed job has put it in `follower`'s timeline;
-    the seconds it took."""
+def _wait_for_probe(append, client, tmp: Path, author: str, follower: str, probe_id: str) -> float:
+    """Append a probe tweet by `author` with `append` and wait until the deployed jobs have put it in
+    `follower`'s timeline; the seconds it took."""
     from views.keys import timeline_key
     from views.redis_io import current_generation
 
@@ -92,7 +106,7 @@ def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: s
         "text": "probe",
         "ts": int(time.time() * 1000),
     }
-    ingest_records(spark, settings, "tweets", [probe], tmp / "probe.jsonl")
+    append([probe], tmp / f"{probe_id}.jsonl")
     while client.zscore(timeline_key(current_generation(client, "timeline"), follower), probe_id) is None:
         if time.monotonic() - t0 > 300:
             raise TimeoutError("the deployed job did not publish a probe tweet within 300 s (see its log)")
@@ -101,10 +115,10 @@ def _wait_for_probe(spark, settings, client, tmp: Path, author: str, follower: s
 
 
 def _load(
-    spark, settings, tmp: Path, seen: _Visibility, followers, duration_s: float, every_s: float, prefix: str
+    append, tmp: Path, seen: _Visibility, followers, duration_s: float, every_s: float, prefix: str
 ) -> int:
-    """Append 10 tweets every `every_s` for `duration_s` (1 by a celebrity, the rest by random authors with
-    followers), each tracked by `seen`; the number of tweets appended."""
+    """Append 10 tweets with `append` every `every_s` for `duration_s` (1 by a celebrity, the rest by random
+    authors with followers), each tracked by `seen` from the moment `append` returned; the number appended."""
     authors = sorted(followers, key=lambda a: (-len(followers[a]), a))
     rng = random.Random(5)
     n, started = 0, time.monotonic()
@@ -123,7 +137,7 @@ def _load(
                 }
             )
             n += 1
-        ingest_records(spark, settings, "tweets", recs, tmp / "fresh.jsonl")
+        append(recs, tmp / f"{prefix}fresh.jsonl")
         seen.add([(r["tweet_id"], followers[r["user_id"]]) for r in recs], time.monotonic())
         time.sleep(max(0.0, every_s - (time.monotonic() - tick)))
     return n
@@ -140,36 +154,61 @@ def bench_freshness(
     *,
     latencies: bool = False,
 ) -> dict:
-    """Tweets appended every `every_s` by authors with followers; per tweet, append -> in every follower's
-    timeline. The job is deployed first and the load starts once it has caught up with the logs. `prefix` starts
-    every tweet id, so that a second run over the same logs appends new tweets. `latencies`: the result also
-    holds every tweet's seconds (`latencies`), for pooling runs."""
+    """Tweets appended (`mview ingest`) every `every_s` by authors with followers; per tweet, append -> in every
+    follower's timeline, with the timeline job deployed (see `measure_freshness`)."""
+    stop_jobs = deploy_jobs(settings, ("timeline",))
+    try:
+        append = lambda recs, path: ingest_tweets(spark, settings, recs, path)  # noqa: E731
+        return measure_freshness(
+            settings, tmp, follows, duration_s, every_s, prefix, append=append, latencies=latencies
+        )
+    finally:
+        stop_jobs()
+
+
+def measure_freshness(
+    settings,
+    tmp: Path,
+    follows: list[dict],
+    duration_s: float,
+    every_s: float,
+    prefix: str = "",
+    *,
+    append,
+    command: str = "mview deploy timeline",
+    how: str = "appended",
+    latencies: bool = False,
+) -> dict:
+    """Tweets appended by `append(records, path)` (e.g. `ingest_tweets`, or a produce to Kafka) every `every_s` by
+    authors with followers; per tweet, the seconds from `append`'s return to its presence in every follower's
+    timeline, with the jobs already deployed. The load starts once a probe tweet appended the same way is
+    visible (the jobs have caught up). `prefix` starts every tweet id, so that a second run over the same logs
+    appends new tweets. `latencies`: the result also holds every tweet's seconds (`latencies`), for pooling
+    runs."""
     from views.redis_io import connect
 
     followers = _followers(follows)
     top = min(followers, key=lambda a: (-len(followers[a]), a))
-    stop_job = _deploy(settings)
     seen = _Visibility(connect(settings.redis_url))
     try:
-        took = _wait_for_probe(spark, settings, seen.client, tmp, top, followers[top][0], f"{prefix}probe")
-        say(f"freshness: job deployed, probe visible after {took:.0f}s; load for {duration_s:.0f}s")
+        took = _wait_for_probe(append, seen.client, tmp, top, followers[top][0], f"{prefix}probe")
+        say(f"freshness: jobs deployed, probe visible after {took:.0f}s; load for {duration_s:.0f}s")
         poller = threading.Thread(target=seen.poll, daemon=True)
         poller.start()
-        n = _load(spark, settings, tmp, seen, followers, duration_s, every_s, prefix)
+        n = _load(append, tmp, seen, followers, duration_s, every_s, prefix)
         seen.finish(drain_s=60)
         poller.join(70)
     finally:
         seen.finish()
-        stop_job()
     lat = sorted(seen.latencies)
 
     def pct(p: float):
         return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
 
     out = {
-        "workload": f"{n} tweets appended in files of 10 every {every_s:.0f}s for {duration_s:.0f}s, on the "
+        "workload": f"{n} tweets {how} in batches of 10 every {every_s:.0f}s for {duration_s:.0f}s, on the "
         f"throughput graph (max {len(followers[top]):,} followers)",
-        "command": "mview deploy timeline",
+        "command": command,
         "tweets": n,
         "visible": len(lat),
         "not_visible_after_60s": n - len(lat),
