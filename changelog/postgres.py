@@ -31,7 +31,7 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
   not fit at the first start is an error (`CdcFailed`), and nothing is captured.
 - `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()` then) is
   in the log. Otherwise runs until `stop` is set.
-- `progress`, after each commit of the stream: the run's counts so far (`appended`, `rejected`), the `lsn`
+- `progress`, after the snapshot's commit and each commit of the stream: the run's counts so far (`appended`, `rejected`), the `lsn`
   recorded, and the `seconds` the commit took (the Delta append and the slot's confirmation).
 """
 
@@ -539,8 +539,13 @@ def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, s
     try:
         snapshot = 0
         if not done:
+            took = time.monotonic()
             _snapshot(repl, source, log, dec, state_dir)
             snapshot = log.appended + log.rejected
+            if progress:
+                took = time.monotonic() - took
+                lsn = lsn_text(log.last_lsn() or 0)
+                progress({"appended": log.appended, "rejected": log.rejected, "lsn": lsn, "seconds": took})
         _Stream(repl, source, log, dec, stop_lsn if once else None, stop, progress).run()
     finally:
         repl.close()

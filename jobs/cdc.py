@@ -8,9 +8,10 @@
 - `lag`: WAL bytes the slot has not confirmed (`mview status`); `drop`: removes the slot and the publication
   (`mview stop cdc --drop-slot`).
 - Metrics (`jobs.metrics`, `metrics_url` in the status), `mview run` and deployed alike: per Delta commit of the
-  log, `mview_input_records_total{topic="profiles"}` counts the changes captured (appended or dead-lettered),
-  `mview_batches_total` and `mview_batch_duration_seconds` the commit; at each scrape `mview_lag_bytes` is `lag`,
-  `mview_rejected_records_total` the dead letters and `mview_last_batch_timestamp_seconds` the last commit.
+  log (the snapshot's, then the stream's), `mview_input_records_total{topic="profiles"}` counts the changes it
+  holds (appended or dead-lettered), `mview_batches_total` and `mview_batch_duration_seconds` the commit; at each
+  scrape `mview_lag_bytes` is `lag`, `mview_rejected_records_total` the dead letters and
+  `mview_last_batch_timestamp_seconds` the last commit.
 """
 
 from __future__ import annotations

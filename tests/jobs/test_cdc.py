@@ -215,3 +215,29 @@ def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database
     got = {r["event_id"]: r for r in export_enriched(spark, settings.lake_dir, 1)}
     assert got == {e["event_id"]: _as_of(history, e) for e in events}
     assert any(r["name"] is None for r in got.values()) and any(r["name"] for r in got.values())
+
+
+def test_run_once_counts_the_snapshot_and_the_stream_in_its_metrics(pg, redis_url, tmp_path):
+    from jobs.cdc import run_cdc
+    from jobs.metrics import metrics_for
+
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT=free_port(), **pg.env())
+    metrics = metrics_for(settings, "cdc")  # one per job and process: other tests' runs may have counted
+
+    def counted() -> tuple[float, float]:
+        get = metrics.registry.get_sample_value
+        return (
+            get("mview_input_records_total", {"job": "cdc", "topic": "profiles"}),
+            get("mview_batches_total", {"job": "cdc"}),
+        )
+
+    pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n', 'DE', NULL FROM generate_series(1, 30) i")
+    before = counted()
+    assert run_cdc(None, settings, once=True)["snapshot_rows"] == 30
+    snap = counted()
+    assert (snap[0] - before[0], snap[1] - before[1]) == (30, 1)
+    pg.sql(
+        "UPDATE {t} SET country = 'FR' WHERE user_id IN ('u1', 'u2')", "DELETE FROM {t} WHERE user_id = 'u3'"
+    )
+    assert run_cdc(None, settings, once=True)["appended"] == 3
+    assert (counted()[0] - snap[0], counted()[1] - snap[1]) == (3, 1)
