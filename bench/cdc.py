@@ -169,6 +169,20 @@ def _sample(settings, client, work: Path, i: int, background: int, rng) -> dict:
     return out
 
 
+def _batch_seconds(settings, job: str) -> list[float]:
+    """The wall times of the deployed `job`'s micro-batches that did something, from its log's batch lines
+    (`<job> g<g> batch <id>: ... in <s>s`), the catch-up batch first."""
+    import re
+
+    from jobs.deploy import log_path
+
+    try:
+        text = log_path(settings, job).read_text()
+    except OSError:
+        return []
+    return [float(m) for m in re.findall(rf"{job} g\d+ batch \d+: .* in ([0-9.]+)s$", text, re.M)]
+
+
 def _median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 3) if values else None
@@ -196,6 +210,7 @@ def _latency(settings, work: Path, seconds: float, interval: float, background: 
     finally:
         for job in ("enrichment", "cdc"):
             stop(settings, job)
+    batches = _batch_seconds(settings, "enrichment")
     lat = sorted(s["latency_s"] for s in samples if s["latency_s"] is not None)
     return {
         "samples": len(samples),
@@ -212,6 +227,9 @@ def _latency(settings, work: Path, seconds: float, interval: float, background: 
             (s["captured_s"] for s in samples if s["captured_s"] is not None), default=None
         ),
         "latencies_s": [s["latency_s"] for s in samples],
+        "enrichment_batches": len(batches),
+        "enrichment_batch_p50_s": _median(batches),
+        "enrichment_batch_max_s": max(batches, default=None),
     }
 
 

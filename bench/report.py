@@ -313,7 +313,8 @@ def _cdc_rows(res: dict) -> list[dict]:
             f" others) every {lat['interval_s']:g}s, ALLOWED_LATENESS 0",
             command="python -m bench --only cdc",
             measured=f"{_fmt(lat['p50_s'], 's')} / {_fmt(lat['p99_s'], 's')} ({lat['seen']}/{lat['samples']}"
-            f" samples; in the profiles log after {_fmt(lat['captured_p50_s'], 's')} p50)",
+            f" samples; in the profiles log after {_fmt(lat['captured_p50_s'], 's')} p50; enrichment micro-batch"
+            f" {_fmt(lat.get('enrichment_batch_p50_s'), 's')} p50)",
             reference="",
             goal="(none set)",
             met="n/a",

@@ -172,6 +172,7 @@ def test_cdc_rows_set_the_capture_beside_the_snapshot_and_say_when_the_part_fail
             "seen": 30,
             "samples": 30,
             "captured_p50_s": 0.4,
+            "enrichment_batch_p50_s": 1.25,
         },
     }
     rows = {r["figure"]: r for r in table_rows({**RESULTS, "cdc": cdc})}
@@ -179,7 +180,7 @@ def test_cdc_rows_set_the_capture_beside_the_snapshot_and_say_when_the_part_fail
     assert capture["ratio"] == "0.50" and capture["measured"].startswith("25,000 changes/s (100,000 in 4.0s")
     assert "50,000 rows/s" in capture["reference"]
     latency = rows["cdc COMMIT -> first enriched use p50 / p99"]["measured"]
-    assert latency.startswith("1.5s / 3.25s (30/30 samples")
+    assert latency.startswith("1.5s / 3.25s (30/30 samples") and latency.endswith("micro-batch 1.25s p50)")
     failed = {r["figure"]: r for r in table_rows({**RESULTS, "cdc": {"error": "RuntimeError: no server"}})}
     assert failed["cdc"]["measured"] == "failed: RuntimeError: no server"
 
