@@ -185,11 +185,13 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
         n = max(1_000, int(args.fanout_followers * args.scale))
         _part(res, "fanout", bench_fanout, spark, tmp, port, followers=n, limit=min(10_000, n // 10), scale=args.scale)
     if "kafka" in want and res.get("kafka") is None:  # else the broker did not start: its error is there
-        from bench.kafka import bench_kafka
+        from bench.kafka import bench_kafka, stop_kafka
 
         follows, fr = throughput_workload(args.scale).follows, res.get("freshness")
-        kw = {"scale": args.scale, "seconds": args.kafka_seconds, "delta": fr if fr and "error" not in fr else None}
+        delta = fr if fr and "error" not in fr else None  # the Delta-path figures of this run, if any
+        kw = {"scale": args.scale, "seconds": args.kafka_seconds, "delta": delta}
         _part(res, "kafka", bench_kafka, spark, settings, tmp, port, broker, follows, **kw)
+        stop_kafka(broker[0])  # its memory back for the parts after it (main's `finally` stops it too)
 
 
 def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
