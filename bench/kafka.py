@@ -184,7 +184,7 @@ def _freshness(spark, settings, tmp: Path, bootstrap: str, follows, seconds: flo
                     command="mview deploy timeline; mview deploy kafka; mview ingest tweets FILE",
                 )
                 out["delta"]["source"] = (
-                    "a short Delta-path load in this part (the freshness part did not run)"
+                    "a short Delta-path load in this part: the freshness part did not run"
                 )
             out["kafka"] = measure_freshness(
                 ksettings,
