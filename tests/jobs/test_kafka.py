@@ -2,7 +2,8 @@
 
 1. `mview produce` a workload with bad lines (status: lag = every message), `mview run kafka --once --json`: the
    Delta logs hold exactly what `mview ingest` of the same files stores, and the dead letters carry the same
-   reasons, line by line, plus unique Kafka coordinates; a second `--once` copies nothing; no lag. Without a
+   reasons, line by line, plus unique Kafka coordinates; a second `--once` copies nothing; no lag; every view of
+   the three jobs over those logs equals the one over the ingested logs. Without a
    broker, or without KAFKA_BOOTSTRAP, `--once` is one line saying what to do.
 2. deployed: input keeps arriving; kill -9 of the driver with a micro-batch in flight, deploy again; then the
    broker stopped under the job (status says it waits) and started again: every produced record is in the Delta
@@ -83,11 +84,46 @@ def _workload() -> dict[str, list[bytes]]:
         orjson.dumps({"click_id": f"c{i}", "session_id": f"s{i % 5}", "url": "/x", "ts": i})
         for i in range(50)
     ] + [b'{"click_id":"c1","session_id":"s1","url":7,"ts":1}']
-    return {"tweets": tweets, "follows": follows, "clicks": clicks}
+    minute = 60_000
+    searches = [
+        orjson.dumps(
+            {"search_id": f"q{i}", "session_id": f"s{i % 5}", "query": f"w{i % 3}", "ts": i * 5 * minute}
+        )
+        for i in range(40)
+    ] + [b'{"search_id":"q1","session_id":"s1","query":"w","ts":"yesterday"}']
+    clicks += [
+        orjson.dumps({"click_id": f"k{i}", "session_id": f"s{i % 5}", "url": "/y", "ts": i * 5 * minute + 5})
+        for i in range(0, 40, 3)
+    ]
+    profiles = [
+        orjson.dumps(
+            {
+                "op": "upsert",
+                "user_id": f"u{i % 6}",
+                "name": f"n{i}",
+                "country": f"c{i % 4}",
+                "ts": i * minute,
+            }
+        )
+        for i in range(30)
+    ] + [b'{"op":"upsert","user_id":"u1","name":"x","ts":1}']
+    activity = [
+        orjson.dumps({"event_id": f"e{i}", "user_id": f"u{i % 6}", "action": "view", "ts": i * minute + 7})
+        for i in range(60)
+    ] + [b'{"event_id":"e1","user_id":"u1","action":"view"}']
+    return {
+        "tweets": tweets,
+        "follows": follows,
+        "clicks": clicks,
+        "searches": searches,
+        "profiles": profiles,
+        "activity": activity,
+    }
 
 
-def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(tmp_path, kafka, redis_url):
-    settings = make_settings(tmp_path / "lake", redis_url, **kafka)
+def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_path, kafka, redis_url):
+    base = redis_url.rsplit("/", 1)[0]
+    settings = make_settings(tmp_path / "lake", f"{base}/3", **kafka)
     direct = tmp_path / "direct"  # the same files through `mview ingest`
     files = {}
     for topic, lines in _workload().items():
@@ -118,8 +154,31 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(tmp_path, kaf
     assert versions == {
         t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS
     }
-    assert sum(len(_dead(settings.lake_dir, t)) for t in TOPICS) == 9 + 2 + 1
+    assert sum(len(_dead(settings.lake_dir, t)) for t in TOPICS) == 9 + 2 + 1 + 1 + 1 + 1
     assert status_of(settings, JOB)["lag_versions"] == 0
+    _views_equal(spark, settings, make_settings(direct, f"{base}/4"))
+
+
+def _views_equal(spark, via_kafka, via_ingest) -> None:
+    """Every view of the three jobs over the logs the kafka job wrote equals the one over the ingested logs."""
+    from jobs.registry import JOBS
+    from views.read import export_view
+    from views.redis_io import connect
+
+    exports = []
+    for settings in (via_kafka, via_ingest):
+        views = {}
+        for name in ("timeline", "clicks", "enrichment"):
+            JOBS[name].run(spark, settings, once=True)
+            client = connect(settings.redis_url)
+            for view in JOBS[name].views:
+                rows = export_view(client, view, job=name, lake_dir=settings.lake_dir, spark=lambda: spark)
+                views[view] = sorted(orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in rows)
+        exports.append(views)
+    assert all(exports[0].values()), {
+        v: len(rows) for v, rows in exports[0].items()
+    }  # every view has content
+    assert exports[0] == exports[1]
 
 
 def test_once_without_broker_or_configuration_says_what_to_do(tmp_path, redis_url):
