@@ -47,6 +47,7 @@ def table_rows(res: dict) -> list[dict]:
         + _kafka_rows(res)
         + _other_rows(res)
         + _cdc_rows(res)
+        + _fanout_rows(res)
         + _failed_rows(res)
     )
 
@@ -321,6 +322,70 @@ def _cdc_rows(res: dict) -> list[dict]:
         )
     )
     return rows
+
+
+def _fanout_rows(res: dict) -> list[dict]:
+    """Celebrities (`bench.fanout`): a 1M-follower tweet to visible everywhere, hybrid against fan-out on write;
+    reads through `read_timeline`, hybrid against plain, while the jobs write; Redis bytes per timeline entry."""
+    f = res.get("fanout")
+    if not f:
+        return []
+    if "error" in f:
+        return [_row("fanout", measured=f"failed: {f['error']}", met="**not met**")]
+    cmd, rows = "python -m bench --only fanout", []
+    for name, fn in (
+        ("celebrity", _fanout_celebrity_row),
+        ("reads", _fanout_reads_row),
+        ("memory", _fanout_memory_row),
+    ):
+        part = f.get(name)
+        if part and "error" in part:
+            rows.append(_row(f"fanout {name}", measured=f"failed: {part['error']}", met="**not met**"))
+        elif part:
+            rows.append(fn(part) | {"command": cmd})
+    return rows
+
+
+def _fanout_celebrity_row(c: dict) -> dict:
+    h, w = c["hybrid"], c["write"]
+    return _row(
+        f"celebrity tweet ({c['followers']:,} followers) -> visible to all, p50 / p99",
+        workload=f"timeline deployed; 1 tweet at a time; FANOUT_LIMIT {h['fanout_limit']:,} vs unset; all followers"
+        f" checked ({_fmt(h['check_s'], 's')} / {_fmt(w['check_s'], 's')} per check, not counted)",
+        measured=f"hybrid {_fmt(h['p50_s'], 's')} / {_fmt(h['p99_s'], 's')} ({len(h['tweets'])} tweets)",
+        reference=f"fan-out on write {_fmt(w['p50_s'], 's')} / {_fmt(w['p99_s'], 's')} ({len(w['tweets'])} tweets)",
+        ratio=f"{h['p99_s'] / w['p99_s']:.3f}" if w["p99_s"] else "n/a",
+        goal="hybrid p99 <= 1 s",
+        met=_met(h["p99_s"] <= 1.0),
+    )
+
+
+def _fanout_reads_row(r: dict) -> dict:
+    h, p = r["hybrid"], r["plain"]
+    return _row(
+        "timeline reads/s, p50 / p99 (`read_timeline`, while the jobs write)",
+        workload=r["workload"],
+        measured=f"hybrid {_fmt(h['reads_per_s'])}/s, {_fmt(h['p50_ms'], ' ms')} / {_fmt(h['p99_ms'], ' ms')}",
+        reference=f"plain {_fmt(p['reads_per_s'])}/s, {_fmt(p['p50_ms'], ' ms')} / {_fmt(p['p99_ms'], ' ms')}",
+        ratio=_fmt(r["p99_ratio"]),
+        goal="hybrid p99 <= 2x plain",
+        met=_met(r["p99_ratio"] <= 2.0),
+    )
+
+
+def _fanout_memory_row(m: dict) -> dict:
+    d, lp = m["default"], m["listpack"]
+    return _row(
+        "Redis bytes per timeline entry",
+        workload=f"throughput workload, {d['entries']:,} entries, TIMELINE_CAP {m['cap']}",
+        measured=f"{_fmt(d['timeline_keys_bytes_per_entry'])} B (default zset-max-listpack-entries"
+        f" {d['zset_max_listpack_entries']}); {_fmt(lp['timeline_keys_bytes_per_entry'])} B with"
+        f" {lp['zset_max_listpack_entries']} (ZADD {_fmt(d['zadd_usec_per_call'])} -> {_fmt(lp['zadd_usec_per_call'])} us/call)",
+        reference=f"payload {_fmt(d['payload_bytes_per_entry'])} B (tweet id + 8-byte score)",
+        ratio=f"{d['timeline_keys_bytes_per_entry'] / d['payload_bytes_per_entry']:.1f}",
+        goal="(none set)",
+        met="n/a",
+    )
 
 
 def _failed_rows(res: dict) -> list[dict]:

@@ -228,3 +228,73 @@ def test_kafka_rows_set_the_copy_beside_the_producer_and_judge_freshness_on_its_
     broken = {**RESULTS, "kafka": {"error": "KafkaBrokerFailed: no mvn"}}
     failed = {r["figure"]: r for r in table_rows(broken)}
     assert failed["kafka"]["measured"] == "failed: KafkaBrokerFailed: no mvn"
+
+
+_FANOUT = {
+    "celebrity": {
+        "followers": 1_000_000,
+        "write": {"fanout_limit": None, "p50_s": 20.0, "p99_s": 30.0, "check_s": 2.0, "tweets": [{}] * 3},
+        "hybrid": {"fanout_limit": 10_000, "p50_s": 0.5, "p99_s": 0.9, "check_s": 1.5, "tweets": [{}] * 8},
+    },
+    "reads": {
+        "workload": "w",
+        "p99_ratio": 1.5,
+        "plain": {"reads_per_s": 1000, "p50_ms": 0.8, "p99_ms": 2.0},
+        "hybrid": {"reads_per_s": 700, "p50_ms": 1.1, "p99_ms": 3.0},
+    },
+    "memory": {
+        "cap": 800,
+        "default": {
+            "entries": 800_000,
+            "zset_max_listpack_entries": 128,
+            "timeline_keys_bytes_per_entry": 64.0,
+            "payload_bytes_per_entry": 16.0,
+            "zadd_usec_per_call": 5.0,
+        },
+        "listpack": {
+            "zset_max_listpack_entries": 800,
+            "timeline_keys_bytes_per_entry": 20.0,
+            "zadd_usec_per_call": 9.0,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "figure", "met", "text"),
+    [
+        ({}, "celebrity tweet", "met", "hybrid 0.5s / 0.9s (8 tweets)"),
+        ({("celebrity", "hybrid", "p99_s"): 1.2}, "celebrity tweet", "**not met**", "/ 1.2s"),
+        ({}, "timeline reads/s", "met", "hybrid 700/s, 1.1 ms / 3 ms"),
+        ({("reads", "p99_ratio"): 2.5}, "timeline reads/s", "**not met**", "plain 1,000/s"),
+        (
+            {},
+            "Redis bytes per timeline entry",
+            "n/a",
+            "64 B (default zset-max-listpack-entries 128); 20 B with 800",
+        ),
+        (
+            {("reads",): {"error": "TimeoutError: x"}},
+            "fanout reads",
+            "**not met**",
+            "failed: TimeoutError: x",
+        ),
+    ],
+)
+def test_fanout_rows_mark_the_goals_and_name_a_failed_measurement(change, figure, met, text):
+    import copy
+
+    fanout = copy.deepcopy(_FANOUT)
+    for path, value in change.items():
+        d = fanout
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+    rows = [r for r in table_rows({"fanout": fanout}) if r["figure"].startswith(figure)]
+    assert len(rows) == 1 and rows[0]["met"] == met and text in rows[0]["measured"] + rows[0]["reference"]
+    assert len(table_rows({"fanout": fanout})) == 3
+
+
+def test_a_failed_fanout_part_is_one_row():
+    [row] = table_rows({"fanout": {"error": "RuntimeError: boom"}})
+    assert row["measured"] == "failed: RuntimeError: boom" and row["met"] == "**not met**"
