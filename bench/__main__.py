@@ -20,6 +20,8 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
 - kafka: the bench's own Kafka broker, `bench.kafka`: records/s per core of `mview run kafka --once` copying ~300k
   messages beside the producer's messages/s, and freshness through Kafka (produce -> every follower's timeline,
   `kafka` and `timeline` deployed) beside the Delta path's.
+- fanout: celebrities, `bench.fanout`: a 1M-follower tweet to visible everywhere, fan-out on write vs FANOUT_LIMIT
+  (deployed); `read_timeline` reads/s and p50/p99 plain vs hybrid while the jobs write; Redis bytes per entry.
 
 The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks` and `bench.enrichment`; the table and
 the plot in `bench.report`.
