@@ -314,6 +314,7 @@ def _memory(spark, tmp: Path, scale: float) -> dict:
                 "payload_bytes_per_entry": round(payload / entries, 1),
                 "encodings": enc,
                 "zadd_usec_per_call": stats.get("cmdstat_zadd", {}).get("usec_per_call"),
+                "zadd_usec_per_entry": round(stats.get("cmdstat_zadd", {}).get("usec", 0) / entries, 3),
                 "zremrangebyrank_usec_per_call": stats.get("cmdstat_zremrangebyrank", {}).get(
                     "usec_per_call"
                 ),

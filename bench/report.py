@@ -380,7 +380,8 @@ def _fanout_memory_row(m: dict) -> dict:
         workload=f"throughput workload, {d['entries']:,} entries, TIMELINE_CAP {m['cap']}",
         measured=f"{_fmt(d['timeline_keys_bytes_per_entry'])} B (default zset-max-listpack-entries"
         f" {d['zset_max_listpack_entries']}); {_fmt(lp['timeline_keys_bytes_per_entry'])} B with"
-        f" {lp['zset_max_listpack_entries']} (ZADD {_fmt(d['zadd_usec_per_call'])} -> {_fmt(lp['zadd_usec_per_call'])} us/call)",
+        f" {lp['zset_max_listpack_entries']} (Redis's ZADD time {_fmt(d.get('zadd_usec_per_entry'))} -> {_fmt(lp.get('zadd_usec_per_entry'))} us"
+        " per entry)",
         reference=f"payload {_fmt(d['payload_bytes_per_entry'])} B (tweet id + 8-byte score)",
         ratio=f"{d['timeline_keys_bytes_per_entry'] / d['payload_bytes_per_entry']:.1f}",
         goal="(none set)",
