@@ -136,10 +136,15 @@ def _check(rows: dict, tag: str, label: str) -> bool:
 
 
 def _mview(settings, *args: str) -> int:
+    """Run `mview ARGS` with the demo's settings; print its last lines of output (the summary)."""
     from jobs.deploy import settings_env
 
     env = {**os.environ, **settings_env(settings)}
-    return subprocess.run([sys.executable, "-m", "jobs", *args], env=env).returncode
+    out = subprocess.run([sys.executable, "-m", "jobs", *args], env=env, capture_output=True, text=True)
+    lines = (out.stdout + (out.stderr if out.returncode else "")).strip().splitlines()
+    for line in lines[-3:]:
+        _say(f"  {line}")
+    return out.returncode
 
 
 # long: the demo's steps read best in order
