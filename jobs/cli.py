@@ -213,7 +213,9 @@ def cmd_replay(args) -> int:
     from jobs.replay import replay
 
     if job_spec(args.job).source:  # an unknown job is one line at once, not after Spark's start
-        raise SystemExit(f"mview: {args.job} copies an outside system into the logs: it has no views to replay")
+        raise SystemExit(
+            f"mview: {args.job} copies an outside system into the logs: it has no views to replay"
+        )
     settings = _settings()
     _lake(settings, write=True)
     _redis(settings)

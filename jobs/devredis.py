@@ -174,7 +174,9 @@ def _start_cluster(s: Settings, port: int, exe: str) -> int:
         _create_cluster(ports)
     nodes = ", ".join(f"127.0.0.1:{p}" for p in ports)
     print(f"started a Redis Cluster of {CLUSTER_MASTERS} masters at {nodes} (data and logs in {data})")
-    print("the jobs cannot write to a Redis Cluster yet (REDIS_CLUSTER=true is refused): it is for trying Redis Cluster")
+    print(
+        "the jobs cannot write to a Redis Cluster yet (REDIS_CLUSTER=true is refused): it is for trying Redis Cluster"
+    )
     return 0
 
 
