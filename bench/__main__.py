@@ -86,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kafka-seconds", type=float, default=60.0, help="kafka: seconds of tweets produced (10 every 2 s)"
     )
-    p.add_argument("--fanout-followers", type=int, default=1_000_000, help="fanout: the celebrity's followers")
+    p.add_argument(
+        "--fanout-followers", type=int, default=1_000_000, help="fanout: the celebrity's followers"
+    )
     p.add_argument(
         "--scale", type=float, default=1.0, help="workload size factor (e.g. 0.05 for a smoke run)"
     )
@@ -185,7 +187,17 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
         from bench.fanout import bench_fanout
 
         n = max(1_000, int(args.fanout_followers * args.scale))
-        _part(res, "fanout", bench_fanout, spark, tmp, port, followers=n, limit=min(10_000, n // 10), scale=args.scale)
+        _part(
+            res,
+            "fanout",
+            bench_fanout,
+            spark,
+            tmp,
+            port,
+            followers=n,
+            limit=min(10_000, n // 10),
+            scale=args.scale,
+        )
     if "kafka" in want and res.get("kafka") is None:  # else the broker did not start: its error is there
         from bench.kafka import bench_kafka, stop_kafka
 
