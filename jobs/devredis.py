@@ -219,6 +219,9 @@ def main() -> int:
             "60 1000",
             "--appendonly",
             "no",
+            # capped timelines stay compact listpacks (22 B per entry instead of 104 B: docs/bench.md)
+            "--zset-max-listpack-entries",
+            str(max(128, s.timeline_cap)),
         ],
         check=True,
     )
