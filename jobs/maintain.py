@@ -119,10 +119,11 @@ def _optimize_and_vacuum(spark, settings: Settings, report: dict) -> None:
         try:
             dt = DeltaTable.forPath(spark, str(table))
             if is_topic:
-                with topic_lock(table, exclusive=True):
+                with topic_lock(table, exclusive=True):  # no delta-rs append beside Spark's commit
                     dt.optimize().executeCompaction()
             elif is_idle_state:
                 dt.optimize().executeCompaction()
+            if is_topic or is_idle_state:
                 report["optimized"].append(str(rel))
             dt.vacuum(hours)
             report["vacuumed"].append(str(rel))
