@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 import orjson
-from arro3.core import Array, RecordBatch, Table
 
 from changelog import records
 from changelog.errors import InvalidRecord, NotStored
 from changelog.records import check_record_size, parse_line
-from changelog.topics import append_table, ensure_topic, topic_arrow_schema, topic_columns
+from changelog.topics import RecordTable, append_table, ensure_topic
 
 __all__ = ["IngestResult", "ingest", "deadletter_path", "DEADLETTER_RAW_CHARS"]
 
@@ -43,7 +42,6 @@ DEADLETTER_RAW_CHARS = 1_000
 _BOM = b"\xef\xbb\xbf"
 
 # Validated records are turned into Arrow record batches of this many rows (one commit holds them all).
-_BATCH_ROWS = 50_000
 
 
 @dataclass
@@ -107,51 +105,7 @@ def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> 
     return orjson.dumps(entry) + b"\n"
 
 
-class _Batches:
-    """A file's validated records as Arrow record batches of the topic's schema, to be committed at once.
-
-    A record that does not fit the schema exactly (a value Arrow would convert, e.g. a bool as `ts`, or refuse, a
-    field that is not a column) sets `unfit`; the file's later records are then counted but not kept."""
-
-    def __init__(self, topic: str):
-        self.schema = topic_arrow_schema(topic)
-        self._columns = [(n, self.schema.field(n).type, t == "bigint") for n, t in topic_columns(topic)]
-        self._known = frozenset(n for n, _t, _i in self._columns)
-        self._rows: list[dict] = []
-        self._batches: list[RecordBatch] = []
-        self.unfit: str | None = None
-
-    def add(self, record: dict) -> None:
-        if self.unfit is None:
-            self._rows.append(record)
-            if len(self._rows) >= _BATCH_ROWS:
-                self._flush()
-
-    def _flush(self) -> None:
-        rows, self._rows = self._rows, []
-        try:
-            for r in rows:
-                if not r.keys() <= self._known:
-                    raise ValueError(f"fields {sorted(r.keys() - self._known)} are not columns of the topic")
-            arrays = []
-            for name, kind, is_int in self._columns:
-                values = [r.get(name) for r in rows]
-                if is_int and any(v is not None and type(v) is not int for v in values):
-                    raise TypeError(f"field {name!r} holds a value that is not an integer")  # e.g. a bool
-                arrays.append(
-                    Array(values, type=kind)
-                )  # refuses a str for int64, an int for a string, > 64 bits
-            self._batches.append(RecordBatch.from_arrays(arrays, schema=self.schema))
-        except (ValueError, TypeError, OverflowError, UnicodeError) as e:
-            self.unfit = f"{type(e).__name__}: {str(e)[:200]}"
-
-    def table(self) -> Table:
-        if self._rows and self.unfit is None:
-            self._flush()
-        return Table.from_batches(self._batches, schema=self.schema)
-
-
-def _commit(path: str, topic: str, name: str, batches: _Batches, accepted: int) -> None:
+def _commit(path: str, topic: str, name: str, batches: RecordTable, accepted: int) -> None:
     """Append the file's records to the topic's table in one commit; `NotStored` if they do not fit exactly."""
     table = batches.table()
     if batches.unfit is not None:
@@ -175,7 +129,7 @@ def ingest(
         name = "<stdin>" if source == "-" else str(source)
         accepted = rejected = 0
         started = time.monotonic()
-        good = _Batches(topic)
+        good = RecordTable(topic)
         with open(dl_path, "ab", opener=_owner_only) as dead:
             for lineno, (raw, size) in enumerate(_lines(source), start=1):
                 try:

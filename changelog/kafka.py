@@ -368,17 +368,20 @@ def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version:
     (`app_id`, `version`), unless a commit of this log already recorded `version` or a later one for `app_id`."""
     from deltalake import DeltaTable
 
-    from changelog.ingest import _Batches
-    from changelog.topics import append_table, ensure_topic
+    from changelog.errors import NotStored
+    from changelog.topics import RecordTable, append_table, ensure_topic
 
     path = ensure_topic(None, lake_dir, topic)
     done = DeltaTable(path).transaction_version(app_id)
     if done is not None and done >= version:  # committed before a crash: the replayed batch adds nothing
         return
-    batches = _Batches(topic)
+    batches = RecordTable(topic)
     for record in lines:
         batches.add(record)
-    append_table(path, batches.table(), note=f"kafka batch {version}", transactions=((app_id, version),))
+    table = batches.table()
+    if batches.unfit is not None:  # as ingest: nothing of the batch, never a record silently left out
+        raise NotStored(topic, f"kafka batch {version}", len(lines), batches.unfit)
+    append_table(path, table, note=f"kafka batch {version}", transactions=((app_id, version),))
 
 
 def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, version: int) -> dict:

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from arro3.core import Array, RecordBatch, Table
+
 from changelog.errors import UnknownTopic
 from changelog.records import TOPIC_FIELDS
 
@@ -45,7 +47,10 @@ __all__ = [
     "ensure_delta_table",
     "append_table",
     "topic_lock",
+    "RecordTable",
 ]
+
+_BATCH_ROWS = 50_000  # records per Arrow record batch of a RecordTable
 
 TOPICS: tuple[str, ...] = tuple(TOPIC_FIELDS)
 
@@ -147,6 +152,50 @@ def append_table(
     )
     with topic_lock(path, exclusive=False):
         write_deltalake(str(path), table, mode="append", commit_properties=props)
+
+
+class RecordTable:
+    """Validated records of one topic as Arrow record batches of the topic's schema, to be committed at once.
+
+    A record that does not fit the schema exactly (a value Arrow would convert, e.g. a bool as `ts`, or refuse, a
+    field that is not a column) sets `unfit`; later records are then not kept. Callers must refuse to commit an unfit table (`NotStored`)."""
+
+    def __init__(self, topic: str):
+        self.schema = topic_arrow_schema(topic)
+        self._columns = [(n, self.schema.field(n).type, t == "bigint") for n, t in topic_columns(topic)]
+        self._known = frozenset(n for n, _t, _i in self._columns)
+        self._rows: list[dict] = []
+        self._batches: list[RecordBatch] = []
+        self.unfit: str | None = None
+
+    def add(self, record: dict) -> None:
+        if self.unfit is None:
+            self._rows.append(record)
+            if len(self._rows) >= _BATCH_ROWS:
+                self._flush()
+
+    def _flush(self) -> None:
+        rows, self._rows = self._rows, []
+        try:
+            for r in rows:
+                if not r.keys() <= self._known:
+                    raise ValueError(f"fields {sorted(r.keys() - self._known)} are not columns of the topic")
+            arrays = []
+            for name, kind, is_int in self._columns:
+                values = [r.get(name) for r in rows]
+                if is_int and any(v is not None and type(v) is not int for v in values):
+                    raise TypeError(f"field {name!r} holds a value that is not an integer")  # e.g. a bool
+                arrays.append(
+                    Array(values, type=kind)
+                )  # refuses a str for int64, an int for a string, > 64 bits
+            self._batches.append(RecordBatch.from_arrays(arrays, schema=self.schema))
+        except (ValueError, TypeError, OverflowError, UnicodeError) as e:
+            self.unfit = f"{type(e).__name__}: {str(e)[:200]}"
+
+    def table(self) -> Table:
+        if self._rows and self.unfit is None:
+            self._flush()
+        return Table.from_batches(self._batches, schema=self.schema)
 
 
 def read_stream(spark, lake_dir: Path, topic: str, *, max_files_per_trigger: int | None = None):
