@@ -45,10 +45,16 @@ def redis_cluster(tmp_path_factory):
 
 
 @pytest.fixture
-def redis_url(redis_server):
+def redis_server_url(redis_server):
+    """The session redis-server's URL, emptied for the test."""
     client = redis.Redis.from_url(redis_server["url"])
     client.flushall()
     return redis_server["url"]
+
+
+@pytest.fixture
+def redis_url(redis_server_url):
+    return redis_server_url
 
 
 @pytest.fixture
