@@ -29,13 +29,23 @@ import uuid
 from pathlib import Path
 
 from changelog.kafka import MAX_MESSAGE_BYTES, probe
-from jobs.errors import KafkaBrokerFailed
+from jobs.errors import JobsError, KafkaBrokerFailed
 from jobs.settings import Settings
 
-__all__ = ["KAFKA_VERSION", "broker_lib", "start_broker", "wait_broker", "scratch_kafka", "main"]
+__all__ = [
+    "KAFKA_VERSION",
+    "LOG4J_VERSION",
+    "broker_lib",
+    "maven_lib",
+    "java_exe",
+    "start_broker",
+    "wait_broker",
+    "scratch_kafka",
+    "main",
+]
 
 KAFKA_VERSION = "4.4.0"  # the newest Kafka 4.x on Maven Central; runs on Java 17
-_LOG4J = "2.25.5"  # the log4j-core Kafka brings; its slf4j binding sends the broker's log lines to server.log
+LOG4J_VERSION = "2.25.5"  # the log4j-core Kafka brings; its slf4j binding sends the log lines to server.log
 _MVN_MISSING = "mvn (Maven) is not installed, it fetches the Kafka broker's jars: apt-get install -y maven"
 _JAVA_MISSING = (
     "java is not installed, the Kafka broker needs Java 17+: apt-get install -y openjdk-17-jre-headless"
@@ -64,15 +74,21 @@ _LOG_CONFIG = """Configuration:
 
 def broker_lib(version: str = KAFKA_VERSION) -> Path:
     """The directory holding the broker's jars, resolved from Maven Central on first use (needs `mvn`)."""
-    lib = Path(sys.prefix) / "mview-kafka" / version / "lib"
+    pom = _POM.replace("@V@", version).replace("@L@", LOG4J_VERSION)
+    return maven_lib(Path(sys.prefix) / "mview-kafka" / version / "lib", pom, f"Kafka {version}")
+
+
+def maven_lib(lib: Path, pom: str, what: str, error: type[JobsError] = KafkaBrokerFailed) -> Path:
+    """`lib` holding the runtime jars of `pom`'s dependencies (`what` names them in errors), copied from Maven
+    Central by `mvn dependency:copy-dependencies` on first use; `error` (saying what to do) if that fails."""
     if (lib / ".complete").exists():
         return lib
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise KafkaBrokerFailed(_MVN_MISSING)
+        raise error(_MVN_MISSING.replace("the Kafka broker's jars", f"the jars of {what}"))
     lib.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-        (Path(tmp) / "pom.xml").write_text(_POM.replace("@V@", version).replace("@L@", _LOG4J))
+        (Path(tmp) / "pom.xml").write_text(pom)
         out = Path(tmp) / "lib"
         cmd = [
             mvn,
@@ -84,8 +100,9 @@ def broker_lib(version: str = KAFKA_VERSION) -> Path:
         ]
         done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
-            raise KafkaBrokerFailed(f"mvn could not fetch Kafka {version} from Maven Central: {tail[0]}")
+            errors = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln]
+            tail = errors[:1] or ["no output"]
+            raise error(f"mvn could not fetch {what} from Maven Central: {tail[0].strip()}")
         (out / ".complete").touch()
         shutil.rmtree(lib, ignore_errors=True)
         out.replace(lib)
@@ -117,7 +134,8 @@ log.retention.check.interval.ms=5000
 """
 
 
-def _java() -> str:
+def java_exe() -> str:
+    """The `java` of JAVA_HOME, else of PATH; KafkaBrokerFailed (saying how to install it) without one."""
     java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
     exe = str(java) if java and java.is_file() else shutil.which("java")
     if exe is None:
@@ -129,7 +147,7 @@ def start_broker(data: Path, port: int, controller: int, *, detach: bool) -> sub
     """Start a broker on 127.0.0.1:`port` (controller on `controller`) with its files under `data`, formatting
     the log directory on first use; return the process (not yet answering: see `_wait`). detach: in its own
     session, outliving this process; else it dies with the thread that started it (Linux, `setpriv`)."""
-    lib, java = broker_lib(), _java()
+    lib, java = broker_lib(), java_exe()
     data.mkdir(parents=True, exist_ok=True)
     props, log_config = data / "server.properties", data / "log4j2.yaml"
     props.write_text(_properties(data, port, controller))

@@ -12,6 +12,7 @@ __all__ = [
     "RedisServerMissing",
     "PostgresServerFailed",
     "KafkaBrokerFailed",
+    "KafkaConnectFailed",
     "SourceNotConfigured",
     "FanoutLimitChanged",
 ]
@@ -66,6 +67,15 @@ class PostgresServerFailed(JobsError):
 
 class KafkaBrokerFailed(JobsError):
     """A scratch or development Kafka broker cannot be set up or started (`reason` says why and what to do)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class KafkaConnectFailed(JobsError):
+    """A scratch Kafka Connect worker (with the Debezium connector) cannot be set up or started (`reason` says why
+    and what to do)."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
