@@ -69,8 +69,8 @@ def debezium_postgres(
 ) -> dict:
     """The properties of a Debezium PostgreSQL connector `name` capturing `public.<table>` through `pgoutput`
     with its own slot and publication `slot` (a filtered publication it creates), every event routed to the
-    Kafka topic `topic`, no tombstone after a delete. `dsn`: host, port, dbname, user (password optional);
-    `extra` adds or overrides properties (e.g. `value.converter.schemas.enable`)."""
+    Kafka topic `topic` (a delete's tombstone, a null message, too). `dsn`: host, port, dbname, user (password
+    optional); `extra` adds or overrides properties (e.g. `value.converter.schemas.enable`)."""
     props = {
         "name": name,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -86,7 +86,6 @@ def debezium_postgres(
         "publication.name": slot,
         "publication.autocreate.mode": "filtered",
         "table.include.list": f"public.{table}",
-        "tombstones.on.delete": "false",
         "transforms": "route",
         "transforms.route.type": "org.apache.kafka.connect.transforms.RegexRouter",
         "transforms.route.regex": ".*",
