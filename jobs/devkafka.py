@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import signal
 import socket
@@ -100,9 +101,11 @@ def maven_lib(lib: Path, pom: str, what: str, error: type[JobsError] = KafkaBrok
         ]
         done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if done.returncode != 0:
-            errors = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln]
-            tail = errors[:1] or ["no output"]
-            raise error(f"mvn could not fetch {what} from Maven Central: {tail[0].strip()}")
+            out_text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)  # mvn's colours
+            errors = [ln for ln in out_text.splitlines() if "ERROR" in ln]
+            raise error(
+                f"mvn could not fetch {what} from Maven Central: {(errors or ['no output'])[0].strip()}"
+            )
         (out / ".complete").touch()
         shutil.rmtree(lib, ignore_errors=True)
         out.replace(lib)
