@@ -102,9 +102,9 @@ def _drop_slot(pg, slot: str) -> None:
         time.sleep(0.2)
     pg.sql(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-        f"DROP PUBLICATION IF EXISTS {slot}",
         params=(slot,),
     )
+    pg.sql(f"DROP PUBLICATION IF EXISTS {slot}")
 
 
 def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
@@ -155,6 +155,9 @@ def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
         for slot in slots:
             _drop_slot(pg, slot)
     assert _count(bootstrap, wrapped) == _count(bootstrap, plain) == total + 1
+    left = "SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE %(s)s),"
+    left += " (SELECT count(*) FROM pg_publication WHERE pubname LIKE %(s)s)"
+    assert pg.sql(left, params={"s": f"{pg.slot}_dbz%"}) == [(0, 0)]  # no WAL held for the connectors
 
     run_cdc(None, by_cdc, once=True)
     expected = [r for c in log_commits(by_cdc.lake_dir) for r in c]
