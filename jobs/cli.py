@@ -38,7 +38,7 @@ def _redis(settings):
     from views.redis_io import connect
 
     try:
-        return connect(settings.redis_url, wait=False)
+        return connect(settings.redis_url, cluster=settings.redis_cluster, wait=False)
     except RedisUnavailable as e:
         raise SystemExit(f"mview: {e}") from None
 

@@ -140,8 +140,8 @@ def close_idle_windows(
         if step is None:
             return {}
         p, at = step.progress, int(time.time() * 1000)
-        # an idle tick records no batch id: it updates the fields of a meta hash that exists
-        record_batch(connect(settings.redis_url), JOB, gen, None, last_fence=step.fence, last_batch_ms=at)
+        client = connect(settings.redis_url, cluster=settings.redis_cluster)  # no batch id below: fields only
+        record_batch(client, JOB, gen, None, last_fence=step.fence, last_batch_ms=at)
         fields = {**_status(settings, p), "idle_watermark_ms": p.watermark}
         write_status(settings, JOB, generation=gen, last_batch_ms=at, **fields)
     closed, idle_s = step.counts["closed"], (now - p.last_event_ms) / 1000

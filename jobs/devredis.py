@@ -20,7 +20,14 @@ from jobs.settings import Settings
 from views.errors import RedisMisconfigured
 from views.redis_io import probe, redact_url
 
-__all__ = ["main", "scratch_redis", "scratch_redis_cluster", "free_port", "CLUSTER_MASTERS"]
+__all__ = [
+    "main",
+    "scratch_redis",
+    "scratch_redis_cluster",
+    "start_cluster_node",
+    "free_port",
+    "CLUSTER_MASTERS",
+]
 
 CLUSTER_MASTERS = 3
 
@@ -128,22 +135,28 @@ def _cluster_ports() -> list[int]:
     return ports
 
 
-def scratch_redis_cluster(workdir: Path) -> tuple[list[subprocess.Popen], list[int]]:
-    """Start a Redis Cluster of `CLUSTER_MASTERS` masters (no replicas, no persistence) on free local ports, files
-    under `workdir`; return the processes (the caller terminates them) and their ports, in the order of the
-    slots they serve. RedisServerMissing (saying what to do) if it cannot."""
+def start_cluster_node(port: int, workdir: Path, *, persist: bool = False) -> subprocess.Popen:
+    """Start (or start again, with its saved cluster config) the cluster node on `port`, files under `workdir`;
+    with `persist`, every write is in its append-only file before it is acknowledged (it survives a kill -9)."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RedisServerMissing(_MISSING)
+    durability = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
+    return subprocess.Popen(
+        [exe, *_cluster_node_args(port, workdir), "--save", "", *durability],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def scratch_redis_cluster(
+    workdir: Path, *, persist: bool = False
+) -> tuple[list[subprocess.Popen], list[int]]:
+    """Start a Redis Cluster of `CLUSTER_MASTERS` masters (no replicas; persistence as `start_cluster_node`) on
+    free local ports, files under `workdir`; return the processes (the caller terminates them) and their ports, in
+    the order of the slots they serve. RedisServerMissing (saying what to do) if it cannot."""
     ports = _cluster_ports()
-    procs = [
-        subprocess.Popen(
-            [exe, *_cluster_node_args(p, workdir), "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for p in ports
-    ]
+    procs = [start_cluster_node(p, workdir, persist=persist) for p in ports]
     try:
         for p in ports:
             if not _wait_answer(p):
@@ -174,9 +187,7 @@ def _start_cluster(s: Settings, port: int, exe: str) -> int:
         _create_cluster(ports)
     nodes = ", ".join(f"127.0.0.1:{p}" for p in ports)
     print(f"started a Redis Cluster of {CLUSTER_MASTERS} masters at {nodes} (data and logs in {data})")
-    print(
-        "the jobs cannot write to a Redis Cluster yet (REDIS_CLUSTER=true is refused): it is for trying Redis Cluster"
-    )
+    print(f"use it with REDIS_URL=redis://127.0.0.1:{ports[0]}/0 REDIS_CLUSTER=true")
     return 0
 
 

@@ -134,7 +134,7 @@ def _optimize_and_vacuum(spark, settings: Settings, report: dict) -> None:
 def _drop_old_generations(settings: Settings, report: dict) -> None:
     """Drop every generation that is not serving, not being replayed, and not the one a running job writes."""
     try:
-        client = connect(settings.redis_url)
+        client = connect(settings.redis_url, cluster=settings.redis_cluster)
         for name, spec in JOBS.items():
             serving = current_generation(client, name)
             if serving == 0:

@@ -182,7 +182,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     spec = job_spec(job)
     guard = _lock(settings, job, wait=True)
     try:
-        client = connect(settings.redis_url)
+        client = connect(settings.redis_url, cluster=settings.redis_cluster)
         pointer = client.get(gen_key(job))
         old = int(pointer) if pointer is not None else lake_generation(settings, spec)
         new = old + 1
@@ -205,7 +205,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
 def serving_or_rebuild(spark, settings: Settings, job: str) -> int:
     """The generation a run of `job` writes into: the serving one, 1 on the job's first run, or, if Redis lost
     the serving copy, a new one rebuilt from the logs first (`rebuild`)."""
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
     reason = serving_copy_lost(settings, client, job_spec(job))
     if reason is not None:
         return rebuild(spark, settings, job, reason)
@@ -219,7 +219,7 @@ def replay(spark, settings: Settings, job: str) -> int:
     if guard is None:
         print(f"mview: a replay of {job} is already running", file=sys.stderr)
         return 1
-    client = connect(settings.redis_url)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
     old = _serving_or_published(settings, client, job)
     new = old + 1
     started = time.monotonic()

@@ -239,7 +239,7 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
     """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
     pointer moved, Redis lost the serving copy) follow the pointer or rebuild; after a failure restart."""
     spec = job_spec(job)
-    client = connect(settings.redis_url, check=False)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False)
     restarts = _Restarts(settings, job)
     gen = None
     while not runtime.STOP.is_set():

@@ -120,8 +120,8 @@ class Settings:
         no CDC). May hold a password: never in a repr, log, status or error message.
     pg_table: PG_TABLE, the captured table (default "profiles").
     pg_slot: PG_SLOT, the logical replication slot and publication the `cdc` job owns (default "mview_profiles").
-    redis_cluster: REDIS_CLUSTER, REDIS_URL names a node of a Redis Cluster (default false). Not supported yet:
-        true is refused with a message saying so.
+    redis_cluster: REDIS_CLUSTER, REDIS_URL names a node of a Redis Cluster (default false). The mode is read
+        from the server either way; true makes every connection refuse a server that is not a cluster node.
     fanout_limit: FANOUT_LIMIT, authors with more current followers than this are not fanned out on write;
         readers merge their tweets (default empty = None = no limit).
     jvm_cache: JVM_CACHE, directory of the driver JVM's AOT cache built by `make jvm-cache` (default
@@ -165,11 +165,6 @@ class Settings:
     def __post_init__(self) -> None:
         if self.timeline_cap < 1:
             raise ValueError(f"TIMELINE_CAP must be >= 1, got {self.timeline_cap}")
-        if self.redis_cluster:
-            raise ValueError(
-                "REDIS_CLUSTER=true: the jobs cannot write to a Redis Cluster yet (its sinks pipeline to one node);"
-                " use one redis-server (REDIS_CLUSTER=false)"
-            )
         if self.fanout_limit is not None and self.fanout_limit < 0:
             raise ValueError(f"FANOUT_LIMIT must be >= 0 or empty (no limit), got {self.fanout_limit}")
         for name in _DURATIONS:

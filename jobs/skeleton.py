@@ -133,7 +133,7 @@ def run_job(
     """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
     docstring). once: everything available now, then return; else until stopped (`jobs.runtime.run_stream`)."""
     source = job_spec(job).source
-    client = None if source else connect(settings.redis_url)
+    client = None if source else connect(settings.redis_url, cluster=settings.redis_cluster)
     if source:
         gen = 0
     else:

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from changelog.ingest import deadletter_path
 from changelog.topics import latest_version
@@ -26,7 +27,7 @@ from jobs.runtime import checkpoint_dir, read_status
 from jobs.settings import Settings
 from views.errors import ViewError
 from views.keys import gen_key
-from views.redis_io import classify, quick_client
+from views.redis_io import classify, connect, is_cluster, quick_client
 
 __all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "rejected", "rejected_per_topic"]
 
@@ -94,8 +95,16 @@ def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
 def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
     """The serving generation of each job that has one, or why Redis cannot tell (URL redacted)."""
     try:
-        values = quick_client(settings.redis_url).mget([gen_key(j) for j in JOBS])
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        url, quick = settings.redis_url, quick_client(settings.redis_url)
+        pipe = (connect(url, wait=False, check=False) if is_cluster(url, quick) else quick).pipeline(False)
+        for j in JOBS:
+            pipe.get(
+                gen_key(j)
+            )  # one key per command: on a Redis Cluster the pointers live on several masters
+        values = pipe.execute()
+    except ViewError as e:
+        return e
+    except (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException) as e:
         return classify(settings.redis_url, e)
     return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
 

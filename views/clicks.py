@@ -17,7 +17,8 @@ idle tick number). A record is overwritten only by a step whose fence is >= the 
 the same content; an older replay cannot undo a newer outcome). A ctr key applies its deltas only if its stored
 fence is < the step's fence, in the same Lua call, so a replayed step counts nothing twice. Each key is changed
 by one Lua call touching only that key (Redis Cluster safe). The calls are built in Spark SQL as wire-protocol
-text, 1,000 per row, and sent from the executors, one write per row: Python never handles a single operation.
+text, 1,000 per row (one per row on a Redis Cluster, with the key's hash tag, to route it to its master), and
+sent from the executors, about 1 MB per round trip (`views.redis_io.Forwarder`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from pyspark.sql import functions as F
 
 from joins.interval import MATCHES
 from views.keys import key_id, view_key, view_pattern
-from views.redis_io import connect, current_generation, send_packed
-from views.wire import command, lit, view_key_column
+from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
+from views.wire import command, hash_tag_column, lit, view_key_column
 
 __all__ = [
     "CLICKS_OPS_SCHEMA",
@@ -115,10 +116,11 @@ def clicks_ops(left: DataFrame) -> DataFrame:
     return records.unionByName(ctr).select(*[c.split()[0] for c in CLICKS_OPS_SCHEMA.split(", ")])
 
 
-def _chunks(ops_df, generation: int, fence: int):
-    """The step's Lua calls as wire-protocol text, `_CHUNK` consecutive calls of a partition concatenated into one
-    row (`payload`, `n`): Python only forwards these strings, it never sees a single operation. The fence is a
-    string literal (not written into generated code, so the next step reuses the compiled code)."""
+def _chunks(ops_df, generation: int, fence: int, cluster: bool):
+    """The step's Lua calls as wire-protocol text (`payload`, `n` calls, `tag`): `_CHUNK` consecutive calls of a
+    partition concatenated into one row, or on a Redis Cluster one call per row with its key's hash tag. Python
+    only forwards these strings, it never builds a single operation. The fence is a string literal (not written
+    into generated code, so the next step reuses the compiled code)."""
     f = lit(str(int(fence)))
 
     def evalsha(script: str, view: str, *args: str) -> str:
@@ -129,18 +131,22 @@ def _chunks(ops_df, generation: int, fence: int):
     search = evalsha("s", "search_clicks", "body", "CASE WHEN final THEN '1' ELSE '0' END")
     ctr = evalsha("c", "ctr", "CAST(d_searches AS string)", "CAST(d_clicked AS string)")
     cmd = F.expr(f"CASE WHEN kind = 'search' THEN {search} ELSE {ctr} END")
+    if cluster:
+        return ops_df.select(
+            cmd.alias("payload"), F.lit(1).alias("n"), F.expr(hash_tag_column("key")).alias("tag")
+        )
     return (
         ops_df.select(cmd.alias("c"), F.floor(F.monotonically_increasing_id() / _CHUNK).alias("chunk"))
         .groupBy("chunk")
         .agg(F.concat_ws("", F.collect_list("c")).alias("payload"), F.count("*").alias("n"))
-        .select("payload", "n")
+        .select("payload", "n", F.lit(None).cast("string").alias("tag"))
     )
 
 
 def _apply_partition(rows, url: str) -> None:
-    client = connect(url)
-    for payload, n in rows:
-        send_packed(client, payload.encode(), n, scripts=(_SEARCH_LUA, _CTR_LUA), what="clicks sink")
+    with Forwarder(sink_client(url), what="clicks sink", scripts=(_SEARCH_LUA, _CTR_LUA)) as out:
+        for payload, n, tag in rows:
+            out.add(payload.encode(), n, tag)
 
 
 class ClicksSink:
@@ -154,7 +160,8 @@ class ClicksSink:
         """Apply the step `fence` (idempotent per fence; an older fence never undoes a newer outcome). Returns {}:
         the job counts the step's outcomes from the join, not from the sink."""
         url = self.url
-        _chunks(ops_df, self.generation, fence).foreachPartition(lambda rows: _apply_partition(rows, url))
+        calls = _chunks(ops_df, self.generation, fence, is_cluster(url))
+        calls.foreachPartition(lambda rows: _apply_partition(rows, url))
         return {}
 
 

@@ -20,6 +20,7 @@ call: a replayed batch adds nothing (`CountrySink`). The output log's appends ar
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from pyspark.sql import functions as F
 from changelog.topics import ensure_delta_table
 from joins.asof import ENRICHED_COLUMNS
 from views.keys import key_id, view_key, view_pattern
-from views.redis_io import connect, current_generation
+from views.redis_io import Forwarder, current_generation, pack, sink_client
 
 __all__ = [
     "COUNTRY_VIEW",
@@ -57,8 +58,8 @@ redis.call('HINCRBY', KEYS[1], 'events', ARGV[2])
 redis.call('HSET', KEYS[1], 'batch', b)
 return 1
 """
+_FENCED_INCR_SHA = hashlib.sha1(_FENCED_INCR_LUA.encode()).hexdigest()
 
-_PIPELINE_OPS = 1000
 _OUT_SCHEMA = ", ".join(f"{c} {'bigint' if c == 'ts' else 'string'}" for c in ENRICHED_COLUMNS)
 
 
@@ -68,17 +69,12 @@ def enriched_path(lake_dir: Path, generation: int) -> Path:
 
 
 def _apply_counts(rows, url: str, generation: int, batch_id: int) -> int:
-    """Add each `(country, events)` of `rows` in one pipeline of fenced calls; the number of keys added to."""
-    client = connect(url)
-    sha = client.script_load(_FENCED_INCR_LUA)
-    pipe = client.pipeline(transaction=False)
-    added = n = 0
-    for country, events in rows:
-        pipe.evalsha(sha, 1, view_key(COUNTRY_VIEW, generation, country), batch_id, int(events))
-        n += 1
-        if n % _PIPELINE_OPS == 0:
-            added += sum(pipe.execute())
-    return added + sum(pipe.execute())
+    """Add each `(country, events)` of `rows` with fenced calls, pipelined; the number of keys added to."""
+    with Forwarder(sink_client(url), what="activity_by_country sink", scripts=(_FENCED_INCR_LUA,)) as out:
+        for country, events in rows:
+            key = view_key(COUNTRY_VIEW, generation, country)
+            out.add(pack("EVALSHA", _FENCED_INCR_SHA, 1, key, batch_id, int(events)), 1, key)
+    return out.ints
 
 
 @dataclass(frozen=True)

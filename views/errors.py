@@ -12,6 +12,7 @@ __all__ = [
     "RedisMisconfigured",
     "RedisAuthFailed",
     "RedisTLSMismatch",
+    "RedisNotCluster",
     "UnknownView",
     "RedisCommandFailed",
     "redact_url",
@@ -124,6 +125,17 @@ class RedisTLSMismatch(RedisMisconfigured):
                 "plain one"
             )
         super().__init__(message, url)
+
+
+class RedisNotCluster(RedisMisconfigured):
+    """REDIS_CLUSTER=true, but the server at the URL is not a Redis Cluster node (`cluster_enabled:0`)."""
+
+    def __init__(self, url: str):
+        super().__init__(
+            f"REDIS_CLUSTER=true but the server at {redact_url(url)} is not a Redis Cluster node: point REDIS_URL "
+            "at a node of the cluster, or unset REDIS_CLUSTER for a single server",
+            url,
+        )
 
 
 class UnknownView(ViewError):

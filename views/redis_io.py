@@ -1,4 +1,12 @@
-"""Connecting to Redis and the generation pointer: one place for both, used by sinks and readers.
+"""Connecting to Redis (one server or a Redis Cluster), forwarding the sinks' commands, and the generation pointer:
+one place for all three, used by sinks and readers.
+
+A Redis Cluster is recognised by the server itself (`INFO cluster`: `cluster_enabled:1`, asked once per process and
+URL): `connect` then returns a cluster client that routes every command to the master of its key's hash slot and
+reads the cluster's layout from the node at the URL. Every key of one entity carries the entity's hash tag
+(`views.keys`), so every MULTI/EXEC and script of the views touches one slot; the job-level keys (`mv:gen:<job>`,
+`mv:meta:<job>:<g>`) are only ever used one key per command, so they need no tag. `Forwarder` sends the sinks'
+wire-protocol commands, grouped per master on a cluster.
 
 Connection failures are classified (`classify`): a server that does not answer is `RedisUnavailable` (jobs
 wait for it); credentials it refuses (`RedisAuthFailed`) and TLS on one side only (`RedisTLSMismatch`) are
@@ -15,12 +23,16 @@ import time
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 from views.errors import (
     RedisAuthFailed,
     RedisCommandFailed,
     RedisMisconfigured,
+    RedisNotCluster,
     RedisTLSMismatch,
     RedisUnavailable,
     ViewError,
@@ -31,6 +43,8 @@ from views.keys import gen_key
 
 __all__ = [
     "connect",
+    "sink_client",
+    "is_cluster",
     "quick_client",
     "probe",
     "classify",
@@ -41,6 +55,8 @@ __all__ = [
     "ensure_generation",
     "set_generation",
     "send_packed",
+    "pack",
+    "Forwarder",
     "WaitingRetry",
 ]
 
@@ -51,7 +67,18 @@ STOP = threading.Event()
 # A TLS server answers a ClientHello at once; a plain Redis port never does. Longer than this: not TLS.
 TLS_HANDSHAKE_S = 2.0
 
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, socket.timeout, ConnectionRefusedError)
+# Errors that pass: nothing answers, or a Redis Cluster is down, moving slots or without a master for a slot.
+_TRANSIENT = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    socket.timeout,
+    ConnectionRefusedError,
+    ClusterError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
+# Replies of a cluster node that mean "not here, not now": the layout changed or the cluster is not ok yet.
+_CLUSTER_REPLIES = ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
 
 
 class _TLSConnection(redis.SSLConnection):
@@ -157,39 +184,105 @@ def _options(url: str) -> dict:
     return {"connection_class": _TLSConnection} if str(url).lower().startswith("rediss://") else {}
 
 
-def connect(url: str, *, check: bool = True, wait: bool = True) -> redis.Redis:
-    """A client for `url`.
+_MODES: dict[str, bool] = {}  # URL -> whether its server is a Redis Cluster node
 
-    wait=True (jobs and sinks): every command waits for an unreachable Redis and retries with backoff until it
-    answers or the process stops, saying so on stderr (`WaitingRetry`); `check` then waits until Redis answers.
-    wait=False (interactive reads): with `check`, raises at once if Redis cannot be used. Either way a
-    permanent problem raises `RedisAuthFailed` or `RedisTLSMismatch` at once (one line, saying what to do).
-    """
-    if wait:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=3, socket_keepalive=True, retry=WaitingRetry(url), **_options(url)
+
+def is_cluster(url: str, client: redis.Redis | None = None) -> bool:
+    """Whether the server at `url` is a Redis Cluster node (`INFO cluster`), asked once per process and URL
+    (through `client`, a plain client of that server, when given; else waiting for the server, `WaitingRetry`)."""
+    if url not in _MODES:
+        client = client or redis.Redis.from_url(
+            url, socket_connect_timeout=3, retry=WaitingRetry(url), **_options(url)
         )
+        info = client.info("cluster")
+        _MODES[url] = bool(info.get("cluster_enabled"))
+    return _MODES[url]
+
+
+class _Cluster(RedisCluster):
+    """A cluster client whose commands wait like `WaitingRetry` (`waiting`, None: they fail after redis-py's own
+    few retries). Pipelines (`pipeline()`) do not wait: callers that need it repeat the whole pipeline."""
+
+    waiting: WaitingRetry | None = None
+
+    def execute_command(self, *args, **kwargs):
+        if self.waiting is None:
+            return super().execute_command(*args, **kwargs)
+        return self.waiting.call_with_retry(
+            lambda: super(_Cluster, self).execute_command(*args, **kwargs), _no_op
+        )
+
+
+def _no_op(*_args) -> None:
+    return None
+
+
+def _cluster_client(url: str, waiting: WaitingRetry | None, **options) -> _Cluster:
+    """A cluster client that learnt the layout from the node at `url` (waiting for it with `waiting`)."""
+
+    def build() -> _Cluster:
+        try:
+            client = _Cluster.from_url(url, **options)
+        except RedisClusterException as e:  # no node of the layout answered
+            raise redis.ConnectionError(str(e)) from e
+        client.waiting = waiting
+        return client
+
+    return waiting.call_with_retry(build, _no_op) if waiting is not None else build()
+
+
+def connect(url: str, *, check: bool = True, wait: bool = True, cluster: bool | None = None):
+    """A client for `url`: a `redis.Redis`, or a Redis Cluster client when the server is a cluster node
+    (`is_cluster`). `cluster=True` (REDIS_CLUSTER=true) requires a cluster node (else `RedisNotCluster`).
+
+    wait=True (jobs and sinks): every command waits for an unreachable Redis (or a cluster that is down) and
+    retries with backoff until it answers or the process stops, saying so on stderr (`WaitingRetry`); `check`
+    then waits until Redis answers. wait=False (interactive reads): raises at once if Redis cannot be used. Either
+    way a permanent problem raises `RedisAuthFailed`, `RedisTLSMismatch` or `RedisNotCluster` at once (one line,
+    saying what to do).
+    """
+    common = {"socket_connect_timeout": 3, "socket_keepalive": True}
+    waiting = WaitingRetry(url) if wait else None
+    plain = redis.Redis.from_url(url, retry=waiting, **common, **_options(url))
+    try:
+        clustered = is_cluster(url, plain)
+        if cluster and not clustered:
+            raise RedisNotCluster(url)
+        client = _cluster_client(url, waiting, **common) if clustered else plain
         if check:
             client.ping()
-        return client
-    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_keepalive=True, **_options(url))
-    if check:
-        try:
-            client.ping()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            raise classify(url, e) from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException) as e:
+        raise classify(url, e) from None
     return client
 
 
+_SINK_CLIENTS: dict[str, redis.Redis] = {}
+
+
+def sink_client(url: str):
+    """`connect(url)` made once per process and URL and kept: the client the sinks' partitions share (in an
+    executor's Python worker, from one micro-batch to the next), its connections reused."""
+    if url not in _SINK_CLIENTS:
+        _SINK_CLIENTS[url] = connect(url)
+    return _SINK_CLIENTS[url]
+
+
 def quick_client(url: str) -> redis.Redis:
-    """A client that fails at once (no retry, 1 s to connect, 2 s per reply): for watchers and probes."""
+    """A client of the server at `url` that fails at once (no retry, 1 s to connect, 2 s per reply): for
+    watchers and probes. On a Redis Cluster it talks to that one node."""
     return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2, retry=None, **_options(url))
 
 
 def probe(url: str, client: redis.Redis | None = None) -> ViewError | None:
-    """None if Redis at `url` answers a PING now, else what is wrong (`classify`). Never waits."""
+    """None if Redis at `url` answers a PING now (and, for a Redis Cluster node, reports `cluster_state:ok`:
+    every slot has a master that answers), else what is wrong (`classify`). Never waits."""
     try:
-        (client or quick_client(url)).ping()
+        client = client or quick_client(url)
+        client.ping()
+        if is_cluster(url, client):
+            state = client.execute_command("CLUSTER", "INFO")
+            if b"cluster_state:ok" not in state:
+                return RedisUnavailable(url, "the Redis Cluster is down (cluster_state:fail)")
         return None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
         return classify(url, e)
@@ -224,36 +317,129 @@ def _failure(reply):
     return None
 
 
+def pack(*args) -> bytes:
+    """One command in the wire protocol (RESP): `args` as bulk strings (str UTF-8 encoded, numbers as text)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        data = a if isinstance(a, bytes) else str(a).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _exchange(client: redis.Redis, payload: bytes, n: int, scripts: tuple[str, ...], what: str) -> int:
+    """One attempt of `send_packed`; returns the sum of the integer replies. A reply that says the cluster layout
+    changed or the cluster is not ok (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) raises `ClusterError` (transient)."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        for script in scripts:
+            conn.send_command("SCRIPT", "LOAD", script)
+        conn.send_packed_command([payload], check_health=False)
+        for _ in scripts:
+            conn.read_response()
+        error, ints = None, 0
+        for _ in range(n):
+            try:
+                reply = conn.read_response()
+            except redis.ResponseError as e:
+                reply = e
+            ints += reply if isinstance(reply, int) else 0
+            error = error or _failure(reply)
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    if error is not None:
+        text = str(error)
+        if text.startswith(_CLUSTER_REPLIES) or type(error).__name__ in ("MovedError", "AskError"):
+            raise ClusterError(f"{what}: {text}")
+        raise RedisCommandFailed(what, text)
+    return ints
+
+
 def send_packed(
     client: redis.Redis, payload: bytes, n: int, *, scripts: tuple[str, ...] = (), what: str
-) -> None:
-    """Send `payload` (`n` commands already in the wire protocol) pipelined and read its `n` replies, after loading
-    `scripts` (a restarted Redis has none). Raises RedisCommandFailed naming `what` and the first error any command
-    returned (every reply is read first, so the connection stays usable). Retried as a whole on a connection error
-    (`WaitingRetry`): callers send only idempotent or fenced commands, so a repeat is harmless."""
-    pool = client.connection_pool
+) -> int:
+    """Send `payload` (`n` commands already in the wire protocol) pipelined to one server and read its `n`
+    replies, after loading `scripts` (a restarted Redis has none); returns the sum of the integer replies. Raises
+    RedisCommandFailed naming `what` and the first error any command returned (every reply is read first, so the
+    connection stays usable). Retried as a whole on a connection error (`WaitingRetry`): callers send only
+    idempotent or fenced commands, so a repeat is harmless."""
+    return client.get_retry().call_with_retry(lambda: _exchange(client, payload, n, scripts, what), _no_op)
 
-    def attempt():
-        conn = pool.get_connection()
-        try:
-            for script in scripts:
-                conn.send_command("SCRIPT", "LOAD", script)
-            conn.send_packed_command([payload], check_health=False)
-            for _ in scripts:
-                conn.read_response()
-            error = None
-            for _ in range(n):
-                try:
-                    reply = conn.read_response()
-                except redis.ResponseError as e:
-                    reply = e
-                error = error or _failure(reply)
-            if error is not None:
-                raise RedisCommandFailed(what, str(error))
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
 
-    client.get_retry().call_with_retry(attempt, lambda _e: None)
+class Forwarder:
+    """Forwards commands already in the wire protocol, pipelined, about `limit` bytes per round trip, to one
+    server; on a Redis Cluster, to the master of each payload's hash slot (one pipeline per master), so one
+    payload (`add`) must touch the keys of one slot only (`key` names one of them, or its hash tag).
+
+    Commands of one key keep their order. Every payload must be idempotent or fenced: after a lost connection,
+    or a cluster reply that the layout changed or the cluster is down (MOVED, ASK, TRYAGAIN, CLUSTERDOWN), the
+    payloads not yet acknowledged are sent again, after the layout is read anew, waiting with backoff while
+    Redis does not answer (`WaitingRetry`). `ints` is the sum of the integer replies (fenced calls that applied).
+    Use as a context manager, or call `flush()` at the end."""
+
+    def __init__(self, client, *, what: str, scripts: tuple[str, ...] = (), limit: int = 1 << 20):
+        self.client, self.what, self.scripts, self.limit = client, what, scripts, limit
+        self.cluster = isinstance(client, RedisCluster)
+        self.ints = 0
+        self._pending: dict[str, list[tuple[int, bytes, int]]] = {}
+        self._sizes: dict[str, int] = {}
+
+    def add(self, payload: bytes, replies: int, key: str | bytes | None = None) -> None:
+        """Queue `payload` (`replies` commands); sent once about `limit` bytes wait for the same server."""
+        slot = key_slot(key.encode() if isinstance(key, str) else key) if self.cluster else 0
+        node = self._node(slot)
+        self._pending.setdefault(node, []).append((slot, payload, replies))
+        self._sizes[node] = self._sizes.get(node, 0) + len(payload)
+        if self._sizes[node] >= self.limit:
+            self._send(self._take(node))
+
+    def flush(self) -> None:
+        for node in list(self._pending):
+            self._send(self._take(node))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *_):
+        if kind is None:
+            self.flush()
+
+    def _node(self, slot: int) -> str:
+        return self.client.nodes_manager.get_node_from_slot(slot).name if self.cluster else ""
+
+    def _take(self, node: str) -> list[tuple[int, bytes, int]]:
+        self._sizes.pop(node, None)
+        return self._pending.pop(node, [])
+
+    def _send(self, entries: list[tuple[int, bytes, int]]) -> None:
+        if not self.cluster:
+            self.ints += send_packed(
+                self.client, b"".join(p for _, p, _ in entries), sum(n for *_, n in entries),
+                scripts=self.scripts, what=self.what,
+            )  # fmt: skip
+            return
+        left = list(entries)
+
+        def attempt():
+            groups: dict[str, list] = {}
+            for e in left:
+                groups.setdefault(self._node(e[0]), []).append(e)
+            for name in list(groups):
+                group = groups.pop(name)
+                server = self.client.get_node(node_name=name).redis_connection
+                payload, n = b"".join(p for _, p, _ in group), sum(k for *_, k in group)
+                self.ints += _exchange(server, payload, n, self.scripts, self.what)
+                left[:] = [e for g in groups.values() for e in g]
+
+        def relayout(_error):
+            try:
+                self.client.nodes_manager.initialize()
+            except (RedisClusterException, *_TRANSIENT):
+                pass  # read again at the next attempt
+
+        if self.client.waiting is None:
+            return attempt()
+        self.client.waiting.call_with_retry(attempt, relayout)

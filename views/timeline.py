@@ -47,8 +47,8 @@ from redis.commands.core import Script
 
 from joins.table_table import TimelineChanges
 from views.keys import authored_key, celebs_key, key_id, meta_key, timeline_key, tweet_key, view_pattern
-from views.redis_io import connect, current_generation, send_packed
-from views.wire import array_command, bulk, command, lit, view_key_column
+from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
+from views.wire import array_command, bulk, command, hash_tag_column, lit, view_key_column
 
 __all__ = [
     "TIMELINE_OPS_SCHEMA",
@@ -164,9 +164,10 @@ def timeline_ops(changes: TimelineChanges) -> list[DataFrame]:
     return [_union(p) for p in phases if p]
 
 
-def _wire(ops_df, generation: int, cap: int):
-    """payload (the operation's commands), replies (how many), timelines (1 for a timeline), entries (added).
-    One SQL text per column (see `views.wire`)."""
+def _wire(ops_df, generation: int, cap: int, cluster: bool):
+    """payload (the operation's commands), replies (how many), timelines (1 for a timeline), entries (added),
+    tag (the hash tag of the operation's keys on a Redis Cluster, else null). One SQL text per column (see
+    `views.wire`)."""
     n_removes, n_entries = "coalesce(size(removes), 0)", "coalesce(size(entries), 0)"
     key = f"CASE WHEN kind = 'timeline' THEN {view_key_column('timeline', generation, 'id')} ELSE {view_key_column('authored', generation, 'id')} END"
     zset = (
@@ -197,23 +198,17 @@ def _wire(ops_df, generation: int, cap: int):
         f"WHEN kind = 'celebs' THEN CAST({n_entries} > 0 AS int) + CAST({n_removes} > 0 AS int) ELSE 1 END AS replies",
         "CAST(kind = 'timeline' AS int) AS timelines",
         f"CASE WHEN kind = 'timeline' THEN {n_entries} ELSE 0 END AS entries",
+        f"{hash_tag_column('id') if cluster else 'CAST(NULL AS string)'} AS tag",
     )
 
 
 def _apply_partition(rows, url: str, counters) -> None:
-    """Forward one partition's commands, about `_PIPELINE_BYTES` per round trip."""
-    client = connect(url)
-    chunk, size, replies, timelines, entries = [], 0, 0, 0, 0
-    for payload, n, is_timeline, added in rows:
-        data = payload.encode()
-        chunk.append(data)
-        size, replies = size + len(data), replies + n
-        timelines, entries = timelines + is_timeline, entries + added
-        if size >= _PIPELINE_BYTES:
-            send_packed(client, b"".join(chunk), replies, what="timeline sink")
-            chunk, size, replies = [], 0, 0
-    if chunk:
-        send_packed(client, b"".join(chunk), replies, what="timeline sink")
+    """Forward one partition's commands, about `_PIPELINE_BYTES` per round trip (per master on a cluster)."""
+    timelines = entries = 0
+    with Forwarder(sink_client(url), what="timeline sink", limit=_PIPELINE_BYTES) as out:
+        for payload, n, is_timeline, added, tag in rows:
+            out.add(payload.encode(), n, tag)
+            timelines, entries = timelines + is_timeline, entries + added
     if counters is not None:
         counters[0].add(timelines)
         counters[1].add(entries)
@@ -233,7 +228,7 @@ class TimelineSink:
         for ops_df in [ops] if isinstance(ops, DataFrame) else ops:
             sc = ops_df.sparkSession.sparkContext
             counters = counters or (sc.accumulator(0), sc.accumulator(0))
-            wire = _wire(ops_df, self.generation, self.cap)
+            wire = _wire(ops_df, self.generation, self.cap, is_cluster(url))
             wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
         return {
             "timelines": counters[0].value if counters else 0,
@@ -274,8 +269,9 @@ def _snapshots(client, generation: int, users: list[str], stop: int):
         replies = [_SNAPSHOT(keys=keys, args=[stop], client=client)]
     else:
         pipe = client.pipeline(transaction=False)
-        for u in users:
-            _SNAPSHOT(keys=[timeline_key(generation, u), celebs_key(generation, u)], args=[stop], client=pipe)
+        for u in users:  # EVAL: a cluster pipeline blocks EVALSHA and eval()
+            keys = (timeline_key(generation, u), celebs_key(generation, u))
+            pipe.execute_command("EVAL", _SNAPSHOT.script, 2, *keys, stop)
         replies = pipe.execute()
     return [(_pairs(own), sorted(c.decode() for c in celebs)) for own, celebs in replies]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from views.keys import _ESCAPES, view_key
 
-__all__ = ["lit", "bulk", "command", "array_command", "view_key_column"]
+__all__ = ["lit", "bulk", "command", "array_command", "view_key_column", "hash_tag_column"]
 
 
 def lit(value: str) -> str:
@@ -39,10 +39,19 @@ def array_command(name: str, key: str, items: str, per_item: int = 1) -> str:
     return f"concat('*', cast(size({items}) * {per_item} + 2 AS string), {head}, {bulk(key)}, array_join({items}, ''))"
 
 
+def _encoded(ident: str) -> str:
+    for raw, enc in _ESCAPES:
+        ident = f"replace({ident}, {lit(raw)}, {lit(enc)})"
+    return ident
+
+
 def view_key_column(view: str, generation: int, ident: str) -> str:
     """`views.keys.view_key(view, generation, <ident>)` for each row: `mv:<view>:<g>:{<ident>}`, the id encoded
     as `views.keys.encode_id` does."""
-    encoded = ident
-    for raw, enc in _ESCAPES:
-        encoded = f"replace({encoded}, {lit(raw)}, {lit(enc)})"
-    return f"concat({lit(view_key(view, generation, '')[:-1])}, {encoded}, '}}')"
+    return f"concat({lit(view_key(view, generation, '')[:-1])}, {_encoded(ident)}, '}}')"
+
+
+def hash_tag_column(ident: str) -> str:
+    """The hash tag `{<ident>}` of every key of the entity `<ident>` (encoded as in `view_key_column`): what a
+    Redis Cluster hashes to place them (`views.redis_io.Forwarder` routes by it)."""
+    return f"concat('{{', {_encoded(ident)}, '}}')"

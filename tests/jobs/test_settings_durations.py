@@ -59,7 +59,6 @@ def test_a_copy_with_another_duration_parses_it_again():
     assert Settings.from_env({}).clicks_idle_timeout_ms is None  # empty: off
 
 
-def test_redis_cluster_is_refused_with_a_message_until_the_sinks_route_per_node():
-    with pytest.raises(ValueError, match="REDIS_CLUSTER=true"):
-        Settings.from_env({"REDIS_CLUSTER": "true"})
+def test_redis_cluster_is_a_flag():
+    assert Settings.from_env({"REDIS_CLUSTER": "true"}).redis_cluster is True
     assert Settings.from_env({"REDIS_CLUSTER": "false"}).redis_cluster is False

@@ -177,3 +177,18 @@ def test_plain_url_to_a_tls_port_says_use_rediss(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_mode_is_read_from_the_server_and_redis_cluster_true_refuses_a_single_server(
+    redis_server_url, redis_cluster
+):
+    from redis.cluster import RedisCluster
+
+    from views.errors import RedisNotCluster
+    from views.redis_io import connect
+
+    assert isinstance(connect(redis_cluster["url"]), RedisCluster)
+    assert isinstance(connect(redis_cluster["url"], cluster=True), RedisCluster)
+    assert not isinstance(connect(redis_server_url), RedisCluster)
+    with pytest.raises(RedisNotCluster, match="REDIS_CLUSTER=true .* is not a Redis Cluster node"):
+        connect(redis_server_url, cluster=True)
