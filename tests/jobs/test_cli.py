@@ -3,10 +3,14 @@
 output's shape and content, and a one-line error (non-zero, no traceback) for each documented failure.
 
 One lake and one Redis database for the module, filled step by step: each Spark command starts a JVM of its own,
-so the scenario is cut into few commands that each check what they print."""
+so the scenario is cut into few commands that each check what they print. Every command runs at least once through
+the entry point; repeats of a command (the other jobs and views) run `jobs.cli.main` in this process (`world["here"]`,
+same arguments, environment, exit status, stdout and stderr), where Spark is the session's JVM, already warm."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -58,14 +62,30 @@ class Cli:
         self.env, self.tmp = env, tmp
 
     def __call__(self, *args: str, ok: bool = True, env: dict | None = None, timeout: float = 600):
-        proc = subprocess.run(
+        return self.check(self._run(args, {**self.env, **(env or {})}, timeout), args, ok=ok)
+
+    def _run(self, args, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [MVIEW, *args], env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+
+    def start(self, *args: str) -> subprocess.Popen:
+        """The command started in the background; `finish` waits for it and checks its exit status."""
+        return subprocess.Popen(
             [MVIEW, *args],
-            env={**self.env, **(env or {})},
-            capture_output=True,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
+
+    def finish(self, proc: subprocess.Popen, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        out, err = proc.communicate(timeout=timeout)
+        return self.check(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), args)
+
+    @staticmethod
+    def check(proc: subprocess.CompletedProcess, args, *, ok: bool = True) -> subprocess.CompletedProcess:
         if ok:
             assert proc.returncode == 0, (
                 f"mview {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
@@ -86,6 +106,32 @@ class Cli:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+class InProcess(Cli):
+    """The same commands through `jobs.cli.main` in this process: the environment set while it runs, stdout and
+    stderr captured, a `SystemExit` turned into the exit status and stderr line the interpreter would print."""
+
+    def _run(self, args, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        from jobs.cli import main
+
+        out, err = io.StringIO(), io.StringIO()
+        with (
+            pytest.MonkeyPatch.context() as mp,
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            for k, v in env.items():
+                if os.environ.get(k) != v:
+                    mp.setenv(k, v)
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # a message: printed to stderr, exit status 1 (as the interpreter does)
+                code = e.code
+                if isinstance(code, str):
+                    print(code, file=sys.stderr)
+                    code = 1
+        return subprocess.CompletedProcess(["mview", *args], code or 0, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def world(redis_server, tmp_path_factory, spark):
     tmp = tmp_path_factory.mktemp("cli")
@@ -104,7 +150,14 @@ def world(redis_server, tmp_path_factory, spark):
         "PYSPARK_PYTHON": sys.executable,
     }
     files = {t: write_jsonl(tmp / f"{t}.jsonl", rs) for t, rs in RECORDS.items()}
-    return {"cli": Cli(env, tmp), "settings": settings, "files": files, "tmp": tmp, "spark": spark}
+    return {
+        "cli": Cli(env, tmp),
+        "here": InProcess(env, tmp),
+        "settings": settings,
+        "files": files,
+        "tmp": tmp,
+        "spark": spark,
+    }
 
 
 def test_ingest_with_and_without_json_and_its_errors(world):
@@ -148,13 +201,14 @@ def _unwritable(path: str) -> bool:
 
 
 def test_run_once_every_job_with_and_without_json(world):
-    cli = world["cli"]
-    summary = cli.json_line("run", "timeline", "--once")
-    assert summary["job"] == "timeline" and summary["events"] == 7 and summary["entries"] >= 2
-    text = cli("run", "clicks", "--once").stdout.strip().splitlines()[-1]
+    cli, here = world["cli"], world["here"]
+    timeline = cli.start("run", "timeline", "--once", "--json")  # its own JVM, while the others run here
+    text = here("run", "clicks", "--once").stdout.strip().splitlines()[-1]
     assert text.startswith("clicks: batches ") and "events 4" in text
-    summary = cli.json_line("run", "enrichment", "--once")
+    summary = here.json_line("run", "enrichment", "--once")
     assert summary["job"] == "enrichment" and summary["events"] == 2
+    summary = json.loads(cli.finish(timeline, "run", "timeline").stdout.strip().splitlines()[-1])
+    assert summary["job"] == "timeline" and summary["events"] == 7 and summary["entries"] >= 2
     cli.error("run", "nope", "--once", says="unknown job 'nope'")
     cli.error(
         "run", "timeline", "--once", env={"REDIS_URL": "redis://127.0.0.1:1/0"}, says="cannot reach Redis"
@@ -162,38 +216,38 @@ def test_run_once_every_job_with_and_without_json(world):
 
 
 def test_query_every_view_with_and_without_json(world):
-    cli = world["cli"]
+    cli, here = world["cli"], world["here"]
     got = cli.json_line("query", "timeline", "b")
     assert got["user_id"] == "b" and got["generation"] == 1
     assert [t["tweet_id"] for t in got["tweets"]] == ["t3", "t1"]
     assert got["tweets"][1] == {"tweet_id": "t1", "user_id": "a", "text": "first", "ts": T0 + 1}
     text = cli("query", "timeline", "b").stdout
     assert "\x1b" not in text and "\\x1b[31mred\\x07" in text and "t1  @a: first" in text
-    assert cli.json_line("query", "timeline", "b", "--limit", "1")["tweets"][0]["tweet_id"] == "t3"
-    assert cli.json_line("query", "timeline", "c")["tweets"] == []  # unfollowed: empty, exit 0
-    assert cli("query", "timeline", "nobody").stdout == ""
+    assert here.json_line("query", "timeline", "b", "--limit", "1")["tweets"][0]["tweet_id"] == "t3"
+    assert here.json_line("query", "timeline", "c")["tweets"] == []  # unfollowed: empty, exit 0
+    assert here("query", "timeline", "nobody").stdout == ""
 
-    s1 = cli.json_line("query", "search_clicks", "s1")
+    s1 = here.json_line("query", "search_clicks", "s1")
     line = {"search_id": "s1", "session_id": "x", "query": "q", "ts": T0, "clicked": True, "clicks": 1}
     assert {k: s1[k] for k in line} == line and s1["final"] is True
-    assert json.loads(cli("query", "search_clicks", "s2").stdout)["clicked"] is False
-    assert cli.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
-    assert cli.json_line("query", "activity_by_country", "NL") == {"country": "NL", "events": 1}
-    assert cli("query", "activity_by_country", "NL").stdout.split() == ["NL", "1"]
-    assert cli("query", "ctr", "no-such-query").stdout.strip() in ("", "{}")
+    assert json.loads(here("query", "search_clicks", "s2").stdout)["clicked"] is False
+    assert here.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
+    assert here.json_line("query", "activity_by_country", "NL") == {"country": "NL", "events": 1}
+    assert here("query", "activity_by_country", "NL").stdout.split() == ["NL", "1"]
+    assert here("query", "ctr", "no-such-query").stdout.strip() in ("", "{}")
 
-    cli.error("query", "enriched_activity", "e1", says="output log")
+    here.error("query", "enriched_activity", "e1", says="output log")
     cli.error("query", "nope", "k", says="unknown view 'nope'")
     cli.error("query", "timeline", "b", env={"REDIS_URL": "redis://127.0.0.1:1/0"}, says="cannot reach Redis")
 
 
 def test_export_every_view(world):
-    cli = world["cli"]
+    cli, here = world["cli"], world["here"]
 
-    def lines(view):
+    def lines(view, cli=here):
         return [json.loads(x) for x in cli("export", view).stdout.splitlines()]
 
-    assert lines("timeline") == [{"user_id": "b", "tweet_ids": ["t3", "t1"]}]
+    assert lines("timeline", cli) == [{"user_id": "b", "tweet_ids": ["t3", "t1"]}]
     closed = {r["search_id"]: r for r in lines("search_clicks")}
     assert closed["s1"]["clicked"] is True and closed["s2"]["clicked"] is False and "s3" not in closed
     assert lines("ctr") == [{"query": "q", "searches": 2, "clicked": 1}]
@@ -212,7 +266,7 @@ def test_export_every_view(world):
 
 
 def test_status_deploy_stop_and_replay(world):
-    cli = world["cli"]
+    cli, here = world["cli"], world["here"]
     status = cli.json_line("status")
     status = {j: r for j, r in status.items() if not JOBS[j].source}  # the source jobs have their own tests
     assert set(status) == {"timeline", "clicks", "enrichment"}
@@ -224,30 +278,35 @@ def test_status_deploy_stop_and_replay(world):
     assert "timeline: running=False" in text and "generation=1" in text
 
     jobs = ("timeline", "clicks", "enrichment")
-    for job in jobs:
-        assert "deployed" in cli("deploy", job).stdout
+    assert "deployed" in cli("deploy", "timeline").stdout
+    for job in jobs[1:]:
+        assert "deployed" in here("deploy", job).stdout
     assert "already running" in cli("deploy", "timeline").stdout
 
-    def running():
-        rows = cli.json_line("status")
+    def running():  # asked here: a poll that starts a Python process takes CPU from the starting JVMs
+        rows = here.json_line("status")
         return rows if all(rows[j]["running"] and rows[j].get("state") == "running" for j in jobs) else None
 
-    rows = wait_for(running, "the three deployed jobs", timeout_s=600)
+    rows = wait_for(running, "the three deployed jobs", timeout_s=600, every_s=1.0)
     assert all(isinstance(rows[j]["pid"], int) for j in jobs) and len({rows[j]["pid"] for j in jobs}) == 3
     assert "running=True" in cli("status").stdout
-    for job in jobs:
-        assert "stopped" in cli("stop", job).stdout
+    stopping = [cli.start("stop", job) for job in jobs]  # each waits for its job's batch in flight: at once
+    for job, proc in zip(jobs, stopping, strict=True):
+        assert "stopped" in cli.finish(proc, "stop", job).stdout
     assert "not running" in cli("stop", "timeline").stdout
     assert not any(r["running"] for r in cli.json_line("status").values())
 
-    for job in ("timeline", "clicks", "enrichment"):
-        out = cli("replay", job).stdout
+    replaying = cli.start("replay", "timeline")  # its own JVM, while the others replay here
+    for job in jobs[1:]:
+        out = here("replay", job).stdout
         assert f"{job}: replayed into generation 2" in out, out
+    out = cli.finish(replaying, "replay", "timeline").stdout
+    assert "timeline: replayed into generation 2" in out, out
     assert [json.loads(x) for x in cli("export", "timeline").stdout.splitlines()] == [
         {"user_id": "b", "tweet_ids": ["t3", "t1"]}
     ]
-    assert cli.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
-    assert {j: r["generation"] for j, r in cli.json_line("status").items() if not JOBS[j].source} == {
+    assert here.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
+    assert {j: r["generation"] for j, r in here.json_line("status").items() if not JOBS[j].source} == {
         "timeline": 2, "clicks": 2, "enrichment": 2
     }  # fmt: skip
     cli.error("deploy", "nope", says="unknown job 'nope'")
