@@ -72,6 +72,7 @@ def _source(run: JobRun, names: dict[str, str]):
         .option("maxOffsetsPerTrigger", MAX_MESSAGES_PER_BATCH)
         .option("kafka.default.api.timeout.ms", "15000")
         .option("kafka.request.timeout.ms", "10000")
+        .option("kafka.fetch.max.wait.ms", "0")  # docs/architecture.md, "Kafka in front of the logs"
         .load()
         .selectExpr("topic", "partition", "offset", _TEXT, _BINARY)
     )
