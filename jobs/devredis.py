@@ -141,7 +141,9 @@ def start_cluster_node(port: int, workdir: Path, *, persist: bool = False) -> su
     exe = shutil.which("redis-server")
     if exe is None:
         raise RedisServerMissing(_MISSING)
-    durability = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
+    durability = ["--appendonly", "no"]
+    if persist:  # one append-only directory per node: they share `workdir`
+        durability = ["--appendonly", "yes", "--appendfsync", "always", "--appenddirname", f"aof-{port}"]
     return subprocess.Popen(
         [exe, *_cluster_node_args(port, workdir), "--save", "", *durability],
         stdout=subprocess.DEVNULL,

@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 import redis
-from redis.exceptions import RedisClusterException
 
 from changelog.ingest import deadletter_path
 from changelog.topics import latest_version
@@ -104,7 +103,7 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
         values = pipe.execute()
     except ViewError as e:
         return e
-    except (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException) as e:
+    except (redis.RedisError, OSError) as e:  # unreachable, or a cluster that is down
         return classify(settings.redis_url, e)
     return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
 
