@@ -34,7 +34,7 @@ setup: $(VENV)/.installed ## create .venv, install the project and its dependenc
 redis: setup ## start a development redis-server at REDIS_URL unless one answers there
 	@$(PY) -m jobs.devredis
 
-redis-cluster: setup ## start a local three-master Redis Cluster on the port of REDIS_URL and the next two (the jobs cannot use one yet)
+redis-cluster: setup ## start a local three-master Redis Cluster on the port of REDIS_URL and the next two (then REDIS_CLUSTER=true)
 	@$(PY) -m jobs.devredis --cluster
 
 postgres: setup ## start a development PostgreSQL (wal_level=logical, data in LAKE_DIR/postgres) at PG_DSN unless one answers there
