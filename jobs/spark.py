@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -21,7 +22,9 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
 
     Executors run this interpreter (PYSPARK_PYTHON), so the venv's packages (redis, orjson) are importable.
     The Delta jars are resolved by `configure_spark_with_delta_pip` from Maven Central into the Ivy cache, and with
-    a KAFKA_BOOTSTRAP Spark's Kafka source (`kafka_package`) too; without one no job reads Kafka.
+    a KAFKA_BOOTSTRAP Spark's Kafka source (`kafka_package`) too; without one no job reads Kafka. The jar files a
+    resolution found are remembered (`_known_jars`): a later start with the same packages, all of whose files are
+    still there, passes them as `spark.jars` and skips Ivy's resolution.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -45,7 +48,15 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
         builder = builder.config(key, value)
     try:
         extra = [kafka_package()] if settings.kafka_bootstrap else None
-        spark = configure_spark_with_delta_pip(builder, extra_packages=extra).getOrCreate()
+        builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
+        packages = builder._options.get("spark.jars.packages", "")
+        known = _known_jars(packages)
+        if known:
+            builder._options.pop("spark.jars.packages")
+            builder = builder.config("spark.jars", known)
+        spark = builder.getOrCreate()
+        if not known:
+            _remember_jars(packages, spark.sparkContext.getConf().get("spark.jars", ""))
     finally:  # the wrapper is for this driver only, not for JVMs that later child processes start
         if java_home is None:
             os.environ.pop("JAVA_HOME", None)
@@ -95,6 +106,36 @@ def _config(settings: Settings, driver_opts: str) -> dict[str, str]:
         "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": "-Xss16m",
     }
+
+
+def _jars_record(packages: str) -> Path:
+    return Path(sys.prefix) / "mview-java" / f"jars-{hashlib.sha256(packages.encode()).hexdigest()[:12]}.txt"
+
+
+def _known_jars(packages: str) -> str | None:
+    """The `spark.jars` an earlier resolution of `packages` found, if every one of its files still exists."""
+    try:
+        record = json.loads(_jars_record(packages).read_text())
+    except (OSError, ValueError):
+        return None
+    jars = record.get("jars", "") if record.get("packages") == packages else ""
+    paths = [j.removeprefix("file://") for j in jars.split(",") if j]
+    if not paths or not all(p.startswith("/") and os.path.isfile(p) for p in paths):
+        return None
+    return jars
+
+
+def _remember_jars(packages: str, jars: str) -> None:
+    if not packages or not jars:
+        return
+    path = _jars_record(packages)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps({"packages": packages, "jars": jars}))
+        tmp.replace(path)
+    except OSError:  # a read-only venv: every start resolves, as before
+        pass
 
 
 def _jars_off_python_path(sc) -> None:

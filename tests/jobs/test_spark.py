@@ -1,5 +1,6 @@
 """The shared SparkSession: the Delta jars (on the JVM's class path, used by every Delta test) are on no Python
-path, where each new Python worker had spent about 1 s reading them on its first imports."""
+path, where each new Python worker had spent about 1 s reading them on its first imports; a start reuses the jar
+files an earlier resolution of the same packages found while they all exist."""
 
 from __future__ import annotations
 
@@ -108,3 +109,24 @@ def test_the_driver_jvm_dies_with_a_killed_driver(tmp_path):
         assert state in (None, "Z"), f"the driver's JVM {jvms[0]} still runs after its driver was killed"
     finally:
         proc.kill()
+
+
+def test_resolved_jars_are_reused_while_every_file_is_there(spark, tmp_path):
+    from jobs.spark import _jars_record, _known_jars, _remember_jars
+
+    used = spark.sparkContext.getConf().get("spark.jars", "")
+    assert "delta-spark" in used  # the session's Delta jars, resolved or remembered
+    packages = f"test:mview-{os.getpid()}:{time.time_ns()}"
+    jars = [tmp_path / "a.jar", tmp_path / "b.jar"]
+    for j in jars:
+        j.write_bytes(b"PK")
+    listed = ",".join(f"file://{j}" for j in jars)
+    try:
+        assert _known_jars(packages) is None  # never resolved: Ivy resolves
+        _remember_jars(packages, listed)
+        assert _known_jars(packages) == listed
+        assert _known_jars(packages + ",other:pkg:1") is None  # other packages: resolved anew
+        jars[1].unlink()
+        assert _known_jars(packages) is None  # a file gone from the Ivy cache: resolved anew
+    finally:
+        _jars_record(packages).unlink(missing_ok=True)
