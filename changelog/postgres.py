@@ -322,11 +322,9 @@ class _Log:
 
     def __init__(self, lake_dir: Path, source: PgSource):
         from changelog.ingest import deadletter_path
-        from changelog.topics import ensure_topic, topic_arrow_schema, topic_columns
+        from changelog.topics import ensure_topic
 
         self.path = ensure_topic(None, lake_dir, "profiles")
-        self.schema = topic_arrow_schema("profiles")
-        self.names = [n for n, _t in topic_columns("profiles")]
         self.app_id = source.app_id
         self.dead_path = deadletter_path(lake_dir, "profiles")
         self.appended = self.rejected = self.commits = 0
@@ -339,24 +337,24 @@ class _Log:
     def append(self, txns: list[_Txn], lsn: int, note: str, *, snapshot: bool = False) -> None:
         """Dead letters first, then one Delta commit of the transactions' records recording `lsn` (and, for the
         snapshot, `lsn` as the slot's snapshot marker). A snapshot commit is made even when it holds no row."""
-        from arro3.core import Array, Table
-
-        from changelog.topics import append_table
+        from changelog.errors import NotStored
+        from changelog.topics import RecordTable, append_table
 
         dead = [d for t in txns for d in t.dead]
         if dead:
             self._dead_letters(txns)
         records = [r for t in txns for r in t.records.values()]
         if records or snapshot:
-            columns = {
-                n: Array([r.get(n) for r in records], type=self.schema.field(n).type) for n in self.names
-            }
+            table = RecordTable("profiles")
+            for r in records:
+                table.add(r)
+            arrow = table.table()
+            if table.unfit is not None:
+                raise NotStored("profiles", f"postgresql:{note}", len(records), table.unfit)
             txns_ = (
                 ((self.app_id, lsn), (f"{self.app_id}:snapshot", lsn)) if snapshot else ((self.app_id, lsn),)
             )
-            append_table(
-                self.path, Table.from_pydict(columns, schema=self.schema), note=note, transactions=txns_
-            )
+            append_table(self.path, arrow, note=note, transactions=txns_)
             self.commits += 1
         self.appended += len(records)
         self.rejected += len(dead)
