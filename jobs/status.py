@@ -156,6 +156,8 @@ def job_status(settings: Settings) -> dict:
                     f"lost the serving copy ({gen_key(name)} is gone; the lake has generation {published}): "
                     f"`mview deploy {name}` or `mview run {name} --once` rebuilds it"
                 )
+        if pid is None and row.get("state") == "stopped":
+            row.pop("kafka", None)  # the broker as a running kafka job last saw it: stale once it stopped
         if pid is None and row.get("state") in ("running", "starting", "restarting", "rebuilding"):
             row["state"] = "dead (killed or crashed: `mview deploy` resumes from the checkpoint)"
         replay = read_status(settings, name, "replay.json")

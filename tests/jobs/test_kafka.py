@@ -255,6 +255,8 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
         producer.produce()
         wait_for(exactly_once, "every record once after the broker came back", timeout_s=600)
         assert status_of(settings, JOB)["kafka"] == "ok"
+        stop(settings, JOB)
+        assert "kafka" not in status_of(settings, JOB)  # what a running job saw, gone once it stopped
     finally:
         producer.halt.set()
         stop(settings, JOB)
