@@ -67,9 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--freshness-seconds", type=float, default=90.0)
     p.add_argument("--incrementality-budget", type=float, default=240.0)
-    p.add_argument(
-        "--metrics-pairs", type=int, default=3, help="throughput runs per mode of the metrics part"
-    )
+    p.add_argument("--metrics-pairs", type=int, default=6, help="metrics: on/off pairs, ABBA")
     p.add_argument(
         "--clicks-events",
         type=int,
@@ -181,7 +179,7 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
     if "metrics" in want:
         from bench.metrics import bench_metrics
 
-        follows, seconds = throughput_workload(args.scale).follows, args.freshness_seconds / 2
+        follows, seconds = throughput_workload(args.scale).follows, args.freshness_seconds
         _part(res, "metrics", bench_metrics, spark, settings, tmp, follows, args.metrics_pairs, seconds)
     if "fanout" in want:
         from bench.fanout import bench_fanout

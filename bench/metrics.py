@@ -1,17 +1,23 @@
 """The cost of the jobs' Prometheus metrics (`jobs.metrics`): the timeline's throughput and freshness with the
-metrics on and off, in one run, judged against the run-to-run noise of the same figures.
+metrics on and off, in one run, each cost judged against its own spread in the same run.
 
 - Direct cost: the time of `JobMetrics.observe` per micro-batch and of one scrape (every metric rendered, the
-  status-file metrics read from the lake), against the batch time of the job: an upper bound of what the metrics
-  can cost, free of the noise of end-to-end figures.
-- Throughput: the job over the throughput logs in the warm JVM, `pairs` times per mode, the modes alternating
-  (on, off, off, on, ...), each run into a throw-away generation; the medians compared.
-- Freshness: the job deployed four times under the same load (`bench.freshness`), in the order off, on, on, off,
-  with the metrics scraped every `SCRAPE_S` while they are on; the latencies of both rounds of a mode pooled and
-  their p50 and p99 compared. The noise is the difference between the two rounds of one mode (an A/A test).
+  status-file metrics read from the lake), against the batch time of the deployed job: an upper bound of what
+  the metrics can cost, free of the noise of end-to-end figures.
+- Throughput: the job over the throughput logs in the warm JVM, each run into a throw-away generation:
+  `WARMUP_RUNS` unmeasured runs, then `pairs` pairs of runs, one with the metrics server on and one off, in
+  ABBA order (on-off, off-on, ...). Each pair gives a cost, how much slower on is than off; the figure is the
+  median of the pairs' costs and its spread their min and max.
+- Freshness: the job deployed once, its metrics server on, under the same load (`bench.freshness`): an
+  unmeasured load of `WARMUP_LOAD_S`, then `pairs` pairs of loads in ABBA order, scraped every `SCRAPE_S`
+  during the "on" loads and not at all during the "off" ones. Each pair gives the cost of the p50 latency.
+  This measures the scrape's cost (serving and rendering the metrics); `observe` runs in every batch of both
+  modes and is measured directly.
 
-A cost is how much slower (or later) the figure is with metrics on, in % of the figure with metrics off; the
-goal is under 3%, or within the noise measured in the same run.
+A cost is how much slower (or later) a figure is with metrics on, in % of the figure with metrics off. Its
+noise is half the spread (max - min) of the pairs' costs; the verdict (`verdict`) is "within the 3% goal" when
+the largest pair cost is under 3%, "within noise" when the pairs' costs straddle 0 (no cost shown, but none
+shown to be under 3% either), and "not shown" otherwise.
 """
 
 from __future__ import annotations
@@ -25,10 +31,13 @@ from pathlib import Path
 
 from bench.common import say
 
-__all__ = ["bench_metrics", "GOAL_PCT", "SCRAPE_S"]
+__all__ = ["bench_metrics", "verdict", "GOAL_PCT", "SCRAPE_S"]
 
 GOAL_PCT = 3.0
 SCRAPE_S = 1.0  # scrape interval while the metrics are on (Prometheus' default is 15 s: this bounds it above)
+MIN_LOAD_S = 10.0  # shortest freshness load (5 appends of 10 tweets)
+WARMUP_RUNS = 2  # unmeasured throughput runs before the pairs
+WARMUP_LOAD_S = 30.0  # unmeasured freshness load before the pairs, in the just deployed job
 
 
 def _modes(settings):
@@ -36,10 +45,42 @@ def _modes(settings):
     return {"on": on, "off": dataclasses.replace(settings, metrics_port=None)}
 
 
+def _order(pairs: int) -> list[tuple[str, str]]:
+    """ABBA: (on, off), (off, on), (on, off), ...: a drift over the run adds to half the pairs, subtracts from the
+    other half."""
+    return [("on", "off") if i % 2 == 0 else ("off", "on") for i in range(max(1, pairs))]
+
+
 def _pct(on, off, higher_is_better: bool):
     if not on or not off:
         return None
-    return round(100 * ((off - on) / off if higher_is_better else (on - off) / off), 1)
+    return round(100 * ((off - on) / off if higher_is_better else (on - off) / off), 2)
+
+
+def _paired(costs: list) -> dict:
+    """The median of per-pair costs (%), their min and max, and the noise: half of max - min."""
+    c = [x for x in costs if x is not None]
+    if not c:
+        return {"cost_pct": None, "min_pct": None, "max_pct": None, "noise_pct": None, "pairs_pct": costs}
+    lo, hi = min(c), max(c)
+    return {
+        "cost_pct": round(statistics.median(c), 2),
+        "min_pct": lo,
+        "max_pct": hi,
+        "noise_pct": round((hi - lo) / 2, 2),
+        "pairs_pct": costs,
+    }
+
+
+def verdict(fig: dict) -> str:
+    """ "within the 3% goal" (every pair under it), "within noise" (the pairs straddle 0), or "not shown"."""
+    if fig.get("max_pct") is None:
+        return "not shown"
+    if fig["max_pct"] < GOAL_PCT:
+        return f"within the {GOAL_PCT:g}% goal"
+    if fig["min_pct"] <= 0:
+        return "within noise"
+    return "not shown"
 
 
 def _quantile(values: list[float], p: float):
@@ -76,10 +117,10 @@ def _direct_cost(settings) -> dict:
 
 
 class _Scraper:
-    """Scrapes the deployed timeline job's metrics every `SCRAPE_S` until stopped; counts the scrapes."""
+    """Scrapes the deployed timeline job's metrics every `SCRAPE_S` while `on` is set; counts the scrapes."""
 
     def __init__(self, settings) -> None:
-        self.settings, self.stop, self.scrapes = settings, threading.Event(), 0
+        self.settings, self.stop, self.on, self.scrapes = settings, threading.Event(), threading.Event(), 0
         self.batch_sum = self.batch_count = 0.0  # of mview_batch_duration_seconds at the last scrape
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -87,6 +128,8 @@ class _Scraper:
         from jobs.runtime import read_status
 
         while not self.stop.wait(SCRAPE_S):
+            if not self.on.is_set():
+                continue
             url = read_status(self.settings, "timeline").get("metrics_url")
             if not url:
                 continue
@@ -118,78 +161,96 @@ class _Scraper:
         self.thread.join(10)
 
 
-def _freshness(spark, modes, tmp: Path, follows, seconds: float) -> dict:
-    from bench.freshness import bench_freshness
+def _throughput(spark, modes, pairs: int) -> dict:
+    from bench.timeline import warm_rates
 
-    rounds: dict[str, list[dict]] = {"off": [], "on": []}
-    scrapes, batch_sum, batch_count = 0, 0.0, 0.0
-    for i, mode in enumerate(("off", "on", "on", "off")):
-        prefix = f"metrics-{mode}{i}-"
-        if mode == "on":
-            with _Scraper(modes[mode]) as scraper:
-                r = bench_freshness(spark, modes[mode], tmp, follows, seconds, 2.0, prefix, latencies=True)
-            scrapes += scraper.scrapes
-            batch_sum, batch_count = batch_sum + scraper.batch_sum, batch_count + scraper.batch_count
-        else:
-            r = bench_freshness(spark, modes[mode], tmp, follows, seconds, 2.0, prefix, latencies=True)
-        rounds[mode].append(r)
-        say(f"metrics: freshness round {i + 1}/4, metrics {mode}: p50 {r['p50_s']} s, p99 {r['p99_s']} s")
-    out: dict = {
-        "scrapes": scrapes,
-        "mean_batch_s": round(batch_sum / batch_count, 3) if batch_count else None,
-    }
-    for mode, rs in rounds.items():
-        pooled = [x for r in rs for x in r["latencies"]]
-        out[mode] = {
-            "p50_s": _quantile(pooled, 0.5),
-            "p99_s": _quantile(pooled, 0.99),
-            "visible": len(pooled),
-            "tweets": sum(r["tweets"] for r in rs),
-            "rounds_p50_s": [r["p50_s"] for r in rs],
-            "rounds_p99_s": [r["p99_s"] for r in rs],
-        }
-    for q in ("p50", "p99"):
-        out[f"{q}_cost_pct"] = _pct(out["on"][f"{q}_s"], out["off"][f"{q}_s"], False)
-        # A/A: how far apart two rounds of the same mode are, in % of their mean (the larger of the two modes)
-        out[f"{q}_noise_pct"] = max(
-            round(100 * abs(a - b) / ((a + b) / 2), 1) if a and b else 0.0
-            for a, b in (out[m][f"rounds_{q}_s"] for m in ("off", "on"))
+    warm_rates(spark, modes["off"], WARMUP_RUNS)  # the first runs in a JVM pay its JIT warm-up: discarded
+    rates: dict[str, list[float]] = {"on": [], "off": []}
+    costs = []
+    for i, order in enumerate(_order(pairs)):
+        pair = {}
+        for mode in order:
+            pair[mode] = warm_rates(spark, modes[mode], 1)[0]
+            rates[mode].append(pair[mode])
+        costs.append(_pct(pair["on"], pair["off"], True))
+        say(
+            f"metrics: throughput pair {i + 1}/{pairs}: on {pair['on']:,.0f}, off {pair['off']:,.0f} entries/s"
         )
-    return out
+    return {
+        "entries_per_s": {m: [round(x) for x in r] for m, r in rates.items()},
+        "median_entries_per_s": {m: round(statistics.median(r)) for m, r in rates.items()},
+        **_paired(costs),
+    }
+
+
+def _freshness(spark, modes, tmp: Path, follows, pairs: int, load_s: float) -> dict:
+    from bench.freshness import deploy_jobs, ingest_tweets, measure_freshness
+
+    settings = modes["on"]
+    append = lambda recs, path: ingest_tweets(spark, settings, recs, path)  # noqa: E731
+
+    def load(prefix: str, seconds: float = load_s) -> dict:
+        return measure_freshness(settings, tmp, follows, seconds, 2.0, prefix, append=append, latencies=True)
+
+    stop_jobs = deploy_jobs(settings, ("timeline",))
+    try:
+        with _Scraper(settings) as scraper:
+            load("metrics-warm-", WARMUP_LOAD_S)  # the deployed JVM's first batches: discarded
+            lat: dict[str, list[float]] = {"on": [], "off": []}
+            p50: dict[str, list] = {"on": [], "off": []}
+            costs = []
+            for i, order in enumerate(_order(pairs)):
+                for mode in order:
+                    scraper.on.set() if mode == "on" else scraper.on.clear()
+                    r = load(f"metrics-{i}{mode}-")
+                    lat[mode] += r["latencies"]
+                    p50[mode].append(r["p50_s"])
+                costs.append(_pct(p50["on"][-1], p50["off"][-1], False))
+                say(
+                    f"metrics: freshness pair {i + 1}/{pairs}: p50 on {p50['on'][-1]} s, off {p50['off'][-1]} s"
+                )
+            scraper.on.clear()
+    finally:
+        stop_jobs()
+    out: dict = {
+        m: {
+            "p50_s": _quantile(lat[m], 0.5),
+            "p99_s": _quantile(lat[m], 0.99),
+            "visible": len(lat[m]),
+            "loads_p50_s": p50[m],
+        }
+        for m in ("on", "off")
+    }
+    out["p99_cost_pct"] = _pct(out["on"]["p99_s"], out["off"]["p99_s"], False)  # pooled: not paired
+    out["scrapes"] = scraper.scrapes
+    out["mean_batch_s"] = round(scraper.batch_sum / scraper.batch_count, 3) if scraper.batch_count else None
+    return {**out, **_paired(costs)}
 
 
 def bench_metrics(spark, settings, tmp: Path, follows: list[dict], pairs: int, freshness_s: float) -> dict:
-    """Run after the throughput part (its logs are in `settings`' lake)."""
-    from bench.timeline import warm_rates
-
+    """Run after the throughput part (its logs are in `settings`' lake). `freshness_s`: seconds of measured
+    freshness load, split over the 2 x `pairs` loads (each at least `MIN_LOAD_S`)."""
     direct = _direct_cost(settings)
     say(f"metrics: observe {direct['observe_us']} us per batch, one scrape {direct['scrape_ms']} ms")
-    modes, rates = _modes(settings), {"on": [], "off": []}
-    for i in range(max(1, pairs)):
-        for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            rates[mode] += warm_rates(spark, modes[mode], 1)
-            say(f"metrics: throughput with metrics {mode}: {rates[mode][-1]:,.0f} entries/s")
-    med = {m: statistics.median(r) for m, r in rates.items()}
-    spread = {m: round(100 * (max(r) - min(r)) / statistics.median(r), 1) for m, r in rates.items() if r}
-    fresh = _freshness(spark, modes, tmp, follows, freshness_s / 2)
-    batch_s = fresh["mean_batch_s"]
+    modes = _modes(settings)
+    thr = _throughput(spark, modes, pairs)
+    load_s = max(MIN_LOAD_S, freshness_s / (2 * max(1, pairs)))
+    fresh = _freshness(spark, modes, tmp, follows, pairs, load_s)
+    batch_s = fresh.pop("mean_batch_s")
     # the job's own time per batch spent on metrics, and one core's share spent serving scrapes
     direct["observe_pct_of_batch"] = round(direct["observe_us"] / 1e4 / batch_s, 4) if batch_s else None
     direct["scrape_pct_of_core"] = round(direct["scrape_ms"] / 10 / SCRAPE_S, 3)
     direct["mean_batch_s"] = batch_s
+    for name, fig in (("throughput", thr), ("freshness p50", fresh)):
+        fig["verdict"] = verdict(fig)
+        say(f"metrics: {name} cost {fig['cost_pct']}% (noise {fig['noise_pct']}%): {fig['verdict']}")
     return {
-        "workload": f"the throughput logs, {pairs} runs per mode alternating; freshness load in 4 rounds of "
-        f"{freshness_s / 2:.0f}s (off, on, on, off), scraped every {SCRAPE_S:.0f}s while on",
-        "command": "run_timeline (warm JVM) and mview deploy timeline, METRICS_PORT on / off",
+        "workload": f"the throughput logs, {WARMUP_RUNS} warm-up runs then {pairs} on/off pairs (ABBA); one "
+        f"deployment under the freshness load, a {WARMUP_LOAD_S:.0f}-s warm-up load then {pairs} pairs of "
+        f"{load_s:.0f}-s loads (ABBA), scraped every {SCRAPE_S:.0f}s during the 'on' loads",
+        "command": "run_timeline (warm JVM), METRICS_PORT on / off; mview deploy timeline, scrapes on / off",
         "direct": direct,
-        "entries_per_s": {m: [round(x) for x in r] for m, r in rates.items()},
-        "median_entries_per_s": {m: round(v) for m, v in med.items()},
-        "throughput_cost_pct": _pct(med["on"], med["off"], True),
-        "throughput_noise_pct": max(spread.values()) if spread else None,
-        "freshness": {m: fresh[m] for m in ("off", "on")},
-        "scrapes": fresh["scrapes"],
-        "freshness_p50_cost_pct": fresh["p50_cost_pct"],
-        "freshness_p99_cost_pct": fresh["p99_cost_pct"],
-        "freshness_p50_noise_pct": fresh["p50_noise_pct"],
-        "freshness_p99_noise_pct": fresh["p99_noise_pct"],
+        "throughput": thr,
+        "freshness": fresh,
+        "scrapes": fresh.pop("scrapes"),
     }

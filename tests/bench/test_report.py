@@ -103,12 +103,38 @@ def test_steady_state_row_is_judged_on_its_own_ratio_and_absent_without_it():
     assert not any("steady" in r["figure"] for r in table_rows(RESULTS))
 
 
+def _pairs(*costs: float) -> dict:
+    return {
+        "cost_pct": sorted(costs)[len(costs) // 2],
+        "min_pct": min(costs),
+        "max_pct": max(costs),
+        "noise_pct": round((max(costs) - min(costs)) / 2, 2),
+        "pairs_pct": list(costs),
+    }
+
+
+@pytest.mark.parametrize(
+    ("costs", "verdict_"),
+    [
+        ((-1.0, 0.5, 2.9), "within the 3% goal"),  # every pair under the goal
+        ((-4.0, 1.0, 6.0), "within noise"),  # the pairs straddle 0: no cost shown, nor one under 3%
+        ((1.0, 2.0, 4.0), "not shown"),  # every pair slower, one over the goal
+        ((), "not shown"),
+    ],
+)
+def test_the_metrics_verdict_follows_the_spread_of_the_pairs_costs(costs, verdict_):
+    from bench.metrics import verdict
+
+    fig = _pairs(*costs) if costs else {"max_pct": None}
+    assert verdict(fig) == verdict_
+
+
 @pytest.mark.parametrize(
     ("change", "met"),
     [
         ({}, "met"),
-        ({"freshness_p99_cost_pct": 4.1}, "**not met**"),  # over 3% and over its noise
-        ({"freshness_p99_cost_pct": 4.1, "freshness_p99_noise_pct": 9.0}, "met"),  # within the noise
+        ({"freshness": _pairs(-2.0, 1.0, 5.0)}, "within noise"),
+        ({"throughput": _pairs(1.0, 2.0, 4.0)}, "**not shown**"),
         (
             {
                 "direct": {
@@ -122,20 +148,16 @@ def test_steady_state_row_is_judged_on_its_own_ratio_and_absent_without_it():
         ),
     ],
 )
-def test_the_metrics_cost_row_is_met_when_the_direct_cost_is_under_3_percent_and_each_figure_within_noise(
+def test_the_metrics_cost_row_is_met_when_the_direct_cost_and_every_pairs_cost_are_under_3_percent(
     change, met
 ):
+    tp = {"median_entries_per_s": {"on": 245_000, "off": 250_000}, **_pairs(2.0, -1.0, 0.5)}
+    fr = {"on": {"p50_s": 1.6, "p99_s": 5.0}, "off": {"p50_s": 1.58, "p99_s": 4.9}, **_pairs(1.3, -0.5, 2.5)}
     metrics = {
         "workload": "w",
         "command": "c",
-        "median_entries_per_s": {"on": 245_000, "off": 250_000},
-        "freshness": {"on": {"p50_s": 1.6, "p99_s": 5.0}, "off": {"p50_s": 1.58, "p99_s": 4.9}},
-        "throughput_cost_pct": 2.0,
-        "freshness_p50_cost_pct": 1.3,
-        "freshness_p99_cost_pct": 2.0,
-        "throughput_noise_pct": 1.0,
-        "freshness_p50_noise_pct": 2.0,
-        "freshness_p99_noise_pct": 2.5,
+        "throughput": tp,
+        "freshness": fr,
         "direct": {
             "observe_us": 20.0,
             "scrape_ms": 3.0,
@@ -143,14 +165,14 @@ def test_the_metrics_cost_row_is_met_when_the_direct_cost_is_under_3_percent_and
             "scrape_pct_of_core": 0.3,
         },
     }
-    (row,) = [
-        r
-        for r in table_rows({"metrics": {**metrics, **change}})
-        if r["figure"].startswith("cost of the metrics")
-    ]
+    for key, fig in change.items():
+        metrics[key] = {**metrics[key], **fig}
+    (row,) = [r for r in table_rows({"metrics": metrics}) if r["figure"].startswith("cost of the metrics")]
     assert row["met"] == met
     if not change:
-        assert "cost 2% / 1.3% / 2%" in row["measured"] and "noise 1% / 2% / 2.5%" in row["measured"]
+        assert "throughput cost 0.5% (noise 1.5%; pairs -1% to 2%): within the 3% goal" in row["measured"]
+        assert "freshness p50 cost 1.3% (noise 1.5%; pairs -0.5% to 2.5%)" in row["measured"]
+        assert row["reference"].startswith("off: 250,000/s, p50 1.58 s")
 
 
 def test_cdc_rows_set_the_capture_beside_the_snapshot_and_say_when_the_part_failed():
