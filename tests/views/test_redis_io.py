@@ -15,7 +15,7 @@ import pytest
 
 from jobs.devredis import free_port
 from tests.jobs.opshelp import OwnRedis
-from views.errors import RedisAuthFailed, RedisTLSMismatch, RedisUnavailable, redact
+from views.errors import RedisAuthFailed, RedisMisconfigured, RedisTLSMismatch, RedisUnavailable, redact
 from views.redis_io import STOP, connect, probe, redact_url
 
 
@@ -192,3 +192,5 @@ def test_the_mode_is_read_from_the_server_and_redis_cluster_true_refuses_a_singl
     assert not isinstance(connect(redis_server_url), RedisCluster)
     with pytest.raises(RedisNotCluster, match="REDIS_CLUSTER=true .* is not a Redis Cluster node"):
         connect(redis_server_url, cluster=True)
+    with pytest.raises(RedisMisconfigured, match="a cluster has only database 0"):
+        connect(redis_cluster["url"].rsplit("/", 1)[0] + "/2")
