@@ -3,6 +3,7 @@ redis-server started on a free port for the session; each test gets an empty Red
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import orjson
@@ -97,5 +98,8 @@ def spark(tmp_path_factory):
     from jobs.spark import get_spark
 
     s = get_spark(make_settings(tmp_path_factory.mktemp("lake0"), "redis://127.0.0.1:1/0"), "mview-tests")
+    # Every JVM started after this one (deployed jobs, CLI commands, the cluster's) JIT-compiles with C1 only: each
+    # lives a minute or two on a few records, where C2's compilations took ~40% of its CPU time and gave none back.
+    os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
     yield s
     s.stop()
