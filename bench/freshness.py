@@ -178,13 +178,15 @@ def measure_freshness(
     command: str = "mview deploy timeline",
     how: str = "appended",
     latencies: bool = False,
+    warmup_s: float = 0.0,
 ) -> dict:
     """Tweets appended by `append(records, path)` (e.g. `ingest_tweets`, or a produce to Kafka) every `every_s` by
     authors with followers; per tweet, the seconds from `append`'s return to its presence in every follower's
     timeline, with the jobs already deployed. The load starts once a probe tweet appended the same way is
     visible (the jobs have caught up). `prefix` starts every tweet id, so that a second run over the same logs
     appends new tweets. `latencies`: the result also holds every tweet's seconds (`latencies`), for pooling
-    runs."""
+    runs. `warmup_s`: the same load runs that long first, unmeasured (tweet ids `<prefix>w...`), so that jobs
+    deployed just before are measured in their steady state."""
     from views.redis_io import connect
 
     followers = _followers(follows)
@@ -193,6 +195,8 @@ def measure_freshness(
     try:
         took = _wait_for_probe(append, seen.client, tmp, top, followers[top][0], f"{prefix}probe")
         say(f"freshness: jobs deployed, probe visible after {took:.0f}s; load for {duration_s:.0f}s")
+        if warmup_s > 0:
+            _load(append, tmp, _Visibility(seen.client), followers, warmup_s, every_s, f"{prefix}w")
         poller = threading.Thread(target=seen.poll, daemon=True)
         poller.start()
         n = _load(append, tmp, seen, followers, duration_s, every_s, prefix)
@@ -212,6 +216,7 @@ def measure_freshness(
         "tweets": n,
         "visible": len(lat),
         "not_visible_after_60s": n - len(lat),
+        "warmup_s": warmup_s,
         "p50_s": pct(0.50),
         "p99_s": pct(0.99),
         "max_s": round(lat[-1], 3) if lat else None,
