@@ -36,7 +36,7 @@ __all__ = ["bench_metrics", "verdict", "GOAL_PCT", "SCRAPE_S"]
 GOAL_PCT = 3.0
 SCRAPE_S = 1.0  # scrape interval while the metrics are on (Prometheus' default is 15 s: this bounds it above)
 MIN_LOAD_S = 10.0  # shortest freshness load (5 appends of 10 tweets)
-WARMUP_RUNS = 2  # unmeasured throughput runs before the pairs
+WARMUP_RUNS = 4  # unmeasured throughput runs before the pairs (a fresh JVM speeds up for several)
 WARMUP_LOAD_S = 30.0  # unmeasured freshness load before the pairs, in the just deployed job
 
 
