@@ -1,5 +1,6 @@
 """Every view test here runs twice: on the session's redis-server and on the session's three-master Redis Cluster
-(`redis_url` is overridden, parametrized; each test gets an emptied Redis either way)."""
+(`redis_url` is overridden, parametrized; each test gets an emptied Redis either way). A test may choose its
+targets with `@pytest.mark.parametrize("redis_url", [...], indirect=True)`."""
 
 from __future__ import annotations
 

@@ -267,7 +267,17 @@ class _Hybrid:
         return {r["user_id"]: r["tweet_ids"] for r in export_timeline(self.client)}
 
 
-@pytest.mark.parametrize("limit", [0, 2, None], ids=["limit 0", "limit 2", "no limit"])
+@pytest.mark.parametrize(
+    "redis_url, limit",
+    [
+        ("server", 0),
+        ("server", 2),
+        ("server", None),
+        ("cluster", 2),
+    ],  # limit 2 has both modes, on the cluster too
+    ids=["server-limit 0", "server-limit 2", "server-no limit", "cluster-limit 2"],
+    indirect=["redis_url"],
+)
 def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_url, limit):
     """Random workloads (deletes, unfollows, re-follows, duplicates, out-of-order), a small cap so that refills
     happen, cut into batches: after every batch, export and every user's read_timeline equal the brute-force SQL.
