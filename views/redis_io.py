@@ -220,13 +220,6 @@ def _no_op(*_args) -> None:
 def _cluster_client(url: str, waiting: WaitingRetry | None, **options) -> _Cluster:
     """A cluster client that learnt the layout from the node at `url` (waiting for it with `waiting`)."""
 
-    db = redis.ConnectionPool.from_url(url).connection_kwargs.get("db") or 0
-    if int(db) != 0:
-        raise RedisMisconfigured(
-            f"{redact_url(url)} is a Redis Cluster node and a cluster has only database 0: end REDIS_URL with /0",
-            url,
-        )
-
     def build() -> _Cluster:
         try:
             client = _Cluster.from_url(url, **options)
