@@ -1,16 +1,21 @@
 """Helpers of the operations tests: a dedicated redis-server that a test may stop and restart, waiting on
-`mview status`, reading a generation's whole Redis content, writing workload files."""
+`mview status`, reading a generation's whole Redis content, writing workload files, running the installed
+`mview`, reading a Prometheus scrape."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import orjson
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
+from jobs.deploy import settings_env
 from jobs.devredis import free_port
 from jobs.generations import key_kinds
 from jobs.registry import JOBS
@@ -75,6 +80,44 @@ class OwnRedis:
             self.proc.terminate()
             self.proc.wait(20)
         self.proc = None
+
+    def wipe(self) -> None:
+        """Delete what the stopped server persisted, so the next start is empty (a server lost with its disk)."""
+        assert self.proc is None, "stop or kill the server first"
+        shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+
+
+MVIEW = str(Path(sys.executable).parent / "mview")
+
+
+def mview(settings: Settings, *args, url: str | None = None) -> subprocess.CompletedProcess:
+    """The installed `mview` run with `settings` in its environment (REDIS_URL replaced by `url` if given)."""
+    env = {**os.environ, **settings_env(settings)}
+    if url is not None:
+        env["REDIS_URL"] = url
+    return subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(r: subprocess.CompletedProcess, *expected: str) -> str:
+    """Assert `r` failed with one `mview: ...` line on stderr holding each of `expected`; return that line."""
+    assert r.returncode != 0, r
+    assert r.stdout == "" or "deployed" not in r.stdout, r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mview: "), r.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def metric_samples(text: str) -> dict:
+    """{(sample name, sorted labels without `job`): value} of a Prometheus scrape."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "job"))
+            out[(s.name, labels)] = s.value
+    return out
 
 
 def write_jsonl(path: Path, records) -> str:
