@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from joins.interval import MATCHES, MIN_WATERMARK, IntervalJoinResult, JoinSide, batch_constant, interval_join
-from joins.state import read_json, write_json
+from joins.state import empty_frame, read_json, write_json
 
 __all__ = [
     "IntervalStore",
@@ -293,7 +293,7 @@ class IntervalStore:
         w1 = None if base is None else progress.idle_watermark(now_ms, timeout_ms, self.lateness_ms)
         if w1 is None:
             return None
-        before, empty = self.restore(base + 1), self.spark.createDataFrame([], BATCH_SCHEMA)
+        before, empty = self.restore(base + 1), empty_frame(self.spark, BATCH_SCHEMA)
         out = self.step(base + 1, before, empty, w1, publish)
         self.advance(base + 1, before.progress)
         return StepOutcome(base + 1, before.progress, out)

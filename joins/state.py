@@ -23,12 +23,13 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["JoinState", "write_json", "read_json", "complete_dirs"]
+__all__ = ["JoinState", "write_json", "read_json", "complete_dirs", "empty_frame"]
 
 S = TypeVar("S")
 
@@ -75,3 +76,15 @@ def complete_dirs(root: Path, prefix: str, below: int) -> list[tuple[int, Path]]
         if n.isdigit() and int(n) < below and (d / "_SUCCESS").exists():
             found.append((int(n), d))
     return sorted(found)
+
+
+@functools.lru_cache(maxsize=32)
+def empty_frame(spark, schema: str):
+    """An empty DataFrame of `schema` (DDL text), made once per session. It is an empty relation of the JVM, so the
+    optimizer prunes the plan branches it empties (a join with it, a union member) and no Python task ever runs for
+    it, unlike `spark.createDataFrame([], schema)`, which is a Python RDD of no rows."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import _parse_datatype_string
+
+    fields = _parse_datatype_string(schema).fields
+    return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])

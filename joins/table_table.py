@@ -40,10 +40,12 @@ micro-batches is `joins.table_table_state.TimelineStore`.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+
+from joins.state import empty_frame
 
 __all__ = [
     "TimelineState",
@@ -73,7 +75,7 @@ class TimelineState:
 
 @dataclass(frozen=True)
 class TimelineChanges:
-    after: TimelineState  # the state after the batch (materialized)
+    after: TimelineState  # the state after the batch, as plans over the state before (`settle` computes it)
     tweet_rows: DataFrame  # changed tweet state rows (TWEET_STATE_SCHEMA)
     follow_rows: DataFrame  # changed follow state rows (FOLLOW_STATE_SCHEMA)
     adds: DataFrame  # follower_id, entries (ENTRIES_TYPE, the newest, at most cap): add, then trim to cap
@@ -96,17 +98,27 @@ class TimelineChanges:
         None  # follower_id, followee_id: ... no longer follows (or is no celebrity)
     )
     _cached: tuple = ()
+    _settled: dict = field(default_factory=dict)  # "state": the settled state, once computed
+
+    def settle(self) -> TimelineState:
+        """The state after the batch, computed (the tables the batch changed, as local checkpoints, in one Spark job)
+        the first time and kept: the state for the next batch. A sink's plans may run before or while it does; it
+        must run before `release()`."""
+        if "state" not in self._settled:
+            before = self._settled.pop("before")
+            tables = {
+                name: getattr(self.after, name).localCheckpoint(eager=False)
+                for name in ("tweets", "follows")
+                if getattr(self.after, name) is not getattr(before, name)
+            }
+            _materialize(*tables.values())
+            self._settled["state"] = replace(self.after, **tables)
+        return self._settled["state"]
 
     def release(self) -> None:
         """Free the batch-sized intermediate results once the batch is published and the state committed."""
         for df in self._cached:
             df.unpersist()
-
-
-@functools.lru_cache(maxsize=16)
-def _empty(spark, schema: str) -> DataFrame:
-    """An empty DataFrame of `schema`, made once per session and reused."""
-    return spark.createDataFrame([], schema)
 
 
 def _live(t: DataFrame) -> DataFrame:
@@ -243,10 +255,13 @@ _CHANGES_SCHEMAS = {  # what each returns
 
 
 def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: list[str]) -> DataFrame:
-    """`state` with the rows of `changed` (same keys) replaced or inserted, as a lazy local checkpoint (lineage cut
-    once `_materialize` has computed it)."""
+    """`state` with the rows of `changed` (same keys) replaced or inserted, a plan of `spark.sql.shuffle.partitions`
+    partitions: a union adds its inputs' partitions, so without the coalesce a state kept by a broadcast anti join
+    would gain some in every batch."""
     rows = changed.select(*cols)
-    return state.join(changed.select(*keys), keys, "left_anti").unionByName(rows).localCheckpoint(eager=False)
+    parts = int(state.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    kept = state.join(changed.select(*keys), keys, "left_anti")
+    return kept.unionByName(rows).coalesce(parts)
 
 
 def _materialize(*dfs: DataFrame) -> None:
@@ -280,7 +295,7 @@ def _changes(
         ]
     ):
         if batch is None:
-            parts.append((_empty(spark, _CHANGES_SCHEMAS[changes]), None))
+            parts.append((empty_frame(spark, _CHANGES_SCHEMAS[changes]), None))
         else:
             df = changes(before, batch).localCheckpoint(eager=False)
             parts.append(
@@ -327,7 +342,7 @@ class _Delta:
 
 
 def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None) -> _Delta:
-    """The batch's changed state rows and the state after it (materialized, one Spark job for both tables)."""
+    """The batch's changed state rows and the state after it (lazy: `TimelineChanges.settle` computes it)."""
     (tc, (n_tc, n_born, n_died)), (fc, (n_fc, n_gained, n_lost)) = _changes(
         state.tweets, tweets_batch, state.follows, follows_batch, (_BORN, _DIED), (_GAINED, _LOST)
     )
@@ -337,7 +352,6 @@ def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: 
         if n_fc
         else state.follows
     )
-    _materialize(*[df for df, n in ((tweets_after, n_tc), (follows_after, n_fc)) if n])
     return _Delta(
         before=state,
         after=TimelineState(tweets=tweets_after, follows=follows_after),
@@ -400,7 +414,7 @@ def _adds(d: _Delta, refill: DataFrame | None, cap: int, carry: str | None) -> D
     if d.n["gained"]:
         candidates.append(_backfill(d.gained, _live(d.after.tweets), cap, carry))
     if not candidates:
-        return _empty(d.before.tweets.sparkSession, _TIMELINES_SCHEMA)
+        return empty_frame(d.before.tweets.sparkSession, _TIMELINES_SCHEMA)
     pairs = candidates[0] if len(candidates) == 1 else candidates[0].unionByName(candidates[1])
     if refill is not None:
         pairs = pairs.join(refill, "follower_id", "left_anti")
@@ -457,8 +471,8 @@ def _effective(d: _Delta, limit: int) -> tuple[_Delta, _Celebrities]:
     before = d.before.celebs
     if before is None:
         before = _celebs(d.before.follows, limit).localCheckpoint(eager=False)
-    empty_pairs = _empty(spark, "follower_id string, followee_id string")
-    after, flips = before, _empty(spark, "followee_id string, up boolean")
+    empty_pairs = empty_frame(spark, "follower_id string, followee_id string")
+    after, flips = before, empty_frame(spark, "followee_id string, up boolean")
     gained = lost = c_gained = c_lost = empty_pairs
     n = {"up": 0, "down": 0, "celebs_gained": 0, "celebs_lost": 0}
     if d.n["gained"] or d.n["lost"]:
@@ -510,7 +524,7 @@ def _authored(d: _Delta, c: _Celebrities, cap: int, carry: str | None) -> tuple[
     a celebrity, or a celebrity with a tweet that stopped being live, has the whole set recomputed (the newest
     `cap` live tweets, an empty array when none is left); a celebrity's other new tweets are added."""
     spark = d.before.tweets.sparkSession
-    adds = replaces = _empty(spark, f"user_id string, entries {ENTRIES_TYPE}")
+    adds = replaces = empty_frame(spark, f"user_id string, entries {ENTRIES_TYPE}")
     whole = [c.flips.where("up").select(F.col("followee_id").alias("user_id"))]
     if d.n["died"]:
         whole.append(d.died.select("user_id").join(c.after, "user_id", "left_semi"))
@@ -545,10 +559,11 @@ def maintain_timeline(
 
     `state` is not modified. `tweets_batch`: op, tweet_id, user_id, text, ts. `follows_batch`: op, follower_id,
     followee_id, ts. Either may be None when the batch has no record of that topic. Batch-sized intermediates are
-    cached until `release()`; the new state is materialized. `carry` (optional): the SQL text of a string
-    expression over a tweet's columns `ts` and `tweet_id`, evaluated once per tweet (before the tweet is fanned out
-    to its followers) and carried in each of its entries as `p`; without it `p` is null. `fanout_limit`: authors
-    with more current followers are celebrities, not fanned out (None: no limit, and no celebrity plan at all).
+    cached until `release()`; the new state is computed by `settle()` (or by the first plan that uses it), which
+    must come before `release()`. `carry` (optional): the SQL text of a string expression over a tweet's columns
+    `ts` and `tweet_id`, evaluated once per tweet (before the tweet is fanned out to its followers) and carried in
+    each of its entries as `p`; without it `p` is null. `fanout_limit`: authors with more current followers are
+    celebrities, not fanned out (None: no limit, and no celebrity plan at all).
     """
     spark = state.tweets.sparkSession
     d = _delta(state, tweets_batch, follows_batch)
@@ -562,8 +577,8 @@ def maintain_timeline(
         replaces = _replaces(d, refill, cap, carry)
         cached += persisted
     else:
-        removes, refill = _empty(spark, "follower_id string, tweet_id string"), None
-        replaces = _empty(spark, _TIMELINES_SCHEMA)
+        removes, refill = empty_frame(spark, "follower_id string, tweet_id string"), None
+        replaces = empty_frame(spark, _TIMELINES_SCHEMA)
     side = {}
     if celebs is not None:
         adds, whole = _authored(d, celebs, cap, carry)
@@ -585,5 +600,6 @@ def maintain_timeline(
         tweets_dead=d.died.where(~F.col("live_after")).select("tweet_id"),
         counts=dict(d.n),
         _cached=tuple(cached),
+        _settled={"before": state},
         **side,
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from joins.state import complete_dirs
+from joins.state import complete_dirs, empty_frame
 from joins.table_table import TimelineChanges, TimelineState
 
 __all__ = ["TimelineStore", "LOG_SCHEMA"]
@@ -66,13 +66,15 @@ class TimelineStore:
         return self.state
 
     def stage(self, batch_id: int, changes: TimelineChanges) -> None:
-        """Write the batch's changed rows to `b<batch_id>` (replacing a partial or earlier write of it). Safe before
-        the batch is applied to the view: `restore(M)` reads only directories of batches before M."""
+        """Write the batch's changed rows to `b<batch_id>` (replacing a partial or earlier write of it), and compute the
+        state after the batch in memory (`TimelineChanges.settle`). Safe before or while the batch is applied to the
+        view: `restore(M)` reads only directories of batches before M."""
+        changes.settle()
         self._write(f"b{batch_id}", batch_id, changes.tweet_rows, changes.follow_rows)
 
     def advance(self, batch_id: int, changes: TimelineChanges) -> None:
         """Move the state in memory past `batch_id` (once the view has the batch and `stage` is done)."""
-        self.state, self.batch = changes.after, batch_id
+        self.state, self.batch = changes.settle(), batch_id
 
     def _log_before(self, batch_id: int) -> tuple[list[Path], list[Path]]:
         """The newest complete snapshot before `batch_id` (a list of at most one) and the batch dirs after it."""
@@ -85,7 +87,7 @@ class TimelineStore:
         rows = (
             self.spark.read.schema(LOG_SCHEMA).parquet(*[str(d) for d in dirs])
             if dirs
-            else self.spark.createDataFrame([], LOG_SCHEMA)
+            else empty_frame(self.spark, LOG_SCHEMA)
         )
 
         def newest(kind: str, keys: list[str], values: list[str]) -> DataFrame:

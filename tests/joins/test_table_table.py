@@ -11,8 +11,8 @@ from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineS
 
 
 def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
-    """The join step of a batch with tweets and follows runs one Spark job that counts both topics' changes and one
-    that materializes both state tables (a Spark job is a round of driver planning and scheduling)."""
+    """The join step of a batch with tweets and follows runs one Spark job that counts both topics' changes, and
+    `settle` one that materializes both state tables (a Spark job is a round of driver planning and scheduling)."""
     state = TimelineState(
         tweets=spark.createDataFrame(
             [("t1", "a", "x", 1, True, False), ("t2", "b", "y", 2, True, False)], TWEET_STATE_SCHEMA
@@ -29,17 +29,25 @@ def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
     )
     sc = spark.sparkContext
     sc.setJobGroup("timeline-join-step", "maintain_timeline of one batch")
+    tracker = sc.statusTracker()
+
+    def jobs():
+        ids = tracker.getJobIdsForGroup("timeline-join-step")
+        return [tracker.getStageInfo(s).name for j in ids for s in tracker.getJobInfo(j).stageIds], len(ids)
+
     try:
         changes = maintain_timeline(state, tweets, follows, cap=10)
+        stages, n_join = jobs()
+        assert n_join == 1, stages
+        changes.settle()
+        stages, n_all = jobs()
+        assert n_all == 2, stages
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
-    tracker = sc.statusTracker()
-    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup("timeline-join-step")]
-    stages = [tracker.getStageInfo(s) for j in jobs for s in j.stageIds]
-    assert len(jobs) == 2, [s.name for s in stages if s is not None]
     assert changes.counts == {"born": 1, "died": 1, "gained": 1, "lost": 0}
-    assert sorted(r.tweet_id for r in changes.after.tweets.collect()) == ["t1", "t2", "t3"]
-    assert sorted((r.follower_id, r.followee_id) for r in changes.after.follows.collect()) == [
+    after = changes.settle()
+    assert sorted(r.tweet_id for r in after.tweets.collect()) == ["t1", "t2", "t3"]
+    assert sorted((r.follower_id, r.followee_id) for r in after.follows.collect()) == [
         ("u1", "a"),
         ("u1", "b"),
         ("u2", "a"),
@@ -242,7 +250,7 @@ _CASES = [
 def test_a_batch_changes_the_timelines_as_the_definition_says(spark, earlier, batch, cap, expected):
     state = _empty_state(spark)
     for events in earlier:
-        state = _step(spark, state, events, cap).after
+        state = _step(spark, state, events, cap).settle()
     got = _observed(_step(spark, state, batch, cap))
     want = {k: expected.get(k, {} if k in ("adds", "removes", "replaces") else []) for k in got}
     assert got == want
@@ -289,7 +297,7 @@ def test_a_batch_chunked_any_way_gives_the_same_state_and_timelines(spark, cuts)
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         changes = _step(spark, state, _EVENTS[lo:hi], cap)
         _apply(timelines, changes, cap)
-        state = changes.after
+        state = changes.settle()
     tweets = [
         {"op": op, "tweet_id": t, "user_id": u, "text": f"{t}!", "ts": ts}
         for op, t, u, ts in _EVENTS
@@ -339,7 +347,7 @@ def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_lo
         _empty_state(spark), [("follow", "r", "a", 1), ("post", "t1", "a", 2), ("post", "t2", "a", 3)]
     )
     assert _observed(first)["adds"] == {"r": [("t1", 2), ("t2", 3)]}
-    up = step(first.after, [("follow", "s", "a", 4)])
+    up = step(first.settle(), [("follow", "s", "a", 4)])
     assert {k: up.counts[k] for k in ("gained", "lost", "up", "down", "celebs_gained")} == {
         "gained": 0,
         "lost": 1,
@@ -352,7 +360,7 @@ def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_lo
         ("a", ["t1", "t2"])
     ]
     assert pairs(up.celebs_gained) == [("r", "a"), ("s", "a")]
-    down = step(up.after, [("unfollow", "r", "a", 5)])
+    down = step(up.settle(), [("unfollow", "r", "a", 5)])
     assert _observed(down)["adds"] == {"s": [("t1", 2), ("t2", 3)]} and not _observed(down)["removes"]
     assert pairs(down.celebs_lost) == [("r", "a"), ("s", "a")]
     assert [r.user_id for r in down.authored_retired.collect()] == ["a"]
