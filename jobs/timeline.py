@@ -2,7 +2,7 @@
 
 Source: the `tweets` and `follows` topic logs, one stream. Join: `joins.table_table.maintain_timeline`, its state
 kept by `joins.table_table_state.TimelineStore` under `LAKE_DIR/state/timeline/g<N>/changes`. View:
-`views.timeline` (`timeline_ops`, `TimelineSink`).
+`views.timeline` (`timeline_phases`, `TimelineSink`).
 
 Per micro-batch N: the state before N is restored (from memory, or from the log after a restart or when Spark
 replays N); the batch is joined with it; the timeline operations are applied to Redis (idempotent per key) while
@@ -27,7 +27,7 @@ from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from joins.table_table import maintain_timeline
 from joins.table_table_state import TimelineStore
 from views.keys import meta_key
-from views.timeline import ENTRY_CARRY, TimelineSink, timeline_ops
+from views.timeline import ENTRY_CARRY, TimelineSink, timeline_phases
 
 __all__ = ["run_timeline", "TOPICS"]
 
@@ -102,11 +102,16 @@ def _wire(run: JobRun) -> Wiring:
             fanout_limit=settings.fanout_limit,
         )
         t_join = time.monotonic()
-        # The changed state rows are staged (a Spark job of its own) while Redis applies the batch; the state
-        # advances only once both are done.
+        # The state after the batch is computed and its changed rows staged (Spark jobs of their own) while Redis
+        # applies the batch; the state advances only once both are done. With a fan-out limit the first write
+        # phase (new tweets' bodies, celebrities' authored sets: what makes a celebrity's tweet visible) goes out
+        # before that work competes with the sink for the driver.
+        phases = timeline_phases(changes)
+        head, tail = (phases[:1], phases[1:]) if len(phases) > 1 else ([], phases)
         with ThreadPoolExecutor(max_workers=1) as pool:
+            first = sink.write(head, batch_id)
             staged = pool.submit(store.stage, batch_id, changes)
-            written = sink.write(timeline_ops(changes), batch_id)
+            written = {k: v + first[k] for k, v in sink.write(tail, batch_id).items()}
             t_sink = time.monotonic()
             staged.result()
         store.advance(batch_id, changes)

@@ -55,6 +55,7 @@ __all__ = [
     "ENTRY_CARRY",
     "RETIRE_SECONDS",
     "timeline_ops",
+    "timeline_phases",
     "TimelineSink",
     "entry",
     "member",
@@ -147,21 +148,34 @@ def _celebrity_phases(changes: TimelineChanges) -> tuple[list[DataFrame], list[D
     return first, last
 
 
-def timeline_ops(changes: TimelineChanges) -> list[DataFrame]:
+def timeline_phases(changes: TimelineChanges) -> list[tuple[DataFrame, int | None]]:
     """The operations (TIMELINE_OPS_SCHEMA) of one micro-batch's `changes`, made by `maintain_timeline` with
-    `carry=ENTRY_CARRY` (entries are taken as the join carried them), in write phases: one DataFrame per phase, each
-    to be applied after the previous one (`TimelineSink.write` does). Without a fan-out limit there is one phase;
-    with one, up to three (see the module docstring). Branches with no input in the batch are left out."""
+    `carry=ENTRY_CARRY` (entries are taken as the join carried them), in write phases, each to be applied after the
+    previous one (`TimelineSink.write` does): one (DataFrame, rows_at_most) per phase, rows_at_most a bound on its
+    operations known from the join's counts, or None (a fan-out, bounded by follower counts only). Without a fan-out
+    limit there is one phase; with one, up to three (see the module docstring). Branches with no input in the batch
+    are left out."""
     n = changes.counts
     timelines = _timeline_parts(changes)
     born = [_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))")]
     dead = [_op(changes.tweets_dead, "tweet")]
     if changes.celebs_gained is None:
         parts = timelines + (born if n["born"] else []) + (dead if n["died"] else [])
-        return [_union(parts or dead)]
+        return [(_union(parts or dead), None if timelines else n["born"] + n["died"])]
     first, last = _celebrity_phases(changes)
+    # bodies and authored sets: one per tweet or author; celebrity sets: one per user
+    bounds = [
+        2 * n["born"] + n["up"] + n["died"] + n["celebs_gained"],
+        None,
+        n["died"] + n["celebs_lost"] + n["down"],
+    ]
     phases = [(born if n["born"] else []) + first, timelines, (dead if n["died"] else []) + last]
-    return [_union(p) for p in phases if p]
+    return [(_union(p), b) for p, b in zip(phases, bounds, strict=True) if p]
+
+
+def timeline_ops(changes: TimelineChanges) -> list[DataFrame]:
+    """The write phases of `timeline_phases(changes)`, without their bounds."""
+    return [ops for ops, _ in timeline_phases(changes)]
 
 
 def _wire(ops_df, generation: int, cap: int, cluster: bool):
@@ -202,38 +216,50 @@ def _wire(ops_df, generation: int, cap: int, cluster: bool):
     )
 
 
-def _apply_partition(rows, url: str, counters) -> None:
-    """Forward one partition's commands, about `_PIPELINE_BYTES` per round trip (per master on a cluster)."""
+def _forward(rows, url: str) -> tuple[int, int]:
+    """Forward wire rows' commands, about `_PIPELINE_BYTES` per round trip (per master on a cluster); (timelines,
+    entries) they wrote."""
     timelines = entries = 0
     with Forwarder(sink_client(url), what="timeline sink", limit=_PIPELINE_BYTES) as out:
         for payload, n, is_timeline, added, tag in rows:
             out.add(payload.encode(), n, tag)
             timelines, entries = timelines + is_timeline, entries + added
-    if counters is not None:
-        counters[0].add(timelines)
-        counters[1].add(entries)
+    return timelines, entries
+
+
+def _apply_partition(rows, url: str, counters) -> None:
+    timelines, entries = _forward(rows, url)
+    counters[0].add(timelines)
+    counters[1].add(entries)
 
 
 class TimelineSink:
-    """Applies a micro-batch of timeline operations to generation `generation` from the executors."""
+    """Applies a micro-batch of timeline operations to generation `generation`: a write phase known to hold at most
+    `DRIVER_ROWS` operations from the driver (one Spark job that collects it: no Python task), any other from the
+    executors."""
+
+    DRIVER_ROWS = 10_000
 
     def __init__(self, url: str, generation: int, cap: int):
         self.url, self.generation, self.cap = url, generation, cap
 
     def write(self, ops, batch_id: int) -> dict:
-        """Apply `ops` (TIMELINE_OPS_SCHEMA: one DataFrame, or a list of them applied one after the other, as
-        `timeline_ops` makes them); return {"timelines": ops applied, "entries": entries added}."""
-        url = self.url
-        counters = None
-        for ops_df in [ops] if isinstance(ops, DataFrame) else ops:
-            sc = ops_df.sparkSession.sparkContext
-            counters = counters or (sc.accumulator(0), sc.accumulator(0))
+        """Apply `ops` (TIMELINE_OPS_SCHEMA: a write phase, or a list of them applied one after the other; a phase is
+        a DataFrame or a (DataFrame, rows_at_most) pair as `timeline_phases` makes them); return
+        {"timelines": ops applied, "entries": entries added}."""
+        url, written = self.url, [0, 0]
+        for phase in [ops] if isinstance(ops, (DataFrame, tuple)) else ops:
+            ops_df, at_most = phase if isinstance(phase, tuple) else (phase, None)
             wire = _wire(ops_df, self.generation, self.cap, is_cluster(url))
-            wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
-        return {
-            "timelines": counters[0].value if counters else 0,
-            "entries": counters[1].value if counters else 0,
-        }
+            if at_most is not None and at_most <= self.DRIVER_ROWS:
+                done = _forward(wire.collect(), url)
+            else:
+                sc = ops_df.sparkSession.sparkContext
+                counters = (sc.accumulator(0), sc.accumulator(0))
+                wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
+                done = (counters[0].value, counters[1].value)
+            written = [written[0] + done[0], written[1] + done[1]]
+        return {"timelines": written[0], "entries": written[1]}
 
 
 def _hydrate(client, generation: int, tweet_ids: list[str]) -> list[dict]:

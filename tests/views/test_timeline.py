@@ -20,6 +20,7 @@ from views.timeline import (
     member,
     query_timeline,
     timeline_ops,
+    timeline_phases,
 )
 
 _PLAIN = (
@@ -126,7 +127,7 @@ def test_timeline_ops_turn_a_batch_of_join_changes_into_one_operation_per_timeli
     )
     batch = [("delete", "t1", "a", None, 9), ("post", "t5", "a", "t5!", 5), ("delete", "t4", "b", None, 9)]
     changes = maintain_timeline(
-        first.after, spark.createDataFrame(batch, tweets), None, cap=2, carry=ENTRY_CARRY
+        first.settle(), spark.createDataFrame(batch, tweets), None, cap=2, carry=ENTRY_CARRY
     )
     sink = ListSink()
     [ops] = timeline_ops(changes)  # without a fan-out limit: one write phase
@@ -246,8 +247,11 @@ class _Hybrid:
             carry=ENTRY_CARRY,
             fanout_limit=self.limit,
         )
-        self.state = changes.after
-        return timeline_ops(changes)
+        self.state = changes.settle()
+        phases = timeline_phases(changes)
+        for ops, at_most in phases:  # the bounds the sink trusts to collect a phase on the driver
+            assert at_most is None or ops.count() <= at_most
+        return phases
 
     def step(self, tweets: list[dict], follows: list[dict]) -> None:
         self.sink.write(self.phases(tweets, follows), self.batch)
