@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -97,6 +100,26 @@ def mview(settings: Settings, *args, url: str | None = None) -> subprocess.Compl
     if url is not None:
         env["REDIS_URL"] = url
     return subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def mview_here(settings: Settings, *args: str) -> subprocess.CompletedProcess:
+    """`mview ARGS` through `jobs.cli.main` in this process (a Spark command runs on the tests' session instead of
+    starting a JVM), `settings` in the environment while it runs, stdout and stderr captured, a `SystemExit`
+    turned into the exit status and stderr line the interpreter would print."""
+    from jobs.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for k, v in settings_env(settings).items():
+            mp.setenv(k, v)
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+                code = 1
+    return subprocess.CompletedProcess(["mview", *args], code or 0, out.getvalue(), err.getvalue())
 
 
 def one_line_error(r: subprocess.CompletedProcess, *expected: str) -> str:
