@@ -97,7 +97,10 @@ def settings(tmp_path, redis_url) -> Settings:
 def spark(tmp_path_factory):
     from jobs.spark import get_spark
 
-    s = get_spark(make_settings(tmp_path_factory.mktemp("lake0"), "redis://127.0.0.1:1/0"), "mview-tests")
+    # A Kafka address, so the session has Spark's Kafka source too: the kafka job's `--once` runs here, not in a JVM
+    # of its own (nothing connects to the address).
+    lake = tmp_path_factory.mktemp("lake0")
+    s = get_spark(make_settings(lake, "redis://127.0.0.1:1/0", KAFKA_BOOTSTRAP="127.0.0.1:1"), "mview-tests")
     # Every JVM started after this one (deployed jobs, CLI commands, the cluster's) JIT-compiles with C1 only: each
     # lives a minute or two on a few records, where C2's compilations took ~40% of its CPU time and gave none back.
     os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
