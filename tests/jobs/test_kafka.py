@@ -1,4 +1,6 @@
-"""The `kafka` job against a real broker, run as the CLI runs it (a Spark driver per run, so few runs):
+"""The `kafka` job against a real broker, run as the CLI runs it (`mview produce` in a subprocess; `mview run
+kafka --once` through `jobs.cli.main` on the tests' Spark session, which has the Kafka source; deployed, a driver
+of its own):
 
 1. `mview produce` a workload with bad lines (status: lag = every message), `mview run kafka --once --json`: the
    Delta logs hold exactly what `mview ingest` of the same files stores, and the dead letters carry the same
@@ -8,7 +10,7 @@
 2. deployed: input keeps arriving; kill -9 of the driver with a micro-batch in flight, deploy again; then the
    broker stopped under the job (status says it waits) and started again: every produced record is in the Delta
    log exactly once (counted), and the lag returns to 0.
-3. half a workload through Kafka, deleted there by retention, then the other half: the timeline view equals the
+3. half a workload through Kafka, deleted there (as retention does), then the other half: the timeline view equals the
    view of the same records through `mview ingest`, and `replay` rebuilds it exactly.
 """
 
@@ -30,7 +32,7 @@ from changelog.topics import TOPICS, topic_columns, topic_path
 from jobs.deploy import deploy, settings_env, stop
 from jobs.runtime import checkpoint_dir
 from tests.conftest import make_settings
-from tests.jobs.opshelp import batch_in_flight, status_of, wait_for
+from tests.jobs.opshelp import batch_in_flight, mview_here, status_of, wait_for
 
 JOB = "kafka"
 
@@ -57,6 +59,12 @@ def _mview(settings, *args, check=True) -> subprocess.CompletedProcess:
     env = {**os.environ, **settings_env(settings)}
     done = subprocess.run([sys.executable, "-m", "jobs", *args], env=env, capture_output=True, timeout=900)
     assert not check or done.returncode == 0, done.stderr.decode()[-3000:]
+    return done
+
+
+def _here(settings, *args) -> subprocess.CompletedProcess:
+    done = mview_here(settings, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
@@ -133,7 +141,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
         ingest(None, direct, topic, [str(files[topic])])
 
     assert status_of(settings, JOB)["lag_versions"] == sum(len(lines) for lines in _workload().values())
-    out = json.loads(_mview(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
+    out = json.loads(_here(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
     assert set(out) == set(TOPICS)
     for topic in TOPICS:
         stored, expected = _records(settings.lake_dir, topic), _records(direct, topic)
@@ -149,7 +157,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
     assert out["tweets"] == {"accepted": 300, "rejected": 9}
 
     versions = {t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS}
-    again = json.loads(_mview(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
+    again = json.loads(_here(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
     assert again == {t: {"accepted": 0, "rejected": 0} for t in TOPICS}
     assert versions == {
         t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS
@@ -262,25 +270,30 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
         stop(settings, JOB)
 
 
-def _retention(bootstrap: str, names: list[str], ms: int) -> None:
-    """Set the Kafka topics' retention.ms to `ms` and segment.ms to a second (`ms` for a long retention)."""
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+def _delete_held(bootstrap: str, names: list[str]) -> None:
+    """Delete every message the Kafka topics hold now (DeleteRecords up to each partition's end offset): the state
+    retention leaves once it deleted a topic's old segments, without racing its clock."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
 
-    op = AlterConfigOpType.SET
-    entries = [ConfigEntry("retention.ms", str(ms), incremental_operation=op)]
-    entries.append(ConfigEntry("segment.ms", str(1000 if ms < 60_000 else ms), incremental_operation=op))
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.incremental_alter_configs(
-        [ConfigResource("topic", n, incremental_configs=entries) for n in names]
-    ).values():
+    from changelog.kafka import watermarks
+
+    ends = [
+        TopicPartition(n, p, hi)
+        for n, parts in watermarks(bootstrap, names).items()
+        for p, (_, hi) in parts.items()
+    ]
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until every future is done
+    for fut in admin.delete_records(ends).values():
         fut.result(30)
 
 
 def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
     spark, tmp_path, kafka, redis_url
 ):
-    """Half a workload through Kafka, then Kafka's retention deletes it, then the other half: the timeline view
-    equals the one of the same records through `mview ingest`, and `replay` rebuilds it exactly from the logs."""
+    """Half a workload through Kafka, then Kafka deletes it (as its retention does), then the other half: the
+    timeline view equals the one of the same records through `mview ingest`, and `replay` rebuilds it exactly from
+    the logs."""
     from changelog.kafka import watermarks
     from jobs.replay import replay
     from jobs.timeline import run_timeline
@@ -298,7 +311,7 @@ def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
         for t in ("tweets", "follows")
     }
 
-    def deleted() -> bool:  # the first half is gone from Kafka (its segments deleted by retention)
+    def deleted() -> bool:  # the first half is gone from Kafka
         marks = watermarks(kafka["KAFKA_BOOTSTRAP"], names)
         return all(
             sum(lo for lo, _ in marks[f"{kafka['KAFKA_TOPIC_PREFIX']}{t}"].values()) == len(halves[t][0])
@@ -311,12 +324,11 @@ def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
             path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in halves[topic][half]))
             _mview(via_kafka, "produce", topic, str(path))
             ingest(None, via_ingest.lake_dir, topic, [str(path)])
-        if half == 1:  # the second half rolled new segments: the first half's, older than 15 s, are deleted
-            wait_for(deleted, "Kafka's retention to delete the first half", timeout_s=120)
-            _retention(kafka["KAFKA_BOOTSTRAP"], names, 7 * 86_400_000)  # before the second half is 15 s old
-        _mview(via_kafka, "run", JOB, "--once")
+        if half == 1:
+            assert deleted()
+        _here(via_kafka, "run", JOB, "--once")
         if half == 0:
-            _retention(kafka["KAFKA_BOOTSTRAP"], names, 15_000)
+            _delete_held(kafka["KAFKA_BOOTSTRAP"], names)
 
     run_timeline(spark, via_kafka, once=True)
     run_timeline(spark, via_ingest, once=True)
