@@ -7,8 +7,6 @@ one record per key and transaction; a delete's tombstone (a null message) is ski
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +15,6 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.kafka import ensure_kafka_topics, kafka_topic, watermarks
-from jobs.deploy import settings_env
 from jobs.devconnect import (
     CONNECT_VERSION,
     DEBEZIUM_VERSION,
@@ -28,6 +25,7 @@ from jobs.devconnect import (
 )
 from jobs.errors import KafkaConnectFailed
 from tests.conftest import make_settings
+from tests.jobs.opshelp import mview_here
 from tests.pghelp import fold, log_commits
 
 _CHANGES = [  # (statements of one transaction, the changes it makes)
@@ -108,7 +106,7 @@ def _drop_slot(pg, slot: str) -> None:
 
 
 def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
-    connect_jars, pg, kafka, redis_url, tmp_path
+    connect_jars, pg, kafka, redis_url, tmp_path, spark
 ):
     from jobs.cdc import run_cdc
 
@@ -166,14 +164,8 @@ def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
     assert [r["op"] for r in _by_user(expected)["u2"]] == ["upsert", "upsert", "delete", "upsert"]
 
     via_kafka = make_settings(tmp_path / "kafka", redis_url, **kafka)
-    env = {**os.environ, **settings_env(via_kafka)}
-    done = subprocess.run(
-        [sys.executable, "-m", "jobs", "run", "kafka", "--once", "--json"],
-        env=env,
-        capture_output=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    done = mview_here(via_kafka, "run", "kafka", "--once", "--json")  # on the tests' Spark session
+    assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1])["profiles"] == {"accepted": total, "rejected": 0}
     copied = [r for c in log_commits(via_kafka.lake_dir) for r in c]
 
