@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -107,11 +108,11 @@ def _wire(run: JobRun) -> Wiring:
         # phase (new tweets' bodies, celebrities' authored sets: what makes a celebrity's tweet visible) goes out
         # before that work competes with the sink for the driver.
         phases = timeline_phases(changes)
-        head, tail = (phases[:1], phases[1:]) if len(phases) > 1 else ([], phases)
+        head = list(islice(phases, 1 if settings.fanout_limit is not None else 0))
         with ThreadPoolExecutor(max_workers=1) as pool:
             first = sink.write(head, batch_id)
             staged = pool.submit(store.stage, batch_id, changes)
-            written = {k: v + first[k] for k, v in sink.write(tail, batch_id).items()}
+            written = {k: v + first[k] for k, v in sink.write(phases, batch_id).items()}
             t_sink = time.monotonic()
             staged.result()
         store.advance(batch_id, changes)

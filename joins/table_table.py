@@ -75,14 +75,11 @@ class TimelineState:
 
 @dataclass(frozen=True)
 class TimelineChanges:
+    """One batch's changes. The followers' side (`adds`, `removes`, `replaces`), `tweets_dead` and the changed state
+    rows are planned on first use (a view can publish what it needs first before the rest is planned)."""
+
     after: TimelineState  # the state after the batch, as plans over the state before (`settle` computes it)
-    tweet_rows: DataFrame  # changed tweet state rows (TWEET_STATE_SCHEMA)
-    follow_rows: DataFrame  # changed follow state rows (FOLLOW_STATE_SCHEMA)
-    adds: DataFrame  # follower_id, entries (ENTRIES_TYPE, the newest, at most cap): add, then trim to cap
-    removes: DataFrame  # follower_id, tweet_id: entries to remove (before the adds)
-    replaces: DataFrame  # follower_id, entries (ENTRIES_TYPE, the newest cap): the whole new timeline
     tweets_live: DataFrame  # tweet_id, user_id, text, ts: tweets that became live
-    tweets_dead: DataFrame  # tweet_id: tweets that stopped being live
     counts: dict | None = (
         None  # born, died, gained, lost: how many tweets/pairs changed which way (0 = empty)
     )
@@ -97,8 +94,46 @@ class TimelineChanges:
     celebs_lost: DataFrame | None = (
         None  # follower_id, followee_id: ... no longer follows (or is no celebrity)
     )
-    _cached: tuple = ()
+    _plans: dict = field(
+        default_factory=dict
+    )  # name -> a function making it, replaced by its result on first use
+    _cached: list = field(default_factory=list)
     _settled: dict = field(default_factory=dict)  # "state": the settled state, once computed
+
+    def _plan(self, name: str):
+        if callable(self._plans[name]):
+            self._plans[name] = self._plans[name]()
+        return self._plans[name]
+
+    @property
+    def adds(self) -> DataFrame:
+        """follower_id, entries (ENTRIES_TYPE, the newest, at most cap): add, then trim to cap."""
+        return self._plan("timelines")[0]
+
+    @property
+    def removes(self) -> DataFrame:
+        """follower_id, tweet_id: entries to remove (before the adds)."""
+        return self._plan("timelines")[1]
+
+    @property
+    def replaces(self) -> DataFrame:
+        """follower_id, entries (ENTRIES_TYPE, the newest cap): the whole new timeline."""
+        return self._plan("timelines")[2]
+
+    @property
+    def tweets_dead(self) -> DataFrame:
+        """tweet_id: tweets that stopped being live."""
+        return self._plan("tweets_dead")
+
+    @property
+    def tweet_rows(self) -> DataFrame:
+        """Changed tweet state rows (TWEET_STATE_SCHEMA)."""
+        return self._plan("tweet_rows")
+
+    @property
+    def follow_rows(self) -> DataFrame:
+        """Changed follow state rows (FOLLOW_STATE_SCHEMA)."""
+        return self._plan("follow_rows")
 
     def settle(self) -> TimelineState:
         """The state after the batch, computed (the tables the batch changed, as local checkpoints, in one Spark job)
@@ -572,13 +607,15 @@ def maintain_timeline(
     if fanout_limit is not None:
         d, celebs = _effective(d, fanout_limit)
         cached += celebs.cached
-    if d.n["died"] or d.n["lost"]:
-        removes, refill, persisted = _removals(d, cap)
-        replaces = _replaces(d, refill, cap, carry)
-        cached += persisted
-    else:
-        removes, refill = empty_frame(spark, "follower_id string, tweet_id string"), None
-        replaces = empty_frame(spark, _TIMELINES_SCHEMA)
+
+    def timelines() -> tuple[DataFrame, DataFrame, DataFrame]:
+        if d.n["died"] or d.n["lost"]:
+            removes, refill, persisted = _removals(d, cap)
+            cached.extend(persisted)
+            return _adds(d, refill, cap, carry), removes, _replaces(d, refill, cap, carry)
+        removes = empty_frame(spark, "follower_id string, tweet_id string")
+        return _adds(d, None, cap, carry), removes, empty_frame(spark, _TIMELINES_SCHEMA)
+
     side = {}
     if celebs is not None:
         adds, whole = _authored(d, celebs, cap, carry)
@@ -591,15 +628,15 @@ def maintain_timeline(
         )
     return TimelineChanges(
         after=d.after,
-        tweet_rows=d.tweets.select(*_TWEET_COLS),
-        follow_rows=d.follows.select(*_FOLLOW_COLS),
-        adds=_adds(d, refill, cap, carry),
-        removes=removes,
-        replaces=replaces,
         tweets_live=d.born,
-        tweets_dead=d.died.where(~F.col("live_after")).select("tweet_id"),
         counts=dict(d.n),
-        _cached=tuple(cached),
+        _plans={
+            "timelines": timelines,
+            "tweets_dead": lambda: d.died.where(~F.col("live_after")).select("tweet_id"),
+            "tweet_rows": lambda: d.tweets.select(*_TWEET_COLS),
+            "follow_rows": lambda: d.follows.select(*_FOLLOW_COLS),
+        },
+        _cached=cached,
         _settled={"before": state},
         **side,
     )

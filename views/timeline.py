@@ -40,6 +40,8 @@ leaves exactly the content of one application.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import orjson
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -148,71 +150,88 @@ def _celebrity_phases(changes: TimelineChanges) -> tuple[list[DataFrame], list[D
     return first, last
 
 
-def timeline_phases(changes: TimelineChanges) -> list[tuple[DataFrame, int | None]]:
+def timeline_phases(changes: TimelineChanges) -> Iterator[tuple[DataFrame, int | None]]:
     """The operations (TIMELINE_OPS_SCHEMA) of one micro-batch's `changes`, made by `maintain_timeline` with
     `carry=ENTRY_CARRY` (entries are taken as the join carried them), in write phases, each to be applied after the
     previous one (`TimelineSink.write` does): one (DataFrame, rows_at_most) per phase, rows_at_most a bound on its
     operations known from the join's counts, or None (a fan-out, bounded by follower counts only). Without a fan-out
     limit there is one phase; with one, up to three (see the module docstring). Branches with no input in the batch
-    are left out."""
+    are left out. Each phase is planned when the one before it was taken, so a sink that writes it first does not
+    wait for the others' plans."""
     n = changes.counts
-    timelines = _timeline_parts(changes)
-    born = [_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))")]
-    dead = [_op(changes.tweets_dead, "tweet")]
+    born = (
+        [_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))")]
+        if n["born"]
+        else []
+    )
     if changes.celebs_gained is None:
-        parts = timelines + (born if n["born"] else []) + (dead if n["died"] else [])
-        return [(_union(parts or dead), None if timelines else n["born"] + n["died"])]
+        timelines = _timeline_parts(changes)
+        dead = [_op(changes.tweets_dead, "tweet")] if n["died"] or not (timelines or born) else []
+        yield _union(timelines + born + dead), None if timelines else n["born"] + n["died"]
+        return
     first, last = _celebrity_phases(changes)
-    # bodies and authored sets: one per tweet or author; celebrity sets: one per user
-    bounds = [
-        2 * n["born"] + n["up"] + n["died"] + n["celebs_gained"],
-        None,
-        n["died"] + n["celebs_lost"] + n["down"],
-    ]
-    phases = [(born if n["born"] else []) + first, timelines, (dead if n["died"] else []) + last]
-    return [(_union(p), b) for p, b in zip(phases, bounds, strict=True) if p]
+    if born + first:  # bodies and authored sets: one per tweet or author; celebrity sets: one per user
+        yield _union(born + first), 2 * n["born"] + n["up"] + n["died"] + n["celebs_gained"]
+    timelines = _timeline_parts(changes)
+    if timelines:
+        yield _union(timelines), None
+    dead = [_op(changes.tweets_dead, "tweet")] if n["died"] else []
+    if dead + last:
+        yield _union(dead + last), n["died"] + n["celebs_lost"] + n["down"]
 
 
 def timeline_ops(changes: TimelineChanges) -> list[DataFrame]:
-    """The write phases of `timeline_phases(changes)`, without their bounds."""
+    """The write phases of `timeline_phases(changes)`, without their bounds, all planned."""
     return [ops for ops, _ in timeline_phases(changes)]
 
 
 def _wire(ops_df, generation: int, cap: int, cluster: bool):
     """payload (the operation's commands), replies (how many), timelines (1 for a timeline), entries (added),
     tag (the hash tag of the operation's keys on a Redis Cluster, else null). One SQL text per column (see
-    `views.wire`)."""
-    n_removes, n_entries = "coalesce(size(removes), 0)", "coalesce(size(entries), 0)"
-    key = f"CASE WHEN kind = 'timeline' THEN {view_key_column('timeline', generation, 'id')} ELSE {view_key_column('authored', generation, 'id')} END"
+    `views.wire`); the key and the array sizes are a projection of their own, computed once per row and referred
+    to by name (written out in every command, they made a tree the optimizer and code generator took a few
+    hundred ms to plan in every batch)."""
+    keyed = ops_df.selectExpr(
+        "kind",
+        "mode",
+        "removes",
+        "entries",
+        "body",
+        f"CASE kind WHEN 'timeline' THEN {view_key_column('timeline', generation, 'id')} "
+        f"WHEN 'authored' THEN {view_key_column('authored', generation, 'id')} "
+        f"WHEN 'celebs' THEN {view_key_column('celebs', generation, 'id')} "
+        f"ELSE {view_key_column('tweet', generation, 'id')} END AS k",
+        "coalesce(size(removes), 0) AS nr",
+        "coalesce(size(entries), 0) AS ne",
+        f"{hash_tag_column('id') if cluster else 'CAST(NULL AS string)'} AS tag",
+    )
     zset = (
         f"concat({_MULTI}, "
-        f"CASE WHEN mode = 'replace' THEN {command(lit('DEL'), key)} ELSE '' END, "
-        f"CASE WHEN {n_removes} > 0 THEN {array_command('ZREM', key, 'removes')} ELSE '' END, "
-        f"CASE WHEN {n_entries} > 0 THEN {array_command('ZADD', key, 'entries', 2)} ELSE '' END, "
-        f"{command(lit('ZREMRANGEBYRANK'), key, lit('0'), lit(str(-(cap + 1))))}, "
+        f"CASE WHEN mode = 'replace' THEN {command(lit('DEL'), 'k')} ELSE '' END, "
+        f"CASE WHEN nr > 0 THEN {array_command('ZREM', 'k', 'removes')} ELSE '' END, "
+        f"CASE WHEN ne > 0 THEN {array_command('ZADD', 'k', 'entries', 2)} ELSE '' END, "
+        f"{command(lit('ZREMRANGEBYRANK'), 'k', lit('0'), lit(str(-(cap + 1))))}, "
         f"{_EXEC})"
     )
     # MULTI's OK, one QUEUED per command (the trim, and a DEL, ZREM, ZADD when present), EXEC's reply.
-    queued = (
-        f"1 + CAST(mode = 'replace' AS int) + CAST({n_removes} > 0 AS int) + CAST({n_entries} > 0 AS int)"
-    )
-    retire = command(lit("EXPIRE"), key, lit(str(RETIRE_SECONDS)))
-    ckey = view_key_column("celebs", generation, "id")
+    queued = "1 + CAST(mode = 'replace' AS int) + CAST(nr > 0 AS int) + CAST(ne > 0 AS int)"
+    retire = command(lit("EXPIRE"), "k", lit(str(RETIRE_SECONDS)))
     celebs = (
-        f"concat(CASE WHEN {n_entries} > 0 THEN {array_command('SADD', ckey, 'entries')} ELSE '' END, "
-        f"CASE WHEN {n_removes} > 0 THEN {array_command('SREM', ckey, 'removes')} ELSE '' END)"
+        f"concat(CASE WHEN ne > 0 THEN {array_command('SADD', 'k', 'entries')} ELSE '' END, "
+        f"CASE WHEN nr > 0 THEN {array_command('SREM', 'k', 'removes')} ELSE '' END)"
     )
-    tkey = view_key_column("tweet", generation, "id")
-    tweet = f"CASE WHEN body IS NULL THEN {command(lit('DEL'), tkey)} ELSE {command(lit('SET'), tkey, 'body')} END"
+    tweet = (
+        f"CASE WHEN body IS NULL THEN {command(lit('DEL'), 'k')} ELSE {command(lit('SET'), 'k', 'body')} END"
+    )
     is_zset = "kind IN ('timeline', 'authored') AND mode <> 'retire'"
-    return ops_df.selectExpr(
+    return keyed.selectExpr(
         f"CASE WHEN {is_zset} THEN {zset} WHEN kind = 'authored' THEN {retire} "
         f"WHEN kind = 'celebs' THEN {celebs} ELSE {tweet} END AS payload",
         f"CASE WHEN {is_zset} THEN {queued} + 2 "
-        f"WHEN kind = 'celebs' THEN CAST({n_entries} > 0 AS int) + CAST({n_removes} > 0 AS int) ELSE 1 END AS replies",
+        "WHEN kind = 'celebs' THEN CAST(ne > 0 AS int) + CAST(nr > 0 AS int) ELSE 1 END AS replies",
         "CAST(kind = 'timeline' AS int) AS timelines",
-        f"CASE WHEN kind = 'timeline' THEN {n_entries} ELSE 0 END AS entries",
-        f"{hash_tag_column('id') if cluster else 'CAST(NULL AS string)'} AS tag",
+        "CASE WHEN kind = 'timeline' THEN ne ELSE 0 END AS entries",
+        "tag",
     )
 
 

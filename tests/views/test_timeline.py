@@ -248,7 +248,7 @@ class _Hybrid:
             fanout_limit=self.limit,
         )
         self.state = changes.settle()
-        phases = timeline_phases(changes)
+        phases = list(timeline_phases(changes))
         for ops, at_most in phases:  # the bounds the sink trusts to collect a phase on the driver
             assert at_most is None or ops.count() <= at_most
         return phases
