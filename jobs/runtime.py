@@ -107,11 +107,13 @@ def state_dir(settings: Settings, job: str, generation: int) -> Path:
     return settings.lake_dir / "state" / job / f"g{generation}"
 
 
-def write_status(settings: Settings, job: str, **fields) -> None:
+def write_status(settings: Settings, job: str, *, file: str | None = None, **fields) -> None:
     """Merge `fields` into the job's status file (atomic replace, readable by its owner only), read by
-    `mview status`."""
-    path = job_dir(settings, job) / _STATUS_FILE[0]
-    current = read_status(settings, job)
+    `mview status`. `file`: that file of the job's directory rather than the one `status_file` routes to (what the
+    deployed process itself reports, e.g. Redis's state, belongs in `status.json` even while it rebuilds)."""
+    name = file or _STATUS_FILE[0]
+    path = job_dir(settings, job) / name
+    current = read_status(settings, job, name)
     current.update(fields)
     write_json(path, current)
 

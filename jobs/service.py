@@ -61,7 +61,8 @@ class _RedisWatch(threading.Thread):
     """Checks Redis every second on a new connection (so changed credentials show at once) and records what it
     finds in the status file and the log, the URL always redacted:
 
-    - unreachable: `redis: "waiting for Redis at URL since ..."` and `runtime.REDIS_DOWN` set, until it answers;
+    - unreachable: `redis: "waiting for Redis at URL since ..."` and `runtime.REDIS_DOWN` set, until it answers
+      (always in the deployed job's `status.json`, also while a rebuild routes the process's status elsewhere);
     - a permanent problem (`RedisMisconfigured`: refused credentials, TLS mismatch): `fail` - the job stops
       retrying, the status says `state: "failed"` with the reason (`error`), and the process exits 1.
     """
@@ -78,7 +79,7 @@ class _RedisWatch(threading.Thread):
         if self.failed is None:
             self.failed = redact(problem, self.settings.redis_url)
             log(f"{self.job}: {self.failed}; not retrying: stopping")
-            write_status(self.settings, self.job, error=self.failed, redis=self.failed)
+            write_status(self.settings, self.job, file="status.json", error=self.failed, redis=self.failed)
         runtime.STOP.set()
 
     def run(self) -> None:
@@ -93,6 +94,7 @@ class _RedisWatch(threading.Thread):
                     write_status(
                         self.settings,
                         self.job,
+                        file="status.json",
                         redis="ok",
                         redis_outages_s=round(time.time() - down_since, 1),
                     )
@@ -109,6 +111,7 @@ class _RedisWatch(threading.Thread):
                 write_status(
                     self.settings,
                     self.job,
+                    file="status.json",
                     redis=f"waiting for Redis at {url} since "
                     f"{time.strftime('%H:%M:%S', time.localtime(down_since))} (attempt {attempt})",
                 )

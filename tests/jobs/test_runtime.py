@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from jobs.runtime import process_cpu
+from jobs.runtime import process_cpu, read_status, status_file, write_status
+from jobs.settings import Settings
 
 _BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
 
@@ -26,3 +27,15 @@ def test_process_cpu_counts_a_live_child_as_descendant_cpu():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_write_to_the_service_status_file_is_not_routed_to_a_rebuilds_file(tmp_path):
+    """While a rebuild routes the process's status to `replay.json`, what the deployed process reports about itself
+    (`file="status.json"`, e.g. Redis answering again) still lands in `status.json`."""
+    settings = Settings.from_env({"LAKE_DIR": str(tmp_path)})
+    write_status(settings, "timeline", redis="waiting for Redis")
+    with status_file("replay.json"):
+        write_status(settings, "timeline", file="status.json", redis="ok")
+        write_status(settings, "timeline", state="rebuilding")
+    assert read_status(settings, "timeline") == {"redis": "ok"}
+    assert read_status(settings, "timeline", "replay.json") == {"state": "rebuilding"}
