@@ -60,6 +60,7 @@ class _Visibility:
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.drain_until = float("inf")
+        self.poll_s = 0.05
 
     def add(self, tweet_ids: list[tuple[str, list[str]]], t_append: float) -> None:
         with self.lock:
@@ -84,7 +85,7 @@ class _Visibility:
                         self.latencies.append(time.monotonic() - t_append)
             if self.done.is_set() and time.monotonic() > self.drain_until:
                 break
-            time.sleep(0.05)
+            time.sleep(self.poll_s)
 
     def finish(self, drain_s: float | None = None) -> None:
         if drain_s is not None:
@@ -114,15 +115,45 @@ def _wait_for_probe(append, client, tmp: Path, author: str, follower: str, probe
     return time.monotonic() - t0
 
 
+def _until_phase(trigger_s: float, phase_s: float, not_before: float) -> None:
+    """Sleep until the next wall-clock time k * trigger_s + phase_s at or after `not_before` (time.time())."""
+    k = -(-(not_before - phase_s) // trigger_s)
+    time.sleep(max(0.0, k * trigger_s + phase_s - time.time()))
+
+
+def _until_visible(seen: _Visibility, tweet_ids: list[str], timeout_s: float) -> None:
+    """Wait until none of `tweet_ids` is pending in `seen` (being polled), at most `timeout_s`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        with seen.lock:
+            if not any(t in seen.pending for t in tweet_ids):
+                return
+        time.sleep(0.01)
+
+
 def _load(
-    append, tmp: Path, seen: _Visibility, followers, duration_s: float, every_s: float, prefix: str
+    append,
+    tmp: Path,
+    seen: _Visibility,
+    followers,
+    duration_s: float,
+    every_s: float,
+    prefix: str,
+    align: tuple[float, float] | None = None,
 ) -> int:
     """Append 10 tweets with `append` every `every_s` for `duration_s` (1 by a celebrity, the rest by random
-    authors with followers), each tracked by `seen` from the moment `append` returned; the number appended."""
+    authors with followers), each tracked by `seen` from the moment `append` returned; the number appended.
+    `align` (trigger_s, phase_s): each append starts once the previous one is visible (or 60 s passed), at the
+    wall-clock time k * trigger_s + phase_s next after `every_s` from the previous start (`seen` must be
+    polled)."""
     authors = sorted(followers, key=lambda a: (-len(followers[a]), a))
     rng = random.Random(5)
-    n, started = 0, time.monotonic()
+    n, started, last = 0, time.monotonic(), time.time() - every_s
     while time.monotonic() - started < duration_s:
+        if align:
+            _until_visible(seen, [f"{prefix}fresh{i:06d}" for i in range(max(0, n - 10), n)], 60.0)
+            _until_phase(*align, last + every_s)
+            last = time.time()
         tick = time.monotonic()
         recs = []
         for _ in range(10):
@@ -139,7 +170,8 @@ def _load(
             n += 1
         append(recs, tmp / f"{prefix}fresh.jsonl")
         seen.add([(r["tweet_id"], followers[r["user_id"]]) for r in recs], time.monotonic())
-        time.sleep(max(0.0, every_s - (time.monotonic() - tick)))
+        if not align:
+            time.sleep(max(0.0, every_s - (time.monotonic() - tick)))
     return n
 
 
@@ -179,6 +211,7 @@ def measure_freshness(
     how: str = "appended",
     latencies: bool = False,
     warmup_s: float = 0.0,
+    align_phase_s: float | None = None,
 ) -> dict:
     """Tweets appended by `append(records, path)` (e.g. `ingest_tweets`, or a produce to Kafka) every `every_s` by
     authors with followers; per tweet, the seconds from `append`'s return to its presence in every follower's
@@ -186,12 +219,18 @@ def measure_freshness(
     visible (the jobs have caught up). `prefix` starts every tweet id, so that a second run over the same logs
     appends new tweets. `latencies`: the result also holds every tweet's seconds (`latencies`), for pooling
     runs. `warmup_s`: the same load runs that long first, unmeasured (tweet ids `<prefix>w...`), so that jobs
-    deployed just before are measured in their steady state."""
+    deployed just before are measured in their steady state. `align_phase_s`: each append starts
+    `align_phase_s` after a multiple of the jobs' trigger interval (wall clock, where Spark's processing-time
+    trigger fires) once the previous append is visible, so that the jobs are idle when it lands and its wait
+    for the next trigger hardly varies (the warm-up load is not aligned)."""
     from views.redis_io import connect
 
     followers = _followers(follows)
     top = min(followers, key=lambda a: (-len(followers[a]), a))
     seen = _Visibility(connect(settings.redis_url))
+    align = None if align_phase_s is None else (settings.trigger_interval_ms / 1000, align_phase_s)
+    if align:
+        seen.poll_s = 0.01  # finer than the default: each append's tweets share one poll's delay
     try:
         took = _wait_for_probe(append, seen.client, tmp, top, followers[top][0], f"{prefix}probe")
         say(f"freshness: jobs deployed, probe visible after {took:.0f}s; load for {duration_s:.0f}s")
@@ -199,7 +238,7 @@ def measure_freshness(
             _load(append, tmp, _Visibility(seen.client), followers, warmup_s, every_s, f"{prefix}w")
         poller = threading.Thread(target=seen.poll, daemon=True)
         poller.start()
-        n = _load(append, tmp, seen, followers, duration_s, every_s, prefix)
+        n = _load(append, tmp, seen, followers, duration_s, every_s, prefix, align)
         seen.finish(drain_s=60)
         poller.join(70)
     finally:
