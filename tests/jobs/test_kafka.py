@@ -40,12 +40,14 @@ JOB = "kafka"
 def _records(lake, topic) -> list[dict]:
     """Every record of the topic's Delta log (read with delta-rs, no Spark)."""
     from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import TableNotFoundError
 
-    path = topic_path(lake, topic)
-    if not (path / "_delta_log").exists():
+    try:
+        table = DeltaTable(str(topic_path(lake, topic)))
+    except TableNotFoundError:  # not created yet, or _delta_log made before its first commit
         return []
     cols = [n for n, _ in topic_columns(topic)]
-    t = QueryBuilder().register("t", DeltaTable(str(path))).execute("select * from t").read_all()
+    t = QueryBuilder().register("t", table).execute("select * from t").read_all()
     data = [t.column(c).to_pylist() for c in cols]
     return [dict(zip(cols, row, strict=True)) for row in zip(*data, strict=True)]
 
