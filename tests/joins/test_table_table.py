@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from joins.state import empty_frame
 from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState, maintain_timeline
 
 
@@ -65,9 +66,13 @@ _FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
 
 def _empty_state(spark) -> TimelineState:
     return TimelineState(
-        tweets=spark.createDataFrame([], TWEET_STATE_SCHEMA),
-        follows=spark.createDataFrame([], FOLLOW_STATE_SCHEMA),
+        tweets=empty_frame(spark, TWEET_STATE_SCHEMA), follows=empty_frame(spark, FOLLOW_STATE_SCHEMA)
     )
+
+
+def _batch(spark, rows: list[tuple], schema: str):
+    """A batch as the job hands it over: read once into the JVM (a local checkpoint), None when empty."""
+    return spark.createDataFrame(rows, schema).localCheckpoint() if rows else None
 
 
 def _step(spark, state: TimelineState, events: list[tuple], cap: int):
@@ -79,8 +84,8 @@ def _step(spark, state: TimelineState, events: list[tuple], cap: int):
     follows = [e for e in events if e[0] in ("follow", "unfollow")]
     return maintain_timeline(
         state,
-        spark.createDataFrame(tweets, _TWEETS) if tweets else None,
-        spark.createDataFrame(follows, _FOLLOWS) if follows else None,
+        _batch(spark, tweets, _TWEETS),
+        _batch(spark, follows, _FOLLOWS),
         cap=cap,
     )
 
@@ -334,8 +339,8 @@ def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_lo
         follows = [e for e in events if e[0] in ("follow", "unfollow")]
         return maintain_timeline(
             state,
-            spark.createDataFrame(tweets, _TWEETS) if tweets else None,
-            spark.createDataFrame(follows, _FOLLOWS) if follows else None,
+            _batch(spark, tweets, _TWEETS),
+            _batch(spark, follows, _FOLLOWS),
             cap=5,
             fanout_limit=1,
         )

@@ -208,6 +208,7 @@ class _Hybrid:
     write phases through the real sink into generation 1, and the reads through `read_timeline`."""
 
     def __init__(self, spark, redis_url, cap: int, limit: int | None):
+        from joins.state import empty_frame
         from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineState
         from views.keys import meta_key
 
@@ -218,7 +219,7 @@ class _Hybrid:
         self.client.hset(meta_key("timeline", 1), "cap", cap)
         self.sink = TimelineSink(redis_url, 1, cap)
         self.state = TimelineState(
-            spark.createDataFrame([], TWEET_STATE_SCHEMA), spark.createDataFrame([], FOLLOW_STATE_SCHEMA)
+            empty_frame(spark, TWEET_STATE_SCHEMA), empty_frame(spark, FOLLOW_STATE_SCHEMA)
         )
         self.tweets, self.follows, self.batch = [], [], 0
 
@@ -231,16 +232,17 @@ class _Hybrid:
         fo = [validate("follows", r) for r in follows]
         self.tweets += tweets
         self.follows += follows
+        # as the job hands them over: read once into the JVM (a local checkpoint), not a Python RDD per plan
         changes = maintain_timeline(
             self.state,
             self.spark.createDataFrame(
                 [(r["op"], r["tweet_id"], r["user_id"], r.get("text"), r["ts"]) for r in tw], _TWEETS
-            )
+            ).localCheckpoint()
             if tw
             else None,
             self.spark.createDataFrame(
                 [(r["op"], r["follower_id"], r["followee_id"], r["ts"]) for r in fo], _FOLLOWS
-            )
+            ).localCheckpoint()
             if fo
             else None,
             cap=self.cap,
