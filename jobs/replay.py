@@ -25,7 +25,6 @@ says was serving, and what is left of it in Redis is dropped right after the swi
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sys
 import threading
@@ -35,7 +34,7 @@ from changelog.topics import latest_version
 from jobs import runtime
 from jobs.generations import drop_generation, lake_generation, serving_copy_lost
 from jobs.registry import job_spec
-from jobs.runtime import checkpoint_dir, job_dir, log, read_status, status_file
+from jobs.runtime import checkpoint_dir, job_dir, log, read_status, status_file, write_status
 from jobs.settings import Settings
 from jobs.status import processed_versions
 from views.keys import gen_key
@@ -101,12 +100,7 @@ class _Progress(threading.Thread):
 
 def _write_replay(settings: Settings, job: str, **fields) -> None:
     """Merge `fields` into LAKE_DIR/jobs/<job>/replay.json (atomic replace; safe from any thread)."""
-    path = job_dir(settings, job) / "replay.json"
-    current = read_status(settings, job, "replay.json")
-    current.update(fields)
-    tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(current, sort_keys=True))
-    tmp.replace(path)
+    write_status(settings, job, file="replay.json", **fields)
 
 
 def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: float = 300.0) -> bool:

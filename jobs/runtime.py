@@ -37,6 +37,7 @@ STOP = _REDIS_STOP
 # micro-batch in flight, which may be waiting for Redis (it is interrupted and replayed at the next start).
 REDIS_DOWN = threading.Event()
 _STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), not the serving job's
+_STATUS_LOCK = threading.Lock()
 
 
 def _stat(pid: int | str) -> list[str]:
@@ -113,9 +114,12 @@ def write_status(settings: Settings, job: str, *, file: str | None = None, **fie
     deployed process itself reports, e.g. Redis's state, belongs in `status.json` even while it rebuilds)."""
     name = file or _STATUS_FILE[0]
     path = job_dir(settings, job) / name
-    current = read_status(settings, job, name)
-    current.update(fields)
-    write_json(path, current)
+    with (
+        _STATUS_LOCK
+    ):  # the batch loop, the Redis watcher and a replay's progress each merge their own fields
+        current = read_status(settings, job, name)
+        current.update(fields)
+        write_json(path, current)
 
 
 class status_file:

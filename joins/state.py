@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -50,8 +51,9 @@ class JoinState(Protocol[S]):
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Replace `path` with `value` as JSON, atomically (a reader sees the old file or the new one), owner-only."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Replace `path` with `value` as JSON, atomically (a reader sees the old file or the new one), owner-only.
+    Writers in other threads or processes use temporary files of their own: the last replace wins."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as fh:

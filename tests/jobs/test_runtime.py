@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from jobs.runtime import process_cpu, read_status, status_file, write_status
@@ -39,3 +40,25 @@ def test_a_write_to_the_service_status_file_is_not_routed_to_a_rebuilds_file(tmp
         write_status(settings, "timeline", state="rebuilding")
     assert read_status(settings, "timeline") == {"redis": "ok"}
     assert read_status(settings, "timeline", "replay.json") == {"state": "rebuilding"}
+
+
+def test_threads_writing_one_status_file_keep_every_field_and_never_fail(tmp_path):
+    """A deployed process writes its status from several threads (the batch loop, the Redis watcher, a replay's
+    progress): each write merges its fields into what is there, none is lost and none fails."""
+    settings = Settings.from_env({"LAKE_DIR": str(tmp_path)})
+    errors = []
+
+    def writer(name: str) -> None:
+        try:
+            for i in range(300):
+                write_status(settings, "timeline", **{name: i})
+        except Exception as e:  # noqa: BLE001 - any failure of a write is what the test looks for
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(f"w{k}",)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert read_status(settings, "timeline") == {f"w{k}": 299 for k in range(4)}
