@@ -22,9 +22,9 @@ A cost is how much slower (more CPU, later) a figure is with metrics on, in % of
 The figure is the median of the pairs' costs; its noise is how far the distribution-free (sign-test) interval
 of that median at `LEVEL` confidence reaches from it: between the k-th smallest and the k-th largest pair cost
 (with 16 pairs, the 5th and the 12th; none under 5 pairs), which narrows as the pairs grow in number. The
-verdict (`verdict`) is "within the 3% goal" when cost + noise is under 3%, "within noise" when cost - noise is
-at or under 0 (no cost shown, but none shown to be under 3% either), and "not shown" otherwise (or without a
-noise).
+verdict (`verdict`) is "within the 3% goal" when that interval lies under 3%, "within noise" when it reaches 0
+or below (no cost shown, but none shown to be under 3% either), and "not shown" otherwise (a cost shown, or no
+interval: fewer than 5 pairs).
 """
 
 from __future__ import annotations
@@ -103,13 +103,15 @@ def _paired(costs: list) -> dict:
 
 
 def verdict(fig: dict) -> str:
-    """ "within the 3% goal" (cost + noise under it), "within noise" (cost - noise at or under 0: no cost shown,
-    but none shown under 3% either), or "not shown"."""
+    """ "within the 3% goal" (the interval of the median pair cost, `ci_pct`, lies under it), "within noise" (the
+    interval reaches 0 or below: no cost shown, but none shown under 3% either), or "not shown" (a cost is shown
+    that is not shown to be under 3%). Without `ci_pct`, the interval is cost -/+ noise."""
     if fig.get("cost_pct") is None or fig.get("noise_pct") is None:
         return "not shown"
-    if fig["cost_pct"] + fig["noise_pct"] < GOAL_PCT:
+    lo, hi = fig.get("ci_pct") or (fig["cost_pct"] - fig["noise_pct"], fig["cost_pct"] + fig["noise_pct"])
+    if hi < GOAL_PCT:
         return f"within the {GOAL_PCT:g}% goal"
-    if fig["cost_pct"] - fig["noise_pct"] <= 0:
+    if lo <= 0:
         return "within noise"
     return "not shown"
 

@@ -130,6 +130,23 @@ def test_the_metrics_verdict_weighs_the_median_pair_cost_with_its_noise(costs, v
 
 
 @pytest.mark.parametrize(
+    ("ci", "verdict_"),
+    [
+        ([-0.5, 2.5], "within the 3% goal"),
+        ([-1.3, 4.7], "within noise"),
+        ([1.25, 4.68], "not shown"),  # the median +1.71 with the larger side 2.97: a cost above 0 is shown
+        ([0.0, 4.0], "within noise"),
+    ],
+)
+def test_the_metrics_verdict_reads_an_uneven_interval_of_the_median_as_it_is(ci, verdict_):
+    from bench.metrics import verdict
+
+    med = 1.71
+    noise = round(max(ci[1] - med, med - ci[0]), 2)
+    assert verdict({"cost_pct": med, "noise_pct": noise, "ci_pct": ci}) == verdict_
+
+
+@pytest.mark.parametrize(
     ("change", "met"),
     [
         ({}, "met"),
