@@ -114,9 +114,8 @@ def write_status(settings: Settings, job: str, *, file: str | None = None, **fie
     deployed process itself reports, e.g. Redis's state, belongs in `status.json` even while it rebuilds)."""
     name = file or _STATUS_FILE[0]
     path = job_dir(settings, job) / name
-    with (
-        _STATUS_LOCK
-    ):  # the batch loop, the Redis watcher and a replay's progress each merge their own fields
+    # the batch loop, the Redis watcher and a replay's progress each merge their own fields
+    with _STATUS_LOCK:
         current = read_status(settings, job, name)
         current.update(fields)
         write_json(path, current)

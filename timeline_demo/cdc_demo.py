@@ -90,22 +90,18 @@ def _events(tag: str, when: str, ts: int) -> list[dict]:
 def _enriched(settings, tag: str) -> tuple[int | None, dict[str, dict]]:
     """(serving generation, {event_id: enriched row}) of this run's events in the serving output log."""
     from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import TableNotFoundError
 
+    from changelog.topics import table_version
     from views.enrichment import enriched_path
     from views.redis_io import connect, current_generation
 
     gen = current_generation(connect(settings.redis_url), "enrichment")
     path = enriched_path(settings.lake_dir, gen) if gen else None
-    if path is None:
-        return gen, {}
-    try:
-        table = DeltaTable(str(path))
-    except TableNotFoundError:  # not created yet, or Spark has made _delta_log but not its first commit
+    if path is None or table_version(path) < 0:  # Spark makes _delta_log before it writes version 0
         return gen, {}
     t = (
         QueryBuilder()
-        .register("t", table)
+        .register("t", DeltaTable(str(path)))
         .execute(f"SELECT * FROM t WHERE event_id LIKE 'cdcdemo-{tag}-%'")
         .read_all()
     )

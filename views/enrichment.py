@@ -27,7 +27,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from changelog.topics import ensure_delta_table
+from changelog.topics import ensure_delta_table, table_version
 from joins.asof import ENRICHED_COLUMNS
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import Forwarder, current_generation, pack, sink_client
@@ -176,9 +176,10 @@ def export_activity_by_country(client, *, job: str = "enrichment"):
 
 def export_enriched(spark, lake_dir: Path, generation: int):
     """Every row of the generation's `enriched_activity` log, ordered by `event_id`, as dicts in the export
-    line's field order. Nothing if the job has not published that generation yet."""
+    line's field order. Nothing if the job has not published that generation yet (no committed version: Spark
+    makes `_delta_log` before it writes version 0)."""
     path = enriched_path(lake_dir, generation)
-    if not (path / "_delta_log").exists():
+    if table_version(path) < 0:
         return
     df = spark.read.format("delta").load(str(path)).select(*ENRICHED_COLUMNS).orderBy("event_id")
     for row in df.toLocalIterator():

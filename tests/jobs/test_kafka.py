@@ -28,7 +28,7 @@ import orjson
 
 from changelog.ingest import deadletter_path, ingest
 from changelog.records import MAX_RECORD_BYTES
-from changelog.topics import TOPICS, topic_columns, topic_path
+from changelog.topics import TOPICS, table_version, topic_columns, topic_path
 from jobs.deploy import deploy, settings_env, stop
 from jobs.runtime import checkpoint_dir
 from tests.conftest import make_settings
@@ -40,14 +40,12 @@ JOB = "kafka"
 def _records(lake, topic) -> list[dict]:
     """Every record of the topic's Delta log (read with delta-rs, no Spark)."""
     from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import TableNotFoundError
 
-    try:
-        table = DeltaTable(str(topic_path(lake, topic)))
-    except TableNotFoundError:  # not created yet, or _delta_log made before its first commit
+    path = topic_path(lake, topic)
+    if table_version(path) < 0:  # not created yet, or _delta_log made before its first commit
         return []
     cols = [n for n, _ in topic_columns(topic)]
-    t = QueryBuilder().register("t", table).execute("select * from t").read_all()
+    t = QueryBuilder().register("t", DeltaTable(str(path))).execute("select * from t").read_all()
     data = [t.column(c).to_pylist() for c in cols]
     return [dict(zip(cols, row, strict=True)) for row in zip(*data, strict=True)]
 
