@@ -14,6 +14,8 @@ Creating a topic is safe under concurrency: creators of the same topic take turn
 (`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
 first counts as done.
 
+Every commit made here is followed by its version checksum (`changelog.checksums`), as Spark's commits are.
+
 Appending is safe under concurrency too. Every append of records (`append_table`: `mview ingest`, the kafka and
 cdc jobs, all through delta-rs, whose commits are atomic put-if-absent) holds that lock shared, so appends run
 side by side; a Spark writer of a topic (maintenance's compaction and OPTIMIZE) holds it exclusive
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from arro3.core import Array, RecordBatch, Table
 
+from changelog.checksums import write_checksums
 from changelog.errors import UnknownTopic
 from changelog.records import TOPIC_FIELDS
 
@@ -125,6 +128,7 @@ def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
             except Exception:
                 if not _exists(path):  # not a writer outside the lock that created it first
                     raise
+            write_checksums(path, table_version(path))
     return str(path)
 
 
@@ -142,7 +146,8 @@ def append_table(
 ) -> None:
     """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `path` in one delta-rs
     commit with `userMetadata` `note`, recording each Delta transaction `(app_id, version)` of `transactions`
-    (the idempotent writes of the kafka and cdc jobs), under the shared writers' lock."""
+    (the idempotent writes of the kafka and cdc jobs), under the shared writers' lock; then the commit's version
+    checksum (`changelog.checksums`), which spares every streaming reader a Spark job per new version."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     props = CommitProperties(
@@ -152,6 +157,7 @@ def append_table(
     )
     with topic_lock(path, exclusive=False):
         write_deltalake(str(path), table, mode="append", commit_properties=props)
+        write_checksums(path, table_version(path))
 
 
 class RecordTable:
