@@ -5,7 +5,7 @@ metrics on and off, in one run, each cost judged against its own noise in the sa
   status-file metrics read from the lake), against the batch time of the deployed job: an upper bound of what
   the metrics can cost, free of the noise of end-to-end figures.
 - Throughput: the job over the throughput logs in the warm JVM, each run into a throw-away generation:
-  `WARMUP_RUNS` unmeasured runs, then `pairs` pairs of runs, one with the metrics on (served, observed every
+  `WARMUP_RUNS` unmeasured runs, then `throughput_pairs` pairs of runs, one with the metrics on (served, observed every
   batch) and one off, in ABBA order (on-off, off-on, ...). Each run's CPU seconds (this process and its
   descendants: the driver's JVM, Redis) are what the metrics would add to; each pair's cost is how much more CPU
   the "on" run used. The wall-clock entries/s of every run and their pairs' costs are reported beside (`wall`).
@@ -47,7 +47,7 @@ LEVEL = 0.9  # confidence of the interval of the median pair cost
 PHASE_S = 0.05  # each freshness append starts this long after a trigger time of the deployed job
 SCRAPE_S = 1.0  # scrape interval while the metrics are on (Prometheus' default is 15 s: this bounds it above)
 MIN_LOAD_S = 10.0  # shortest freshness load (5 appends of 10 tweets)
-WARMUP_RUNS = 4  # unmeasured throughput runs before the pairs (a fresh JVM speeds up for several)
+WARMUP_RUNS = 10  # unmeasured throughput runs before the pairs (a fresh JVM speeds up for about ten)
 WARMUP_LOAD_S = 30.0  # unmeasured freshness load before the pairs, in the just deployed job
 
 
@@ -294,13 +294,16 @@ def _freshness(spark, modes, tmp: Path, follows, pairs: int, load_s: float) -> d
     return {**out, **_paired(costs)}
 
 
-def bench_metrics(spark, settings, tmp: Path, follows: list[dict], pairs: int, freshness_s: float) -> dict:
-    """Run after the throughput part (its logs are in `settings`' lake). `freshness_s`: seconds of measured
-    freshness load, split over the 2 x `pairs` loads (each at least `MIN_LOAD_S`)."""
+def bench_metrics(
+    spark, settings, tmp: Path, follows: list[dict], pairs: int, freshness_s: float, throughput_pairs: int
+) -> dict:
+    """Run after the throughput part (its logs are in `settings`' lake). `pairs`: freshness load pairs;
+    `throughput_pairs`: throughput run pairs. `freshness_s`: seconds of measured freshness load, split over the
+    2 x `pairs` loads (each at least `MIN_LOAD_S`)."""
     direct = _direct_cost(settings)
     say(f"metrics: observe {direct['observe_us']} us per batch, one scrape {direct['scrape_ms']} ms")
     modes = _modes(settings)
-    thr = _throughput(spark, modes, pairs)
+    thr = _throughput(spark, modes, throughput_pairs)
     load_s = max(MIN_LOAD_S, freshness_s / (2 * max(1, pairs)))
     fresh = _freshness(spark, modes, tmp, follows, pairs, load_s)
     batch_s = fresh.pop("mean_batch_s")
@@ -316,7 +319,7 @@ def bench_metrics(spark, settings, tmp: Path, follows: list[dict], pairs: int, f
         fig["verdict"] = verdict(fig)
         say(f"metrics: {name} cost {fig['cost_pct']}% (noise {fig['noise_pct']}%): {fig['verdict']}")
     return {
-        "workload": f"the throughput logs, {WARMUP_RUNS} warm-up runs then {pairs} on/off pairs (ABBA); one "
+        "workload": f"the throughput logs, {WARMUP_RUNS} warm-up runs then {throughput_pairs} on/off pairs (ABBA); one "
         f"deployment under the freshness load, a {WARMUP_LOAD_S:.0f}-s warm-up load then {pairs} pairs of "
         f"{load_s:.0f}-s loads (ABBA), scraped every {SCRAPE_S:.0f}s during the 'on' loads",
         "command": "run_timeline (warm JVM), METRICS_PORT on / off; mview deploy timeline, scrapes on / off",
