@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--freshness-seconds", type=float, default=90.0)
     p.add_argument("--incrementality-budget", type=float, default=240.0)
-    p.add_argument("--metrics-pairs", type=int, default=16, help="metrics: freshness on/off load pairs, ABBA")
+    p.add_argument("--metrics-pairs", type=int, default=24, help="metrics: freshness on/off load pairs, ABBA")
     p.add_argument(
         "--metrics-throughput-pairs", type=int, default=32, help="metrics: throughput on/off run pairs, ABBA"
     )

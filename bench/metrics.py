@@ -46,7 +46,7 @@ GOAL_PCT = 3.0
 LEVEL = 0.9  # confidence of the interval of the median pair cost
 PHASE_S = 0.05  # each freshness append starts this long after a trigger time of the deployed job
 SCRAPE_S = 1.0  # scrape interval while the metrics are on (Prometheus' default is 15 s: this bounds it above)
-MIN_LOAD_S = 10.0  # shortest freshness load (5 appends of 10 tweets)
+MIN_LOAD_S = 20.0  # shortest freshness load: ~8 appends (the p50 of ~4 moved by ~10% from load to load)
 WARMUP_RUNS = 10  # unmeasured throughput runs before the pairs (a fresh JVM speeds up for about ten)
 WARMUP_LOAD_S = 30.0  # unmeasured freshness load before the pairs, in the just deployed job
 
