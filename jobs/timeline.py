@@ -1,6 +1,6 @@
 """The `timeline` job: tweets x follows -> home timelines in Redis (see `joins.table_table` for semantics).
 
-Source: the `tweets` and `follows` topic logs, one stream. Join: `joins.table_table.maintain_timeline`, its state
+Source: the `tweets` and `follows` topic logs, one stream. Join: `joins.table_table.begin_timeline`, its state
 kept by `joins.table_table_state.TimelineStore` under `LAKE_DIR/state/timeline/g<N>/changes`. View:
 `views.timeline` (`timeline_phases`, `TimelineSink`).
 
@@ -25,10 +25,10 @@ from jobs.errors import FanoutLimitChanged
 from jobs.runtime import log
 from jobs.settings import Settings
 from jobs.skeleton import Batch, JobRun, Wiring, run_job
-from joins.table_table import maintain_timeline
+from joins.table_table import begin_timeline
 from joins.table_table_state import TimelineStore
 from views.keys import meta_key
-from views.timeline import ENTRY_CARRY, TimelineSink, timeline_phases
+from views.timeline import ENTRY_CARRY, TimelineSink, timeline_phases, timeline_posts
 
 __all__ = ["run_timeline", "TOPICS"]
 
@@ -94,7 +94,7 @@ def _wire(run: JobRun) -> Wiring:
         if n_events == 0:
             return None
         tweets, follows = _split(batch, per_topic)
-        changes = maintain_timeline(
+        step = begin_timeline(
             store.restore(batch_id),
             tweets,
             follows,
@@ -102,17 +102,22 @@ def _wire(run: JobRun) -> Wiring:
             carry=ENTRY_CARRY,
             fanout_limit=settings.fanout_limit,
         )
+        # With a fan-out limit, what makes a celebrity's tweet visible goes out first: in a batch of tweets only,
+        # their posts (bodies, authored sets) before the batch's changes are counted and the rest is planned, else
+        # the first write phase before the state is settled (below).
+        posted, t_post = step.posts is not None, time.monotonic()
+        early = sink.write((timeline_posts(step.posts), 2 * per_topic["tweets"]), batch_id) if posted else {}
+        posting = time.monotonic() - t_post  # the batch's sink time, not its join time
+        changes = step.finish()
         t_join = time.monotonic()
         # The state after the batch is computed and its changed rows staged (Spark jobs of their own) while Redis
-        # applies the batch; the state advances only once both are done. With a fan-out limit the first write
-        # phase (new tweets' bodies, celebrities' authored sets: what makes a celebrity's tweet visible) goes out
-        # before that work competes with the sink for the driver.
-        phases = timeline_phases(changes)
-        head = list(islice(phases, 1 if settings.fanout_limit is not None else 0))
+        # applies the batch; the state advances only once both are done.
+        phases = timeline_phases(changes, posted)
+        head = list(islice(phases, 1 if settings.fanout_limit is not None and not posted else 0))
         with ThreadPoolExecutor(max_workers=1) as pool:
             first = sink.write(head, batch_id)
             staged = pool.submit(store.stage, batch_id, changes)
-            written = {k: v + first[k] for k, v in sink.write(phases, batch_id).items()}
+            written = {k: v + first[k] + early.get(k, 0) for k, v in sink.write(phases, batch_id).items()}
             t_sink = time.monotonic()
             staged.result()
         store.advance(batch_id, changes)
@@ -123,13 +128,18 @@ def _wire(run: JobRun) -> Wiring:
             events=n_events,
             summary=(
                 f"{n_events:,} events -> {n_ops:,} timelines, {n_entries:,} entries (join "
-                f"{t_join - started:.2f}s, redis {t_sink - t_join:.2f}s, state wait {t_state - t_sink:.2f}s)"
+                f"{t_join - started - posting:.2f}s, redis {t_sink - t_join + posting:.2f}s, state wait "
+                f"{t_state - t_sink:.2f}s)"
             ),
             totals={"timeline_ops": n_ops, "entries": n_entries},
             # readers cut merged timelines to the cap; a run checks the limit is the generation's
             meta={"cap": settings.timeline_cap, "fanout_limit": _shown(settings.fanout_limit)},
             inputs=per_topic,
-            phases={"join": t_join - started, "sink": t_sink - t_join, "state": t_state - t_sink},
+            phases={
+                "join": t_join - started - posting,
+                "sink": t_sink - t_join + posting,
+                "state": t_state - t_sink,
+            },
         )
 
     started = time.monotonic()

@@ -30,7 +30,9 @@ for an author who became one or lost a live tweet), authors who stopped being on
 (follower, celebrity) pairs that began or ended (`celebs_gained`, `celebs_lost`). The newest `cap` of a follower's
 whole join is the newest `cap` of their timeline merged with their celebrities' sets (`views.timeline.read_timeline`).
 With `fanout_limit=None` none of this is planned. Who is a celebrity is derived state (`TimelineState.celebs`), kept in
-memory across batches and recomputed from the follows after a restore.
+memory across batches and recomputed from the follows after a restore. A batch of tweets only has *posts*
+(`begin_timeline`: its tweets that became live and the authored adds), planned before the batch's changes are counted,
+so that a view can publish what makes a celebrity's tweet visible before the rest is computed.
 
 Every step is a Spark SQL plan over the batch and the state (no Python per row); plan branches whose input is
 empty in a batch (no deletes, no unfollows, no new follows, ...) are left out. The state's durable form between
@@ -40,6 +42,7 @@ micro-batches is `joins.table_table_state.TimelineStore`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, Window
@@ -51,6 +54,9 @@ __all__ = [
     "TimelineState",
     "TimelineChanges",
     "maintain_timeline",
+    "begin_timeline",
+    "TimelineStep",
+    "TimelinePosts",
     "TWEET_STATE_SCHEMA",
     "FOLLOW_STATE_SCHEMA",
     "ENTRIES_TYPE",
@@ -307,48 +313,39 @@ def _materialize(*dfs: DataFrame) -> None:
         ).groupBy().count().collect()
 
 
-def _changes(
-    tweets_before: DataFrame,
-    tweets_batch: DataFrame | None,
-    follows_before: DataFrame,
-    follows_batch: DataFrame | None,
-    tweet_conds: tuple[str, str],
-    follow_conds: tuple[str, str],
-):
-    """(tweet changes, follow changes) as lazy local checkpoints, with their row counts and the count of rows meeting
-    each condition (SQL text), `((n, n_cond...), (n, n_cond...))`, all computed by one Spark job. A topic without a
-    batch has no plan at all: an empty DataFrame and zero counts.
+def _change_rows(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None):
+    """(tweet changes, follow changes) as lazy local checkpoints (no Spark job yet). A topic without a batch has no
+    plan at all: an empty DataFrame.
 
     Local checkpoints rather than `persist()`: a checkpoint's lineage is cut, so a result used twice in one query is
     never recomputed (Spark does not always substitute a persisted plan)."""
-    spark = tweets_before.sparkSession
-    parts = []
-    for i, (changes, before, batch, conds) in enumerate(
-        [
-            (_tweet_changes, tweets_before, tweets_batch, tweet_conds),
-            (_follow_changes, follows_before, follows_batch, follow_conds),
-        ]
-    ):
-        if batch is None:
-            parts.append((empty_frame(spark, _CHANGES_SCHEMAS[changes]), None))
-        else:
-            df = changes(before, batch).localCheckpoint(eager=False)
-            parts.append(
-                (
-                    df,
-                    df.selectExpr(
-                        f"{i} AS part",
-                        *[f"CAST(coalesce({c}, false) AS int) AS c{j}" for j, c in enumerate(conds)],
-                    ),
-                )
-            )
-    flags = [f for _, f in parts if f is not None]
-    counts = {i: (0, 0, 0) for i in range(len(parts))}
+    spark = state.tweets.sparkSession
+    return tuple(
+        empty_frame(spark, _CHANGES_SCHEMAS[changes])
+        if batch is None
+        else changes(before, batch).localCheckpoint(eager=False)
+        for changes, before, batch in (
+            (_tweet_changes, state.tweets, tweets_batch),
+            (_follow_changes, state.follows, follows_batch),
+        )
+    )
+
+
+def _count_changes(rows: list[tuple[DataFrame, tuple[str, str]] | None]) -> list[tuple[int, int, int]]:
+    """For each (changes, conditions) of `rows` (None: a topic without a batch), its row count and the count of rows
+    meeting each condition (SQL text), all computed by one Spark job (it materializes the lazy checkpoints)."""
+    flags = []
+    for i, r in enumerate(rows):
+        if r is not None:
+            df, conds = r
+            cols = [f"CAST(coalesce({c}, false) AS int) AS c{j}" for j, c in enumerate(conds)]
+            flags.append(df.selectExpr(f"{i} AS part", *cols))
+    counts = {}
     if flags:
         union = functools.reduce(DataFrame.unionByName, flags)
         for row in union.groupBy("part").agg(F.count("*"), F.sum("c0"), F.sum("c1")).collect():
             counts[row[0]] = tuple(int(x) for x in row[1:])
-    return (parts[0][0], counts[0]), (parts[1][0], counts[1])
+    return [counts.get(i, (0, 0, 0)) for i in range(len(rows))]
 
 
 _BORN = "live_after AND (NOT live_before OR moved)"  # over _tweet_changes: the tweet (re)enters timelines
@@ -376,10 +373,22 @@ class _Delta:
     cur_after: DataFrame  # ... after it
 
 
-def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None) -> _Delta:
-    """The batch's changed state rows and the state after it (lazy: `TimelineChanges.settle` computes it)."""
-    (tc, (n_tc, n_born, n_died)), (fc, (n_fc, n_gained, n_lost)) = _changes(
-        state.tweets, tweets_batch, state.follows, follows_batch, (_BORN, _DIED), (_GAINED, _LOST)
+def _born(tc: DataFrame) -> DataFrame:
+    """tweet_id, user_id, text, ts: the tweets of `_tweet_changes` rows that became live."""
+    return tc.where(_BORN).select("tweet_id", "user_id", "text", "ts")
+
+
+def _delta(
+    state: TimelineState,
+    tc: DataFrame,
+    fc: DataFrame,
+    present: tuple[bool, bool],
+    born: DataFrame | None = None,
+) -> _Delta:
+    """The batch's changed state rows (`_change_rows`, `present`: whether each topic has a batch) counted, and the
+    state after it (lazy: `TimelineChanges.settle` computes it). `born`: `_born(tc)` if already planned."""
+    (n_tc, n_born, n_died), (n_fc, n_gained, n_lost) = _count_changes(
+        [(tc, (_BORN, _DIED)) if present[0] else None, (fc, (_GAINED, _LOST)) if present[1] else None]
     )
     tweets_after = _replace_rows(state.tweets, tc, ["tweet_id"], _TWEET_COLS) if n_tc else state.tweets
     follows_after = (
@@ -392,7 +401,7 @@ def _delta(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: 
         after=TimelineState(tweets=tweets_after, follows=follows_after),
         tweets=tc,
         follows=fc,
-        born=tc.where(_BORN).select("tweet_id", "user_id", "text", "ts"),
+        born=_born(tc) if born is None else born,
         died=tc.where(_DIED).select("tweet_id", F.col("user_before").alias("user_id"), "live_after"),
         gained=fc.where(_GAINED).select("follower_id", "followee_id"),
         lost=fc.where(_LOST).select("follower_id", "followee_id"),
@@ -554,10 +563,13 @@ def _effective(d: _Delta, limit: int) -> tuple[_Delta, _Celebrities]:
     return d, _Celebrities(before, after, flips, c_gained, c_lost, cached)
 
 
-def _authored(d: _Delta, c: _Celebrities, cap: int, carry: str | None) -> tuple[DataFrame, DataFrame]:
+def _authored(
+    d: _Delta, c: _Celebrities, cap: int, carry: str | None, posts: TimelinePosts | None
+) -> tuple[DataFrame, DataFrame]:
     """(adds, replaces), both user_id, entries: the changes of the celebrities' authored sets. An author who became
     a celebrity, or a celebrity with a tweet that stopped being live, has the whole set recomputed (the newest
-    `cap` live tweets, an empty array when none is left); a celebrity's other new tweets are added."""
+    `cap` live tweets, an empty array when none is left); a celebrity's other new tweets are added (the adds of
+    `posts` when given: the same rows)."""
     spark = d.before.tweets.sparkSession
     adds = replaces = empty_frame(spark, f"user_id string, entries {ENTRIES_TYPE}")
     whole = [c.flips.where("up").select(F.col("followee_id").alias("user_id"))]
@@ -572,13 +584,68 @@ def _authored(d: _Delta, c: _Celebrities, cap: int, carry: str | None) -> tuple[
             "user_id", F.coalesce("entries", F.array().cast(ENTRIES_TYPE)).alias("entries")
         )
     if d.n["born"]:
-        born = d.born.join(c.after, "user_id", "left_semi").join(authors, "user_id", "left_anti")
-        adds = (
-            _with_carry(born, carry)
-            .groupBy("user_id")
-            .agg(_newest(F.collect_list(F.struct("ts", "tweet_id", "p")), cap).alias("entries"))
-        )
+        adds = posts.authored_adds if posts else _authored_adds(d.born, c.after, authors, cap, carry)
     return adds, replaces
+
+
+def _authored_adds(
+    born: DataFrame, celebs: DataFrame, whole: DataFrame, cap: int, carry: str | None
+) -> DataFrame:
+    """user_id, entries: the `born` tweets of the `celebs`, per author, the newest `cap`; authors in `whole` (their
+    set is recomputed whole) left out."""
+    born = born.join(celebs, "user_id", "left_semi").join(whole, "user_id", "left_anti")
+    return (
+        _with_carry(born, carry)
+        .groupBy("user_id")
+        .agg(_newest(F.collect_list(F.struct("ts", "tweet_id", "p")), cap).alias("entries"))
+    )
+
+
+@dataclass(frozen=True)
+class TimelinePosts:
+    """A batch's new tweets under a fan-out limit, planned before the batch's changes are counted: what makes a
+    celebrity's tweet visible. Made for a batch of tweets only (no follows, so no author crosses the limit in it);
+    the same rows as the batch's `TimelineChanges.tweets_live` and `authored_adds`."""
+
+    tweets_live: DataFrame  # tweet_id, user_id, text, ts: tweets that became live
+    authored_adds: DataFrame  # user_id, entries (ENTRIES_TYPE): add to the author's set, trim to cap
+
+
+@dataclass(frozen=True)
+class TimelineStep:
+    """One micro-batch whose changed rows are planned but not yet computed (`begin_timeline`): `posts` (or None) can
+    be published first; `finish()` counts the changes and plans the rest (it runs the batch's first Spark job when
+    `posts` are not computed before it)."""
+
+    posts: TimelinePosts | None
+    _finish: Callable[[], TimelineChanges]
+
+    def finish(self) -> TimelineChanges:
+        return self._finish()
+
+
+def begin_timeline(
+    state: TimelineState,
+    tweets_batch: DataFrame | None,
+    follows_batch: DataFrame | None,
+    *,
+    cap: int,
+    carry: str | None = None,
+    fanout_limit: int | None = None,
+) -> TimelineStep:
+    """`maintain_timeline` in two steps (same arguments, same changes): the batch's changed rows planned, with its
+    `posts` when the batch holds tweets only and a fan-out limit is set (else None); then `finish()`."""
+    if fanout_limit is not None and state.celebs is None:
+        state = replace(state, celebs=_celebs(state.follows, fanout_limit).localCheckpoint(eager=False))
+    tc, fc = _change_rows(state, tweets_batch, follows_batch)
+    present = (tweets_batch is not None, follows_batch is not None)
+    posts = None
+    if fanout_limit is not None and present == (True, False):
+        born = _born(tc)
+        replaced = tc.where(_DIED).select(F.col("user_before").alias("user_id"))
+        posts = TimelinePosts(born, _authored_adds(born, state.celebs, replaced, cap, carry))
+    finish = functools.partial(_finish, state, tc, fc, present, posts, cap, carry, fanout_limit)
+    return TimelineStep(posts, finish)
 
 
 def maintain_timeline(
@@ -600,8 +667,23 @@ def maintain_timeline(
     each of its entries as `p`; without it `p` is null. `fanout_limit`: authors with more current followers are
     celebrities, not fanned out (None: no limit, and no celebrity plan at all).
     """
+    return begin_timeline(
+        state, tweets_batch, follows_batch, cap=cap, carry=carry, fanout_limit=fanout_limit
+    ).finish()
+
+
+def _finish(
+    state: TimelineState,
+    tc: DataFrame,
+    fc: DataFrame,
+    present: tuple[bool, bool],
+    posts: TimelinePosts | None,
+    cap: int,
+    carry: str | None,
+    fanout_limit: int | None,
+) -> TimelineChanges:
     spark = state.tweets.sparkSession
-    d = _delta(state, tweets_batch, follows_batch)
+    d = _delta(state, tc, fc, present, born=posts.tweets_live if posts else None)
     cached = [d.tweets, d.follows]
     celebs = None
     if fanout_limit is not None:
@@ -618,7 +700,7 @@ def maintain_timeline(
 
     side = {}
     if celebs is not None:
-        adds, whole = _authored(d, celebs, cap, carry)
+        adds, whole = _authored(d, celebs, cap, carry, posts)
         side = dict(
             authored_adds=adds,
             authored_replaces=whole,

@@ -17,6 +17,8 @@ tweet of an author who crossed the limit (a reader drops duplicates by tweet id)
 3. bodies of tweets that stopped being live; celebrities removed from users' celebrity sets; the authored sets of
    authors who stopped being celebrities expire `RETIRE_SECONDS` later (a reader that read a celebrity set just before
    may still read them).
+In a batch of tweets only, phase 1's bodies and authored adds (`timeline_posts`) are applied before the batch's
+changes are counted, and phase 1 keeps the rest (authored sets replaced, which are other keys).
 Every key is written whole in its MULTI/EXEC, so a reader sees it before or after the batch; a read of a user's
 timeline and celebrity set is one atomic script call (one hash slot: the user's).
 
@@ -47,7 +49,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from redis.commands.core import Script
 
-from joins.table_table import TimelineChanges
+from joins.table_table import TimelineChanges, TimelinePosts
 from views.keys import authored_key, celebs_key, key_id, meta_key, timeline_key, tweet_key, view_pattern
 from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
 from views.wire import array_command, bulk, command, hash_tag_column, lit, view_key_column
@@ -58,6 +60,7 @@ __all__ = [
     "RETIRE_SECONDS",
     "timeline_ops",
     "timeline_phases",
+    "timeline_posts",
     "TimelineSink",
     "entry",
     "member",
@@ -129,14 +132,14 @@ def _timeline_parts(changes: TimelineChanges) -> list[DataFrame]:
     return [_op(adds, "timeline", "'add'", entries="entries")] if adding else []
 
 
-def _celebrity_phases(changes: TimelineChanges) -> tuple[list[DataFrame], list[DataFrame]]:
+def _celebrity_phases(changes: TimelineChanges, posted: bool) -> tuple[list[DataFrame], list[DataFrame]]:
     """(before, after): the celebrity side's operations applied before the timelines' (authored sets, celebrities
-    gained) and after them (celebrities lost, authored sets retired)."""
+    gained; the adds only when not `posted`) and after them (celebrities lost, authored sets retired)."""
     n = changes.counts
     first, last = [], []
     if n["up"] or n["died"]:
         first.append(_op(changes.authored_replaces, "authored", "'replace'", entries="entries.p"))
-    if n["born"]:
+    if n["born"] and not posted:
         first.append(_op(changes.authored_adds, "authored", "'add'", entries="entries.p"))
     for df, out, column in (
         (changes.celebs_gained, first, "entries"),
@@ -150,26 +153,35 @@ def _celebrity_phases(changes: TimelineChanges) -> tuple[list[DataFrame], list[D
     return first, last
 
 
-def timeline_phases(changes: TimelineChanges) -> Iterator[tuple[DataFrame, int | None]]:
+_BODY = "to_json(struct(tweet_id, user_id, text, ts))"  # a tweet's stored JSON
+
+
+def timeline_posts(posts: TimelinePosts) -> DataFrame:
+    """The operations (TIMELINE_OPS_SCHEMA) of a batch's `posts` (`joins.table_table.TimelineStep.posts`): the bodies
+    of tweets that became live and the celebrities' authored sets added to, at most two per tweet of the batch. They
+    are part of the first write phase, taken out to be applied before the batch's changes are counted; the phases
+    after them are `timeline_phases(changes, posted=True)`."""
+    return _op(posts.tweets_live, "tweet", body=_BODY).unionByName(
+        _op(posts.authored_adds, "authored", "'add'", entries="entries.p")
+    )
+
+
+def timeline_phases(changes: TimelineChanges, posted: bool = False) -> Iterator[tuple[DataFrame, int | None]]:
     """The operations (TIMELINE_OPS_SCHEMA) of one micro-batch's `changes`, made by `maintain_timeline` with
     `carry=ENTRY_CARRY` (entries are taken as the join carried them), in write phases, each to be applied after the
     previous one (`TimelineSink.write` does): one (DataFrame, rows_at_most) per phase, rows_at_most a bound on its
     operations known from the join's counts, or None (a fan-out, bounded by follower counts only). Without a fan-out
     limit there is one phase; with one, up to three (see the module docstring). Branches with no input in the batch
     are left out. Each phase is planned when the one before it was taken, so a sink that writes it first does not
-    wait for the others' plans."""
+    wait for the others' plans. `posted`: the batch's `timeline_posts` were applied already (left out here)."""
     n = changes.counts
-    born = (
-        [_op(changes.tweets_live, "tweet", body="to_json(struct(tweet_id, user_id, text, ts))")]
-        if n["born"]
-        else []
-    )
+    born = [_op(changes.tweets_live, "tweet", body=_BODY)] if n["born"] and not posted else []
     if changes.celebs_gained is None:
         timelines = _timeline_parts(changes)
         dead = [_op(changes.tweets_dead, "tweet")] if n["died"] or not (timelines or born) else []
         yield _union(timelines + born + dead), None if timelines else n["born"] + n["died"]
         return
-    first, last = _celebrity_phases(changes)
+    first, last = _celebrity_phases(changes, posted)
     if born + first:  # bodies and authored sets: one per tweet or author; celebrity sets: one per user
         yield _union(born + first), 2 * n["born"] + n["up"] + n["died"] + n["celebs_gained"]
     timelines = _timeline_parts(changes)

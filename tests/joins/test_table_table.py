@@ -369,3 +369,48 @@ def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_lo
     assert _observed(down)["adds"] == {"s": [("t1", 2), ("t2", 3)]} and not _observed(down)["removes"]
     assert pairs(down.celebs_lost) == [("r", "a"), ("s", "a")]
     assert [r.user_id for r in down.authored_retired.collect()] == ["a"]
+
+
+def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_any_spark_job(spark):
+    """`begin_timeline` plans a tweets-only batch's posts without running a Spark job: the tweets that became live
+    and the celebrities' authored adds, the same rows `finish()` gives. A celebrity whose set is recomputed whole
+    (`c`: a delete) is left out of the adds; a batch with follows, or no fan-out limit, has no posts."""
+    from joins.table_table import begin_timeline
+
+    follows = [("follow", u, a, 1) for u, a in (("r", "a"), ("s", "a"), ("r", "c"), ("s", "c"), ("r", "b"))]
+    posts = [("post", "t1", "a", "t1!", 1), ("post", "t3", "c", "t3!", 2)]
+    state = maintain_timeline(
+        _empty_state(spark),
+        _batch(spark, posts, _TWEETS),
+        _batch(spark, follows, _FOLLOWS),
+        cap=5,
+        fanout_limit=1,
+    ).settle()
+    tweets = [
+        ("post", "t5", "a", "t5!", 5),
+        ("post", "t6", "b", "t6!", 6),
+        ("post", "t7", "c", "t7!", 7),
+        ("delete", "t3", "c", None, 8),
+    ]
+    batch, sc = _batch(spark, tweets, _TWEETS), spark.sparkContext
+    sc.setJobGroup("timeline-begin", "begin_timeline of one batch")
+    try:
+        step = begin_timeline(state, batch, None, cap=5, fanout_limit=1)
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup("timeline-begin") == []
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+
+    def authored(df):
+        return {r.user_id: sorted(e.tweet_id for e in r.entries) for r in df.collect()}
+
+    assert sorted(r.tweet_id for r in step.posts.tweets_live.collect()) == ["t5", "t6", "t7"]
+    assert authored(step.posts.authored_adds) == {"a": ["t5"]}
+    changes = step.finish()
+    assert sorted(r.tweet_id for r in changes.tweets_live.collect()) == ["t5", "t6", "t7"]
+    assert authored(changes.authored_adds) == {"a": ["t5"]}
+    assert authored(changes.authored_replaces) == {"c": ["t7"]}
+    one_follow = _batch(spark, [("follow", "s", "b", 9)], _FOLLOWS)
+    assert (
+        begin_timeline(state, _batch(spark, tweets, _TWEETS), one_follow, cap=5, fanout_limit=1).posts is None
+    )
+    assert begin_timeline(state, _batch(spark, tweets, _TWEETS), None, cap=5).posts is None

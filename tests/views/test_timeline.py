@@ -21,6 +21,7 @@ from views.timeline import (
     query_timeline,
     timeline_ops,
     timeline_phases,
+    timeline_posts,
 )
 
 _PLAIN = (
@@ -204,8 +205,9 @@ _FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
 
 
 class _Hybrid:
-    """The timeline job's steps without its streaming query: `maintain_timeline` with a fan-out limit, the ops'
-    write phases through the real sink into generation 1, and the reads through `read_timeline`."""
+    """The timeline job's steps without its streaming query: `begin_timeline` with a fan-out limit, a tweets-only
+    batch's posts and the ops' write phases through the real sink into generation 1, and the reads through
+    `read_timeline`."""
 
     def __init__(self, spark, redis_url, cap: int, limit: int | None):
         from joins.state import empty_frame
@@ -226,14 +228,14 @@ class _Hybrid:
     def phases(self, tweets: list[dict], follows: list[dict]):
         """The write phases of one batch of records (validated, as the logs hold them); the state moves on."""
         from changelog.records import validate
-        from joins.table_table import maintain_timeline
+        from joins.table_table import begin_timeline
 
         tw = [validate("tweets", r) for r in tweets]
         fo = [validate("follows", r) for r in follows]
         self.tweets += tweets
         self.follows += follows
         # as the job hands them over: read once into the JVM (a local checkpoint), not a Python RDD per plan
-        changes = maintain_timeline(
+        step = begin_timeline(
             self.state,
             self.spark.createDataFrame(
                 [(r["op"], r["tweet_id"], r["user_id"], r.get("text"), r["ts"]) for r in tw], _TWEETS
@@ -249,8 +251,11 @@ class _Hybrid:
             carry=ENTRY_CARRY,
             fanout_limit=self.limit,
         )
+        # as the job applies them: a tweets-only batch's posts first, then the phases after them
+        phases = [(timeline_posts(step.posts), 2 * len(tw))] if step.posts is not None else []
+        changes = step.finish()
         self.state = changes.settle()
-        phases = list(timeline_phases(changes))
+        phases += list(timeline_phases(changes, posted=step.posts is not None))
         for ops, at_most in phases:  # the bounds the sink trusts to collect a phase on the driver
             assert at_most is None or ops.count() <= at_most
         return phases
@@ -286,8 +291,8 @@ class _Hybrid:
 )
 def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_url, limit):
     """Random workloads (deletes, unfollows, re-follows, duplicates, out-of-order), a small cap so that refills
-    happen, cut into batches: after every batch, export and every user's read_timeline equal the brute-force SQL.
-    With limit 2 authors cross the limit both ways across batches."""
+    happen, cut into batches (some of tweets only): after every batch, export and every user's read_timeline equal
+    the brute-force SQL. With limit 2 authors cross the limit both ways across batches."""
     from timeline_demo.workload import generate
 
     for seed, chunks in ((1, 1), (2, 4)):
@@ -296,13 +301,15 @@ def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spar
         tw, fo = split_at_random(wl.tweets, chunks, rng), split_at_random(wl.follows, chunks, rng)
         h = _Hybrid(spark, redis_url, cap=3, limit=limit)
         for i in range(chunks):
-            h.step(tw[i], fo[i])
-            want = h.expected()
-            assert h.exported() == want, f"seed {seed}, batch {i}"
-            users = {f"u{j}" for j in range(30)}
-            assert {u: h.read(u) for u in users} == {u: want.get(u, []) for u in users}, (
-                f"seed {seed}, batch {i}"
-            )
+            # every other chunk as a batch of its tweets, then one of its follows (a tweets-only batch has posts)
+            for batch_tw, batch_fo in [(tw[i], []), ([], fo[i])] if i % 2 else [(tw[i], fo[i])]:
+                h.step(batch_tw, batch_fo)
+                want = h.expected()
+                assert h.exported() == want, f"seed {seed}, batch {h.batch}"
+                users = {f"u{j}" for j in range(30)}
+                assert {u: h.read(u) for u in users} == {u: want.get(u, []) for u in users}, (
+                    f"seed {seed}, batch {h.batch}"
+                )
         if limit == 0:  # no one is fanned out: no stored timeline at all
             assert not list(h.client.scan_iter(match="mv:timeline:*"))
         if limit is None:
