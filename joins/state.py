@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["JoinState", "write_json", "read_json", "complete_dirs", "empty_frame"]
+__all__ = ["JoinState", "write_json", "read_json", "complete_dirs", "empty_frame", "with_row_count"]
 
 S = TypeVar("S")
 
@@ -90,3 +90,33 @@ def empty_frame(spark, schema: str):
 
     fields = _parse_datatype_string(schema).fields
     return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])
+
+
+def with_row_count(df, rows: int):
+    """`df`, a local checkpoint (any other DataFrame is returned as it is), with the optimizer's size estimate made
+    from `rows`, its row count, as for a plan known to hold `rows` rows (Spark's estimate for a `LIMIT rows` of it).
+    The same data: the checkpoint's RDD is shared, not recomputed.
+
+    A local checkpoint keeps the size estimate of the plan it was computed from, and a join's estimate is that of its
+    larger input or more. A state kept across micro-batches as a checkpoint of (state joined with the batch) would
+    see its estimate grow by a factor every batch, however few rows it holds, until every join with it was planned
+    as a sort-merge join that shuffles the whole state."""
+    from pyspark.sql import DataFrame
+
+    plan = df._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() != "LogicalRDD":
+        return df
+    session, jvm = df.sparkSession._jsparkSession, df.sparkSession._jvm
+    stats = df.limit(max(1, rows))._jdf.queryExecution().optimizedPlan().stats()
+    counted = plan.copy(
+        plan.output(),
+        plan.rdd(),
+        plan.outputPartitioning(),
+        plan.outputOrdering(),
+        plan.isStreaming(),
+        plan.stream(),
+        session,
+        jvm.scala.Some(stats),
+        jvm.scala.Option.empty(),
+    )
+    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session, counted), df.sparkSession)

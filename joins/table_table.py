@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from joins.state import empty_frame
+from joins.state import empty_frame, with_row_count
 
 __all__ = [
     "TimelineState",
@@ -152,8 +152,11 @@ class TimelineChanges:
                 for name in ("tweets", "follows")
                 if getattr(self.after, name) is not getattr(before, name)
             }
-            _materialize(*tables.values())
-            self._settled["state"] = replace(self.after, **tables)
+            rows = _count_parts(list(tables.values())) if tables else []
+            counted = {
+                name: with_row_count(df, n) for (name, df), n in zip(tables.items(), rows, strict=True)
+            }
+            self._settled["state"] = replace(self.after, **counted)
         return self._settled["state"]
 
     def release(self) -> None:
@@ -305,17 +308,9 @@ def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: l
     return kept.unionByName(rows).coalesce(parts)
 
 
-def _materialize(*dfs: DataFrame) -> None:
-    """Compute every lazy local checkpoint of `dfs` in one Spark job."""
-    if dfs:
-        functools.reduce(
-            DataFrame.unionByName, [df.selectExpr("1 AS one") for df in dfs]
-        ).groupBy().count().collect()
-
-
 def _change_rows(state: TimelineState, tweets_batch: DataFrame | None, follows_batch: DataFrame | None):
-    """(tweet changes, follow changes) as lazy local checkpoints (no Spark job yet). A topic without a batch has no
-    plan at all: an empty DataFrame.
+    """(tweet changes, follow changes) as lazy local checkpoints, computed by the first Spark job that uses them (only
+    the broadcasts of their joins run at once). A topic without a batch has no plan at all: an empty DataFrame.
 
     Local checkpoints rather than `persist()`: a checkpoint's lineage is cut, so a result used twice in one query is
     never recomputed (Spark does not always substitute a persisted plan)."""
@@ -390,6 +385,7 @@ def _delta(
     (n_tc, n_born, n_died), (n_fc, n_gained, n_lost) = _count_changes(
         [(tc, (_BORN, _DIED)) if present[0] else None, (fc, (_GAINED, _LOST)) if present[1] else None]
     )
+    tc, fc = with_row_count(tc, n_tc), with_row_count(fc, n_fc)
     tweets_after = _replace_rows(state.tweets, tc, ["tweet_id"], _TWEET_COLS) if n_tc else state.tweets
     follows_after = (
         _replace_rows(state.follows, fc, ["follower_id", "followee_id"], _FOLLOW_COLS)
@@ -550,6 +546,14 @@ def _effective(d: _Delta, limit: int) -> tuple[_Delta, _Celebrities]:
         counts = _count_parts(
             [gained, lost, c_gained, c_lost, flips.where("up"), flips.where("NOT up"), after]
         )
+        gained, lost, c_gained, c_lost, flips, after = (
+            with_row_count(df, n)
+            for df, n in zip(
+                (gained, lost, c_gained, c_lost, flips, after),
+                (*counts[:4], counts[4] + counts[5], counts[6]),
+                strict=True,
+            )
+        )
         d = replace(d, gained=gained, lost=lost, n={**d.n, "gained": counts[0], "lost": counts[1]})
         n = dict(zip(["celebs_gained", "celebs_lost", "up", "down"], counts[2:6], strict=True))
     d = replace(
@@ -614,8 +618,7 @@ class TimelinePosts:
 @dataclass(frozen=True)
 class TimelineStep:
     """One micro-batch whose changed rows are planned but not yet computed (`begin_timeline`): `posts` (or None) can
-    be published first; `finish()` counts the changes and plans the rest (it runs the batch's first Spark job when
-    `posts` are not computed before it)."""
+    be published first; `finish()` counts the changes (one Spark job) and plans the rest."""
 
     posts: TimelinePosts | None
     _finish: Callable[[], TimelineChanges]

@@ -13,7 +13,8 @@ from joins.table_table import FOLLOW_STATE_SCHEMA, TWEET_STATE_SCHEMA, TimelineS
 
 def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
     """The join step of a batch with tweets and follows runs one Spark job that counts both topics' changes, and
-    `settle` one that materializes both state tables (a Spark job is a round of driver planning and scheduling)."""
+    `settle` one that materializes both state tables (a Spark job is a round of driver planning and scheduling).
+    Broadcast joins are off here: a broadcast is a Spark job of its own inside the action that needs it."""
     state = TimelineState(
         tweets=spark.createDataFrame(
             [("t1", "a", "x", 1, True, False), ("t2", "b", "y", 2, True, False)], TWEET_STATE_SCHEMA
@@ -31,6 +32,8 @@ def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
     sc = spark.sparkContext
     sc.setJobGroup("timeline-join-step", "maintain_timeline of one batch")
     tracker = sc.statusTracker()
+    threshold = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
 
     def jobs():
         ids = tracker.getJobIdsForGroup("timeline-join-step")
@@ -45,6 +48,7 @@ def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
         assert n_all == 2, stages
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
     assert changes.counts == {"born": 1, "died": 1, "gained": 1, "lost": 0}
     after = changes.settle()
     assert sorted(r.tweet_id for r in after.tweets.collect()) == ["t1", "t2", "t3"]
@@ -371,8 +375,8 @@ def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_lo
     assert [r.user_id for r in down.authored_retired.collect()] == ["a"]
 
 
-def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_any_spark_job(spark):
-    """`begin_timeline` plans a tweets-only batch's posts without running a Spark job: the tweets that became live
+def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_its_changes_are_counted(spark):
+    """`begin_timeline` plans a tweets-only batch's posts without counting anything: the tweets that became live
     and the celebrities' authored adds, the same rows `finish()` gives. A celebrity whose set is recomputed whole
     (`c`: a delete) is left out of the adds; a batch with follows, or no fan-out limit, has no posts."""
     from joins.table_table import begin_timeline
@@ -394,11 +398,14 @@ def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_any_sp
     ]
     batch, sc = _batch(spark, tweets, _TWEETS), spark.sparkContext
     sc.setJobGroup("timeline-begin", "begin_timeline of one batch")
+    threshold = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")  # a broadcast would be a job of its own
     try:
         step = begin_timeline(state, batch, None, cap=5, fanout_limit=1)
         assert spark.sparkContext.statusTracker().getJobIdsForGroup("timeline-begin") == []
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
 
     def authored(df):
         return {r.user_id: sorted(e.tweet_id for e in r.entries) for r in df.collect()}
@@ -414,3 +421,29 @@ def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_any_sp
         begin_timeline(state, _batch(spark, tweets, _TWEETS), one_follow, cap=5, fanout_limit=1).posts is None
     )
     assert begin_timeline(state, _batch(spark, tweets, _TWEETS), None, cap=5).posts is None
+
+
+def test_the_state_size_estimate_follows_its_rows_so_small_batches_stay_broadcast_joins(spark):
+    """After every batch the state is a local checkpoint of the state joined with the batch; its size estimate is made
+    from its row count (not carried over from that join), so after many one-tweet batches the next batch's change
+    query still broadcasts the batch's side instead of shuffling the whole state."""
+    from joins.state import with_row_count
+    from joins.table_table import _tweet_changes
+
+    def batch(rows, schema):  # the job's batch has an estimate from its files; a test's, from its row count
+        return with_row_count(_batch(spark, rows, schema), len(rows))
+
+    def estimate(df):
+        return df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
+
+    follows = [("follow", f"f{i}", "a", 1) for i in range(3)]
+    state = maintain_timeline(
+        _empty_state(spark), None, batch(follows, _FOLLOWS), cap=5, fanout_limit=1
+    ).settle()
+    for n in range(15):
+        one = batch([("post", f"t{n}", "a", "x", n)], _TWEETS)
+        state = maintain_timeline(state, one, None, cap=5, fanout_limit=1).settle()
+    assert state.tweets.count() == 15 and estimate(state.tweets) < 10_000
+    plan = _tweet_changes(state.tweets, batch([("post", "t99", "a", "x", 99)], _TWEETS))
+    executed = plan._jdf.queryExecution().executedPlan().toString()
+    assert "BroadcastHashJoin" in executed and "SortMergeJoin" not in executed
