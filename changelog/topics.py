@@ -26,6 +26,7 @@ atomic only among the writers of one JVM.
 from __future__ import annotations
 
 import fcntl
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ __all__ = [
     "read_stream",
     "read_batch",
     "latest_version",
+    "table_id",
     "ensure_delta_table",
     "append_table",
     "topic_lock",
@@ -236,6 +238,19 @@ def table_version(path: Path | str) -> int:
 def latest_version(lake_dir: Path, topic: str) -> int:
     """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
     return table_version(topic_path(lake_dir, topic))
+
+
+def table_id(lake_dir: Path, topic: str) -> str | None:
+    """The id of the topic's Delta table (its `metaData.id`, fixed at creation; a Delta streaming source's offsets
+    name it `reservoirId`), read from the log's first commit without Spark; None when that commit is not there."""
+    try:
+        with open(topic_path(lake_dir, topic) / "_delta_log" / f"{0:020d}.json") as f:
+            for line in f:
+                if '"metaData"' in line:
+                    return json.loads(line)["metaData"]["id"]
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
 
 
 def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool = False) -> str:

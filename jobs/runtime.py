@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ __all__ = [
     "write_status",
     "read_status",
     "run_stream",
+    "moved_sources",
     "log",
     "log_sources",
     "STOP",
@@ -152,6 +154,27 @@ def _stop_between_batches(q, patience_s: float = 600.0) -> None:
             break
         time.sleep(0.05)
     q.stop()
+
+
+def _offsets(checkpoint: Path, batch_id: int) -> list[dict | None] | None:
+    """The end offset of each source of the query after micro-batch `batch_id` (None: no offset yet), from the
+    query's offset log (`offsets/<batch_id>`: a version line, the batch's metadata, one line per source)."""
+    try:
+        lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+        return [None if x.strip() == "-" else json.loads(x) for x in lines[2:]]
+    except (OSError, ValueError):
+        return None
+
+
+def moved_sources(checkpoint: Path, batch_id: int) -> list[dict] | None:
+    """The end offsets of the sources whose offset moved in micro-batch `batch_id` of the query checkpointed at
+    `checkpoint`: the only sources with input in it (a source whose offset did not move has none). Read from the
+    offset log, which Spark writes before it runs the batch, without a Spark job. None when it cannot be told: the
+    first batch of a checkpoint, or a log that is not there or not readable."""
+    before, after = _offsets(checkpoint, batch_id - 1), _offsets(checkpoint, batch_id)
+    if before is None or after is None or len(before) != len(after):
+        return None
+    return [a for b, a in zip(before, after, strict=True) if a != b]
 
 
 def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Settings, name: str):

@@ -23,11 +23,21 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame
 
+from changelog.topics import table_id
 from jobs.generations import last_committed_batch, record_batch
 from jobs.metrics import metrics_for
 from jobs.registry import job_spec
 from jobs.replay import serving_or_rebuild
-from jobs.runtime import checkpoint_dir, log, log_sources, read_status, run_stream, state_dir, write_status
+from jobs.runtime import (
+    checkpoint_dir,
+    log,
+    log_sources,
+    moved_sources,
+    read_status,
+    run_stream,
+    state_dir,
+    write_status,
+)
 from jobs.settings import Settings
 from views.redis_io import connect
 
@@ -53,6 +63,17 @@ class JobRun:
     @property
     def checkpoint(self) -> Path:
         return checkpoint_dir(self.settings, self.job, self.generation)
+
+    def topics_moved(self, batch_id: int, topics) -> frozenset[str] | None:
+        """Which of `topics` (the query's Delta topic sources) have input in micro-batch `batch_id`, told from the
+        offset log without a Spark job (`jobs.runtime.moved_sources`): the topics whose log advanced, a superset of
+        those with records in the batch. None when it cannot be told (see there, or a log without its first
+        commit)."""
+        moved = moved_sources(self.checkpoint, batch_id)
+        ids = {table_id(self.settings.lake_dir, t): t for t in topics}
+        if moved is None or None in ids or any(o.get("reservoirId") not in ids for o in moved):
+            return None
+        return frozenset(ids[o["reservoirId"]] for o in moved)
 
     def next_batch_id(self) -> int:
         """The id of the next micro-batch the query runs: one past the checkpoint's last committed batch."""

@@ -100,6 +100,8 @@ def _config(settings: Settings, driver_opts: str) -> dict[str, str]:
         # a micro-batch compiles more generated classes than the default cache (100) keeps across batches
         "spark.sql.codegen.cache.maxEntries": "2000",
         "spark.sql.autoBroadcastJoinThreshold": str(64 * 1024 * 1024),
+        # a limited collect of a small write phase (a union of two shuffled plans) takes one Spark job, not two
+        "spark.sql.limit.initialNumPartitions": str(2 * int(parallel)),
         # VACUUM lists a table's files in this many tasks (Spark's default, 10,000, is minutes on two cores)
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": parallel,
         # 16 MB thread stacks: a long-lived query's thread overflowed 1 MB in java.util.regex

@@ -53,14 +53,18 @@ def _source(spark, settings: Settings) -> DataFrame:
     return tweets.unionByName(follows)
 
 
-def _split(batch: DataFrame, per_topic: dict) -> tuple[DataFrame | None, DataFrame | None]:
-    """The batch's tweets and follows, None for a topic with no record in it."""
+def _split(batch: DataFrame, present) -> tuple[DataFrame | None, DataFrame | None]:
+    """The batch's tweets and follows, None for a topic not `present` (no record of it in the batch)."""
     tweets = follows = None
-    if per_topic.get("tweets"):
+    if "tweets" in present:
         tweets = batch.where(F.col("topic") == "tweets").select("op", "tweet_id", "user_id", "text", "ts")
-    if per_topic.get("follows"):
+    if "follows" in present:
         follows = batch.where(F.col("topic") == "follows").select("op", "follower_id", "followee_id", "ts")
     return tweets, follows
+
+
+def _per_topic(batch: DataFrame) -> dict[str, int]:
+    return dict(batch.groupBy("topic").count().collect())
 
 
 def _shown(limit: int | None) -> str:
@@ -83,31 +87,30 @@ def _wire(run: JobRun) -> Wiring:
     store = TimelineStore(run.spark, run.state_dir / "changes")
     sink = TimelineSink(settings.redis_url, run.generation, settings.timeline_cap)
     run.totals.update(timeline_ops=0, entries=0)
+    limited = settings.fanout_limit is not None
+    joining = dict(cap=settings.timeline_cap, carry=ENTRY_CARRY, fanout_limit=settings.fanout_limit)
 
     def process(batch_df: DataFrame, batch_id: int) -> Batch | None:
         started = time.monotonic()
-        batch = batch_df.localCheckpoint(eager=False)  # materialized by the count, then read from memory
-        per_topic = dict(batch.groupBy("topic").count().collect())
-        n_events = sum(per_topic.values())
-        if n_events == 0:
+        batch = batch_df.localCheckpoint(eager=False)  # read from memory after its first Spark job
+        # A batch of tweets only under a fan-out limit (told by the offset log, no Spark job) is counted after its
+        # posts are written: what makes a celebrity's tweet visible goes out first, in the job computing its rows.
+        posts_first = limited and run.topics_moved(batch_id, TOPICS) == {"tweets"}
+        per_topic = None if posts_first else _per_topic(batch)
+        if per_topic == {}:
             return None
-        step = begin_timeline(
-            store.restore(batch_id),
-            *_split(batch, per_topic),
-            cap=settings.timeline_cap,
-            carry=ENTRY_CARRY,
-            fanout_limit=settings.fanout_limit,
-        )
-        # With a fan-out limit what makes a celebrity's tweet visible goes out first: a tweets-only batch's posts, in
-        # the job that computes its changed rows (join time, mostly), else the first write phase before the settling.
-        posted, at_most = step.posts is not None, 2 * per_topic.get("tweets", 0)
-        early = sink.write((timeline_posts(step.posts), at_most), batch_id) if posted else None
+        step = begin_timeline(store.restore(batch_id), *_split(batch, per_topic or {"tweets"}), **joining)
+        posted = step.posts is not None
+        early = sink.write_few(timeline_posts(step.posts), batch_id) if posted else None
+        per_topic = per_topic or _per_topic(batch)
+        if not (n_events := sum(per_topic.values())):
+            return None
         changes = step.finish()
         t_join = time.monotonic()
         # The state after the batch is computed and its changed rows staged (Spark jobs of their own) while Redis
         # applies the batch; the state advances only once both are done.
         phases = timeline_phases(changes, posted)
-        head = list(islice(phases, 1 if settings.fanout_limit is not None and not posted else 0))
+        head = list(islice(phases, 1 if limited and not posted else 0))
         with ThreadPoolExecutor(max_workers=1) as pool:
             first = early or sink.write(head, batch_id)
             staged = pool.submit(store.stage, batch_id, changes)

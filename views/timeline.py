@@ -292,6 +292,17 @@ class TimelineSink:
             written = [written[0] + done[0], written[1] + done[1]]
         return {"timelines": written[0], "entries": written[1]}
 
+    def write_few(self, ops_df: DataFrame, batch_id: int) -> dict:
+        """`write` of one phase expected to be small whose size is not known: its first `DRIVER_ROWS` + 1 operations
+        are collected (one Spark job); when that is all of them they are applied from the driver, else the phase is
+        applied from the executors (computed again)."""
+        wire = _wire(ops_df, self.generation, self.cap, is_cluster(self.url))
+        rows = wire.limit(self.DRIVER_ROWS + 1).collect()
+        if len(rows) > self.DRIVER_ROWS:
+            return self.write((ops_df, None), batch_id)
+        done = _forward(rows, self.url)
+        return {"timelines": done[0], "entries": done[1]}
+
 
 def _hydrate(client, generation: int, tweet_ids: list[str]) -> list[dict]:
     pipe = client.pipeline(transaction=False)

@@ -62,3 +62,46 @@ def test_threads_writing_one_status_file_keep_every_field_and_never_fail(tmp_pat
         t.join()
     assert errors == []
     assert read_status(settings, "timeline") == {f"w{k}": 299 for k in range(4)}
+
+
+def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, tmp_path):
+    """The offset log tells which topic logs a micro-batch read (`JobRun.topics_moved`), with no Spark job: here
+    each batch's topics with records, batch after batch of one checkpoint; unknown (None) for its first batch."""
+    from changelog.ingest import ingest
+    from jobs.runtime import run_stream
+    from jobs.skeleton import JobRun
+    from jobs.timeline import TOPICS, _source
+    from tests.conftest import make_settings, write_jsonl
+
+    settings = make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0")
+    run = JobRun(spark, settings, "timeline", 1, None)
+    seen = []
+
+    def process(batch_df, batch_id):
+        present = {r[0] for r in batch_df.select("topic").distinct().collect()}
+        seen.append((run.topics_moved(batch_id, TOPICS), present))
+
+    tweet = {"op": "post", "tweet_id": "t", "user_id": "a", "text": "x", "ts": 1}
+    follow = {"op": "follow", "follower_id": "b", "followee_id": "a", "ts": 1}
+    for i, topics in enumerate([TOPICS, ("tweets",), ("follows",), ("follows",), TOPICS, ("tweets",)]):
+        for t in topics:
+            record = {**(tweet if t == "tweets" else follow), "ts": i + 1}
+            ingest(spark, settings.lake_dir, t, [write_jsonl(tmp_path / f"{t}{i}.jsonl", [record])])
+        run_stream(
+            _source(spark, settings),
+            process,
+            checkpoint=run.checkpoint,
+            once=True,
+            settings=settings,
+            name="m",
+        )
+    assert [p for _, p in seen] == [
+        set(TOPICS),
+        {"tweets"},
+        {"follows"},
+        {"follows"},
+        set(TOPICS),
+        {"tweets"},
+    ]
+    assert seen[0][0] is None
+    assert [m for m, _ in seen[1:]] == [{"tweets"}, {"follows"}, {"follows"}, set(TOPICS), {"tweets"}]

@@ -128,25 +128,35 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
 
 
 def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limit(
-    spark, tmp_path, redis_url, rclient
+    spark, tmp_path, redis_url, rclient, monkeypatch
 ):
     """FANOUT_LIMIT=2 (most authors with followers are celebrities at some point, crossing both ways across the
-    batches): `query` and `export` (the CLI's read functions) give the brute-force SQL; a run of the same generation
-    with another limit is refused, saying to replay."""
+    batches), batches of tweets only (their posts written before the batch is counted) and of tweets and follows:
+    after every run `export` gives the brute-force SQL, at the end `query` too (the CLI's read functions); a run of
+    the same generation with another limit is refused, saying to replay."""
     from jobs.errors import FanoutLimitChanged
+    from jobs.skeleton import JobRun
     from views.read import export_view, query_view
 
+    moved = []
+    told = JobRun.topics_moved
+    monkeypatch.setattr(JobRun, "topics_moved", lambda *a: moved.append(told(*a)) or moved[-1])
     wl = generate(seed=4, users=60, celebrities=2, follows=400, tweets=400)
     settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=4, FANOUT_LIMIT=2)
     rng = random.Random(4)
     tw, fo = split_at_random(wl.tweets, 3, rng), split_at_random(wl.follows, 3, rng)
-    for i in range(3):
-        ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", tw[i])])
-        ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", fo[i])])
-        run_timeline(spark, settings, once=True)
-    expected = expected_timelines(wl.tweets, wl.follows, 4)
     client = connect(redis_url)
-    assert {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline", job="timeline")} == expected
+    for i in range(3):
+        for topic, records in (("tweets", tw[i]), ("follows", fo[i])):
+            ingest(spark, settings.lake_dir, topic, [write_jsonl(tmp_path / f"{topic}{i}.jsonl", records)])
+            if i or topic == "follows":  # the first run: tweets and follows
+                run_timeline(spark, settings, once=True)
+                expected = expected_timelines(
+                    sum(tw[: i + 1], []), sum(fo[: i + (topic == "follows")], []), 4
+                )
+                got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline", job="timeline")}
+                assert got == expected, f"after the {topic} of chunk {i}"
+    assert moved == [None, {"tweets"}, {"follows"}, {"tweets"}, {"follows"}]
     assert any(rclient.scan_iter(match="mv:celebs:1:*")) and any(rclient.scan_iter(match="mv:authored:1:*"))
     for user in [f"u{i}" for i in range(60)]:
         got = query_view(client, "timeline", user, limit=3, job="timeline")
