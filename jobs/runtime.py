@@ -143,8 +143,9 @@ def read_status(settings: Settings, job: str, name: str | None = None) -> dict:
 
 def _stop_between_batches(q, patience_s: float = 600.0) -> None:
     """Stop `q` once no micro-batch is in flight (waits up to `patience_s`; not at all when the process is
-    stopping while Redis is down, `REDIS_DOWN`: that batch may wait for Redis indefinitely). An interrupted batch
-    is replayed at the next start (its effect is idempotent)."""
+    stopping while Redis is down, `REDIS_DOWN`: that batch may wait for Redis indefinitely, and its Spark jobs are
+    cancelled too, since tasks waiting for Redis in the executors' Python workers would run on after the query
+    stopped and hold the process). An interrupted batch is replayed at the next start (its effect is idempotent)."""
     deadline = time.monotonic() + patience_s
     while q.isActive and time.monotonic() < deadline and not (STOP.is_set() and REDIS_DOWN.is_set()):
         try:
@@ -154,6 +155,10 @@ def _stop_between_batches(q, patience_s: float = 600.0) -> None:
             break
         time.sleep(0.05)
     q.stop()
+    if STOP.is_set() and REDIS_DOWN.is_set():
+        from pyspark import SparkContext
+
+        SparkContext.getOrCreate().cancelAllJobs()
 
 
 def _offsets(checkpoint: Path, batch_id: int) -> list[dict | None] | None:
