@@ -87,7 +87,7 @@ class TimelineChanges:
     after: TimelineState  # the state after the batch, as plans over the state before (`settle` computes it)
     tweets_live: DataFrame  # tweet_id, user_id, text, ts: tweets that became live
     counts: dict | None = (
-        None  # born, died, gained, lost: how many tweets/pairs changed which way (0 = empty)
+        None  # born, fanned, died, gained, lost: how many tweets/pairs changed which way (0 = empty)
     )
     # With a fan-out limit only (else None), the celebrity side; counts adds up, down (authors who became /
     # stopped being celebrities), celebs_gained, celebs_lost (0 = empty):
@@ -326,21 +326,27 @@ def _change_rows(state: TimelineState, tweets_batch: DataFrame | None, follows_b
     )
 
 
-def _count_changes(rows: list[tuple[DataFrame, tuple[str, str]] | None]) -> list[tuple[int, int, int]]:
-    """For each (changes, conditions) of `rows` (None: a topic without a batch), its row count and the count of rows
-    meeting each condition (SQL text), all computed by one Spark job (it materializes the lazy checkpoints)."""
+def _count_changes(rows: list[tuple[DataFrame | None, tuple[str, ...]]]) -> list[tuple[int, ...]]:
+    """For each (changes, conditions) of `rows` (changes None: a topic without a batch, all zero), its row count and
+    the count of rows meeting each condition (SQL text), all computed by one Spark job (it materializes the lazy
+    checkpoints)."""
+    width = max(len(conds) for _, conds in rows)
     flags = []
-    for i, r in enumerate(rows):
-        if r is not None:
-            df, conds = r
+    for i, (df, conds) in enumerate(rows):
+        if df is not None:
+            conds = (*conds, *["false"] * (width - len(conds)))
             cols = [f"CAST(coalesce({c}, false) AS int) AS c{j}" for j, c in enumerate(conds)]
             flags.append(df.selectExpr(f"{i} AS part", *cols))
     counts = {}
     if flags:
         union = functools.reduce(DataFrame.unionByName, flags)
-        for row in union.groupBy("part").agg(F.count("*"), F.sum("c0"), F.sum("c1")).collect():
-            counts[row[0]] = tuple(int(x) for x in row[1:])
-    return [counts.get(i, (0, 0, 0)) for i in range(len(rows))]
+        sums = [F.sum(f"c{j}") for j in range(width)]
+        for row in union.groupBy("part").agg(F.count("*"), *sums).collect():
+            counts[row[0]] = row[1:]
+    return [
+        tuple(int(x) for x in counts.get(i, (0,) * (len(c) + 1))[: len(c) + 1])
+        for i, (_, c) in enumerate(rows)
+    ]
 
 
 _BORN = "live_after AND (NOT live_before OR moved)"  # over _tweet_changes: the tweet (re)enters timelines
@@ -363,7 +369,7 @@ class _Delta:
     died: DataFrame  # tweet_id, user_id (the author before), live_after
     gained: DataFrame  # follower_id, followee_id (effective pairs)
     lost: DataFrame  # follower_id, followee_id (effective pairs)
-    n: dict  # born, died, gained, lost
+    n: dict  # born, fanned (born, by an author who was no celebrity), died, gained, lost
     cur_before: DataFrame  # follower_id, followee_id: the effective pairs before the batch
     cur_after: DataFrame  # ... after it
 
@@ -379,11 +385,21 @@ def _delta(
     fc: DataFrame,
     present: tuple[bool, bool],
     born: DataFrame | None = None,
+    celebs: DataFrame | None = None,
 ) -> _Delta:
     """The batch's changed state rows (`_change_rows`, `present`: whether each topic has a batch) counted, and the
-    state after it (lazy: `TimelineChanges.settle` computes it). `born`: `_born(tc)` if already planned."""
-    (n_tc, n_born, n_died), (n_fc, n_gained, n_lost) = _count_changes(
-        [(tc, (_BORN, _DIED)) if present[0] else None, (fc, (_GAINED, _LOST)) if present[1] else None]
+    state after it (lazy: `TimelineChanges.settle` computes it). `born`: `_born(tc)` if already planned. `celebs`
+    (user_id; None: no fan-out limit): the celebrities before the batch, whose tweets are not fanned out on write;
+    `n["fanned"]` counts the tweets that became live by the others."""
+    counted, fanned = tc, _BORN
+    if celebs is not None:
+        counted = tc.join(celebs.select("user_id", F.lit(True).alias("_celeb")), "user_id", "left")
+        fanned = f"({_BORN}) AND _celeb IS NULL"
+    (n_tc, n_born, n_died, n_fanned), (n_fc, n_gained, n_lost) = _count_changes(
+        [
+            (counted if present[0] else None, (_BORN, _DIED, fanned)),
+            (fc if present[1] else None, (_GAINED, _LOST)),
+        ]
     )
     tc, fc = with_row_count(tc, n_tc), with_row_count(fc, n_fc)
     tweets_after = _replace_rows(state.tweets, tc, ["tweet_id"], _TWEET_COLS) if n_tc else state.tweets
@@ -401,7 +417,7 @@ def _delta(
         died=tc.where(_DIED).select("tweet_id", F.col("user_before").alias("user_id"), "live_after"),
         gained=fc.where(_GAINED).select("follower_id", "followee_id"),
         lost=fc.where(_LOST).select("follower_id", "followee_id"),
-        n={"born": n_born, "died": n_died, "gained": n_gained, "lost": n_lost},
+        n={"born": n_born, "fanned": n_fanned, "died": n_died, "gained": n_gained, "lost": n_lost},
         cur_before=_current(state.follows),
         cur_after=_current(follows_after),
     )
@@ -443,7 +459,7 @@ def _adds(d: _Delta, refill: DataFrame | None, cap: int, carry: str | None) -> D
     - a tweet that became live goes to every follower of its author who followed before and still does;
     - a new follow brings the followee's newest `cap` live tweets (tweets of this batch included)."""
     candidates = []
-    if d.n["born"]:
+    if d.n["fanned"]:  # (a celebrity's tweets reach no timeline: without others, the follows are not read)
         authors = _with_carry(d.born, carry).select(
             F.col("user_id").alias("followee_id"), "tweet_id", "ts", "p"
         )
@@ -686,7 +702,8 @@ def _finish(
     fanout_limit: int | None,
 ) -> TimelineChanges:
     spark = state.tweets.sparkSession
-    d = _delta(state, tc, fc, present, born=posts.tweets_live if posts else None)
+    celebs_before = state.celebs if fanout_limit is not None else None
+    d = _delta(state, tc, fc, present, born=posts.tweets_live if posts else None, celebs=celebs_before)
     cached = [d.tweets, d.follows]
     celebs = None
     if fanout_limit is not None:

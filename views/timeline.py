@@ -118,7 +118,7 @@ def _union(parts: list[DataFrame]) -> DataFrame:
 def _timeline_parts(changes: TimelineChanges) -> list[DataFrame]:
     """The followers' timeline operations: a follower's removes and adds are one `add`; refills are `replace`."""
     n = changes.counts
-    removing, adding = n["died"] or n["lost"], n["born"] or n["gained"]
+    removing, adding = n["died"] or n["lost"], n["fanned"] or n["gained"]
     adds = changes.adds.selectExpr("follower_id", "entries.p AS entries")
     if removing:
         removes = changes.removes.groupBy("follower_id").agg(

@@ -49,7 +49,7 @@ def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         spark.conf.set("spark.sql.autoBroadcastJoinThreshold", threshold)
-    assert changes.counts == {"born": 1, "died": 1, "gained": 1, "lost": 0}
+    assert changes.counts == {"born": 1, "fanned": 1, "died": 1, "gained": 1, "lost": 0}
     after = changes.settle()
     assert sorted(r.tweet_id for r in after.tweets.collect()) == ["t1", "t2", "t3"]
     assert sorted((r.follower_id, r.followee_id) for r in after.follows.collect()) == [
@@ -416,11 +416,30 @@ def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_its_ch
     assert sorted(r.tweet_id for r in changes.tweets_live.collect()) == ["t5", "t6", "t7"]
     assert authored(changes.authored_adds) == {"a": ["t5"]}
     assert authored(changes.authored_replaces) == {"c": ["t7"]}
+    assert (changes.counts["born"], changes.counts["fanned"]) == (3, 1)  # t6: b is no celebrity
+    assert _observed(changes)["adds"] == {"r": [("t6", 6)]}
     one_follow = _batch(spark, [("follow", "s", "b", 9)], _FOLLOWS)
     assert (
         begin_timeline(state, _batch(spark, tweets, _TWEETS), one_follow, cap=5, fanout_limit=1).posts is None
     )
     assert begin_timeline(state, _batch(spark, tweets, _TWEETS), None, cap=5).posts is None
+
+
+def test_a_batch_of_celebrity_tweets_only_does_not_read_the_follows(spark):
+    """Under a fan-out limit, tweets whose authors are all celebrities reach no follower's timeline on write: the
+    batch's timeline adds are an empty plan, which reads no state (a celebrity's million follow pairs are not
+    scanned for each of their tweets), while their authored set gets them."""
+    follows = [("follow", u, "a", 1) for u in ("r", "s")] + [("follow", "r", "b", 1)]
+    state = maintain_timeline(
+        _empty_state(spark), None, _batch(spark, follows, _FOLLOWS), cap=5, fanout_limit=1
+    ).settle()
+    tweets = [("post", "t1", "a", "t1!", 2), ("post", "t2", "a", "t2!", 3)]
+    changes = maintain_timeline(state, _batch(spark, tweets, _TWEETS), None, cap=5, fanout_limit=1)
+    assert (changes.counts["born"], changes.counts["fanned"]) == (2, 0)
+    plan = changes.adds._jdf.queryExecution().optimizedPlan().toString()
+    assert "LogicalRDD" not in plan and "Relation" not in plan.replace("LocalRelation", ""), plan
+    assert _observed(changes)["adds"] == {}
+    assert [sorted(e.tweet_id for e in r.entries) for r in changes.authored_adds.collect()] == [["t1", "t2"]]
 
 
 def test_the_state_size_estimate_follows_its_rows_so_small_batches_stay_broadcast_joins(spark):
