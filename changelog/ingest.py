@@ -34,7 +34,7 @@ from changelog.errors import InvalidRecord, NotStored
 from changelog.records import check_record_size, parse_line
 from changelog.topics import RecordTable, append_table, ensure_topic
 
-__all__ = ["IngestResult", "ingest", "deadletter_path", "DEADLETTER_RAW_CHARS"]
+__all__ = ["IngestResult", "ingest", "deadletter_path", "append_dead_letters", "DEADLETTER_RAW_CHARS"]
 
 # A dead letter of a line over the maximum record size keeps this many characters of it.
 DEADLETTER_RAW_CHARS = 1_000
@@ -62,6 +62,60 @@ def _owner_only(path, flags):
 
 def deadletter_path(lake_dir: Path, topic: str) -> Path:
     return Path(lake_dir) / "deadletter" / f"{topic}.jsonl"
+
+
+def append_dead_letters(path: Path, entries: list[dict], key: Callable[[dict], tuple | None]) -> int:
+    """Append to the dead-letter log `path` those of `entries` it does not hold yet; return how many were appended.
+    A source's batch replayed after a crash (its dead letters written, its records not yet committed) so writes
+    each of its dead letters once.
+
+    `key(entry)` is (group, position) for an entry of the appending source, None for any other (a line of `mview
+    ingest`, another source): a Kafka topic and partition with the offset, or a table with the WAL position. A
+    group's positions grow along the log, so it is read from its end back only until every group of `entries` has
+    shown an entry before their first."""
+    first: dict = {}
+    for e in entries:
+        group, pos = key(e)
+        first[group] = min(first.get(group, pos), pos)
+    seen = _written_since(path, key, first)
+    new = [e for e in entries if key(e) not in seen]
+    if new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # raw input: owner only
+        with os.fdopen(fd, "ab") as out:
+            out.write(b"".join(orjson.dumps(e) + b"\n" for e in new))
+    return len(new)
+
+
+def _written_since(path: Path, key: Callable[[dict], tuple | None], first: dict) -> set[tuple]:
+    """The keys of the entries of `path` at or after their group's position in `first`, read from the end back."""
+    seen: set[tuple] = set()
+    open_groups = set(first)
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return seen
+    with fh:
+        end, rest = fh.seek(0, os.SEEK_END), b""
+        while end > 0 and open_groups:
+            start = max(0, end - (1 << 20))
+            fh.seek(start)
+            lines = (fh.read(end - start) + rest).split(b"\n")
+            rest, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
+            for line in reversed(lines):
+                try:
+                    e = orjson.loads(line)
+                    k = key(e) if isinstance(e, dict) else None
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue
+                if k is None or k[0] not in first:
+                    continue
+                if k[1] >= first[k[0]]:
+                    seen.add(k)
+                else:
+                    open_groups.discard(k[0])
+            end = start
+    return seen
 
 
 def _terminator(chunk: bytes) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -316,51 +315,11 @@ def _validate(rows, names: dict[str, str]) -> tuple[dict[str, list[dict]], dict[
     return good, dead
 
 
-def _already_written(path: Path, name: str, first: dict[int, int]) -> set[tuple[int, int]]:
-    """(partition, offset) of the dead letters of Kafka topic `name` in `path` at or after `first[partition]`,
-    read from the end of the file back to the first entry of each partition before that offset."""
-    seen: set[tuple[int, int]] = set()
-    open_parts = set(first)
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return seen
-    with fh:
-        end, rest = fh.seek(0, os.SEEK_END), b""
-        while end > 0 and open_parts:
-            start = max(0, end - (1 << 20))
-            fh.seek(start)
-            chunk = fh.read(end - start) + rest
-            lines = chunk.split(b"\n")
-            rest, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
-            for line in reversed(lines):
-                try:
-                    e = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if not isinstance(e, dict) or e.get("topic") != name or e.get("partition") not in first:
-                    continue
-                if e["offset"] >= first[e["partition"]]:
-                    seen.add((e["partition"], e["offset"]))
-                else:
-                    open_parts.discard(e["partition"])
-            end = start
-    return seen
-
-
-def _append_dead_letters(path: Path, entries: list[dict]) -> int:
-    """Append the entries not yet in `path` (a batch replayed after a crash); return how many were appended."""
-    first: dict[int, int] = {}
-    for e in entries:
-        first[e["partition"]] = min(first.get(e["partition"], e["offset"]), e["offset"])
-    seen = _already_written(path, entries[0]["topic"], first)
-    new = [e for e in entries if (e["partition"], e["offset"]) not in seen]
-    if new:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # raw input: owner only
-        with os.fdopen(fd, "ab") as out:
-            out.write(b"".join(orjson.dumps(e) + b"\n" for e in new))
-    return len(new)
+def _dead_letter_key(e: dict) -> tuple | None:
+    """(Kafka topic and partition, offset) of a dead letter of the kafka job (`append_dead_letters`)."""
+    if isinstance(e.get("partition"), int) and isinstance(e.get("offset"), int):
+        return (e.get("topic"), e["partition"]), e["offset"]
+    return None
 
 
 def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version: int) -> None:
@@ -388,7 +347,7 @@ def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, vers
     """Copy one micro-batch: `rows` are (Kafka topic, partition, offset, value) of the Kafka topics `names`
     (Kafka topic -> lake topic). Returns per lake topic {"accepted": n, "rejected": m} of the batch's messages.
     Needs no Spark: the logs are appended to with delta-rs, the Delta protocol Spark reads."""
-    from changelog.ingest import deadletter_path
+    from changelog.ingest import append_dead_letters, deadletter_path
 
     good, dead = _validate(rows, names)
     for topic, records in good.items():
@@ -396,7 +355,7 @@ def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, vers
             _append(lake_dir, topic, records, f"{app_id}.{topic}", version)
     for topic, entries in dead.items():
         if entries:
-            _append_dead_letters(deadletter_path(lake_dir, topic), entries)
+            append_dead_letters(deadletter_path(lake_dir, topic), entries, _dead_letter_key)
     return {t: {"accepted": len(good[t]), "rejected": len(dead[t])} for t in good}
 
 

@@ -27,7 +27,8 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
   required column dropped or renamed, a column of another type), an unchanged TOASTed value the server did not
   send, and a TRUNCATE become dead letters in `LAKE_DIR/deadletter/profiles.jsonl` (`{"file","line","lsn",
   "reason","raw","raw_bytes","at"}`, `file` = `postgresql:<table>`, `line` = the change's place in its
-  transaction, `lsn` = the transaction's commit LSN); capture goes on with the next change. A table that does
+  transaction, `lsn` = the transaction's commit LSN), each once: a transaction the slot sends again after a crash
+  before its commit finds its dead letters written and adds none; capture goes on with the next change. A table that does
   not fit at the first start is an error (`CdcFailed`), and nothing is captured.
 - `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()` then) is
   in the log. Otherwise runs until `stop` is set.
@@ -215,6 +216,7 @@ class _Txn:
     end_lsn: int = 0
     records: dict[str, dict] = field(default_factory=dict)  # user_id -> its last change in the transaction
     dead: list[dict] = field(default_factory=list)
+    changes: int = 0  # row changes so far: a dead letter's `line` is its change's place in the transaction
 
 
 class _Decoder:
@@ -224,7 +226,6 @@ class _Decoder:
         self.source = source
         self.relations: dict[int, _Relation] = {}
         self.txn: _Txn | None = None
-        self.changes = 0
 
     def feed(self, b: bytes) -> _Txn | None:
         kind, r = b[:1], _Reader(b)
@@ -302,15 +303,20 @@ class _Decoder:
 
     def _add(self, record: dict) -> None:
         """Keep the transaction's last change per key: only the state at its commit was ever visible."""
-        self.changes += 1
+        self.txn.changes += 1
         self.txn.records.pop(record["user_id"], None)
         self.txn.records[record["user_id"]] = record
 
     def _bad(self, rel: _Relation | None, reason: str, row: dict) -> None:
-        self.changes += 1
+        self.txn.changes += 1
         name = rel.name if rel else self.source.table
         self.txn.dead.append(
-            {"file": f"postgresql:{name}", "line": self.changes, "reason": f"{name}: {reason}", "raw": row}
+            {
+                "file": f"postgresql:{name}",
+                "line": self.txn.changes,
+                "reason": f"{name}: {reason}",
+                "raw": row,
+            }
         )
 
 
@@ -341,8 +347,7 @@ class _Log:
         from changelog.topics import RecordTable, append_table
 
         dead = [d for t in txns for d in t.dead]
-        if dead:
-            self._dead_letters(txns)
+        written = self._dead_letters(txns) if dead else 0
         records = [r for t in txns for r in t.records.values()]
         if records or snapshot:
             table = RecordTable("profiles")
@@ -357,20 +362,28 @@ class _Log:
             append_table(self.path, arrow, note=note, transactions=txns_)
             self.commits += 1
         self.appended += len(records)
-        self.rejected += len(dead)
+        self.rejected += written
 
-    def _dead_letters(self, txns: list[_Txn]) -> None:
-        import os
+    def _dead_letters(self, txns: list[_Txn]) -> int:
+        """Append the transactions' dead letters but those the log holds already (written before a crash that came
+        before the transactions' commit, so the slot sends them again); return how many were appended."""
+        from changelog.ingest import append_dead_letters
 
-        self.dead_path.parent.mkdir(parents=True, exist_ok=True)
-        at = int(time.time() * 1000)
-        fd = os.open(self.dead_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "ab") as out:
-            for t in txns:
-                for d in t.dead:
-                    raw = orjson.dumps(d["raw"]).decode()
-                    entry = {**d, "lsn": lsn_text(t.commit_lsn), "raw": raw, "raw_bytes": len(raw), "at": at}
-                    out.write(orjson.dumps(entry) + b"\n")
+        at, entries = int(time.time() * 1000), []
+        for t in txns:
+            for d in t.dead:
+                raw = orjson.dumps(d["raw"]).decode()
+                entries.append(
+                    {**d, "lsn": lsn_text(t.commit_lsn), "raw": raw, "raw_bytes": len(raw), "at": at}
+                )
+        return append_dead_letters(self.dead_path, entries, _dead_letter_key)
+
+
+def _dead_letter_key(e: dict) -> tuple | None:
+    """(table, (commit LSN, place in the transaction)) of a dead letter of the capture (`append_dead_letters`)."""
+    if str(e.get("file", "")).startswith("postgresql:") and isinstance(e.get("lsn"), str):
+        return e["file"], (_lsn(e["lsn"]), e["line"])
+    return None
 
 
 # --- slot, snapshot, stream --------------------------------------------------------------------------------------

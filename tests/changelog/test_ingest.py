@@ -240,3 +240,33 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
     _stream_once(spark, lake, "tweets", checkpoint, out)
     streamed = [r.tweet_id for r in spark.read.parquet(str(out)).select("tweet_id").collect()]
     assert sorted(streamed) == expected  # the first run's 10 records, then every later one, each once
+
+
+def test_append_dead_letters_adds_only_what_the_log_does_not_hold_of_each_group(tmp_path):
+    """A replayed batch's dead letters are appended once per (group, position); lines of other sources (and a line
+    that is not JSON) between them are passed over; the log stays readable by its owner only."""
+    from changelog.ingest import append_dead_letters
+
+    path = tmp_path / "dead" / "t.jsonl"
+
+    def key(e):
+        return (e["g"], e["p"]) if "g" in e else None
+
+    def entries(*gp):
+        return [{"g": g, "p": p} for g, p in gp]
+
+    assert append_dead_letters(path, entries(("a", 1), ("a", 2), ("b", 5)), key) == 3
+    with open(path, "ab") as f:
+        f.write(b'{"file": "x.jsonl", "line": 1}\nnot json\n')
+    assert append_dead_letters(path, entries(("a", 2), ("a", 3), ("b", 5), ("b", 6)), key) == 2
+    assert append_dead_letters(path, entries(("a", 1)), key) == 0
+    got = [orjson.loads(line) for line in path.read_bytes().splitlines() if line != b"not json"]
+    assert [(e.get("g"), e.get("p")) for e in got] == [
+        ("a", 1),
+        ("a", 2),
+        ("b", 5),
+        (None, None),
+        ("a", 3),
+        ("b", 6),
+    ]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"

@@ -200,6 +200,37 @@ def test_a_role_without_replication_is_told_what_to_grant(pg, tmp_path):
     pg.sql(f"DROP PUBLICATION {pg.slot}")
 
 
+def test_a_transaction_sent_again_after_a_crash_before_its_commit_writes_its_dead_letters_once(
+    pg, tmp_path, monkeypatch
+):
+    """The capture dies after a transaction's dead letters were written and before its Delta commit; the slot sends
+    the transaction again, and each of its dead letters is in the log once, with its place in the transaction.
+    A later transaction's dead letter, at the same place in its own transaction, is a new one."""
+    from changelog import postgres
+
+    lake = tmp_path / "lake"
+    _capture(pg, lake)  # the snapshot of the empty table
+    pg.sql("INSERT INTO {t} VALUES ('u1', NULL, 'DE', NULL), ('u2', 'ok', 'DE', NULL), ('', 'x', 'DE', NULL)")
+    real = postgres._Log._dead_letters
+
+    def dead_letters_then_die(self, txns):
+        real(self, txns)
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(postgres._Log, "_dead_letters", dead_letters_then_die)
+    with pytest.raises(SystemExit):
+        _capture(pg, lake)
+    monkeypatch.undo()
+    again = _capture(pg, lake)
+    assert (again["appended"], again["rejected"]) == (1, 0)
+    pg.sql("INSERT INTO {t} VALUES ('u3', NULL, 'DE', NULL)")
+    assert _capture(pg, lake)["rejected"] == 1
+    dead = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
+    assert [(d["line"], orjson.loads(d["raw"])["user_id"]) for d in dead] == [(1, "u1"), (3, ""), (1, "u3")]
+    assert dead[0]["lsn"] == dead[1]["lsn"] != dead[2]["lsn"]
+    assert fold(_records(lake)) == {"u2": ("ok", "DE")}
+
+
 def test_truncate_is_a_dead_letter_not_a_silent_gap(pg, tmp_path):
     lake = tmp_path / "lake"
     pg.sql("INSERT INTO {t} VALUES ('u1', 'a', 'DE', NULL)")
