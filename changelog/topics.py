@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -258,7 +259,9 @@ def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool
 
     deletion_vectors: a MERGE then marks replaced rows instead of rewriting whole files (state tables).
     """
-    if not (path / "_delta_log").exists():
+    if not _exists(path):
+        # A `_delta_log` without a commit (its creator died in between) is no table, but Delta would take it for one.
+        shutil.rmtree(path / "_delta_log", ignore_errors=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         props = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
         spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({schema}) USING delta{props}")
