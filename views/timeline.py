@@ -297,7 +297,16 @@ class TimelineSink:
         are collected (one Spark job); when that is all of them they are applied from the driver, else the phase is
         applied from the executors (computed again)."""
         wire = _wire(ops_df, self.generation, self.cap, is_cluster(self.url))
-        rows = wire.limit(self.DRIVER_ROWS + 1).collect()
+        # Planned without whole-stage code generation: Spark names a limit's counter in the generated code from a
+        # process-wide sequence, so a stage holding a limit is compiled anew in every batch, where each operator's
+        # own code (a few rows go through it) is compiled once and cached.
+        conf = wire.sparkSession.conf
+        whole_stage = conf.get("spark.sql.codegen.wholeStage")
+        conf.set("spark.sql.codegen.wholeStage", "false")
+        try:
+            rows = wire.limit(self.DRIVER_ROWS + 1).collect()
+        finally:
+            conf.set("spark.sql.codegen.wholeStage", whole_stage)
         if len(rows) > self.DRIVER_ROWS:
             return self.write((ops_df, None), batch_id)
         done = _forward(rows, self.url)

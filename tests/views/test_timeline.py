@@ -289,6 +289,29 @@ class _Hybrid:
         return {r["user_id"]: r["tweet_ids"] for r in export_timeline(self.client)}
 
 
+def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(spark, redis_url):
+    """A celebrity's one-tweet batches: after the first, writing their posts (`write_few`, a limited collect)
+    compiles no new code in Spark (a stage holding a limit is compiled anew for every query), and leaves the
+    session's whole-stage code generation as it was."""
+    h = _Hybrid(spark, redis_url, cap=5, limit=1)
+    h.step([], [{"op": "follow", "follower_id": u, "followee_id": "c", "ts": 1} for u in ("r", "s")])
+    compiles = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    new_code = []
+    for n in range(3):
+        tweet = {"op": "post", "tweet_id": f"t{n}", "user_id": "c", "text": f"t{n}!", "ts": 10 + n}
+        (posts, few), *rest = h.phases([tweet], [])
+        assert few == _FEW
+        before = compiles.getCount()
+        h.sink.write_few(posts, h.batch)
+        new_code.append(compiles.getCount() - before)
+        for phase in rest:
+            h.write(phase, h.batch)
+        h.batch += 1
+    assert new_code[1:] == [0, 0], new_code
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+    assert h.read("r") == h.read("s") == ["t2", "t1", "t0"]
+
+
 @pytest.mark.parametrize(
     "redis_url, limit",
     [
