@@ -4,6 +4,7 @@ The state (`TimelineState`: one row per tweet id, one per follow pair) lives in 
 (materialized DataFrames) and is durable under the store's directory as a log of changed rows:
 - `b<id>/`: the state rows batch `id` changed (Parquet, written by `stage`, replaced by a replay of the batch);
 - `s<id>/`: the whole state after batch `id` (a compaction of the directories before it).
+A row's batch is the id in its directory's name (`LOG_SCHEMA`'s `batch`, read from the file's path).
 A directory is complete when its `_SUCCESS` marker exists; incomplete ones are ignored. `restore(N)` rebuilds the
 state before batch N from the newest complete snapshot before N and the complete batch directories after it and
 before N (the newest row per key), so a run that starts at N, after a crash too, and a batch that Spark replays
@@ -28,19 +29,21 @@ LOG_SCHEMA = (
     "batch bigint, kind string, tweet_id string, user_id string, text string, ts bigint, posted boolean, "
     "deleted boolean, follower_id string, followee_id string, op string"
 )
-_LOG_COLUMNS = [tuple(c.split()) for c in LOG_SCHEMA.split(", ")]
+_FILE_SCHEMA = LOG_SCHEMA.removeprefix("batch bigint, ")  # a row's batch is its directory's id
+_LOG_COLUMNS = [tuple(c.split()) for c in _FILE_SCHEMA.split(", ")]
+_DIR_ID = r"/[bs]([0-9]+)/[^/]*$"  # the id in a file's path .../b<id>/part-... or .../s<id>/part-...
 _TWEET_KEY, _FOLLOW_KEY = ["tweet_id"], ["follower_id", "followee_id"]
 _TWEET_VALUES = ["user_id", "text", "ts", "posted", "deleted"]
 _FOLLOW_VALUES = ["op", "ts"]
 
 
-def _log_rows(df: DataFrame, batch_id: int, kind: str) -> DataFrame:
-    """`df` (tweet or follow state rows) as rows of the changes log (LOG_SCHEMA), tagged with `batch_id`."""
+def _log_rows(df: DataFrame, kind: str) -> DataFrame:
+    """`df` (tweet or follow state rows) as rows of the changes log's files (`_FILE_SCHEMA`). The batch id is not a
+    column: a literal in the plan would make its generated code differ, and be compiled again, in every batch."""
     have = set(df.columns)
     return df.selectExpr(
-        f"CAST({int(batch_id)} AS bigint) AS batch",
         f"'{kind}' AS kind",
-        *[f"CAST({c if c in have else 'NULL'} AS {t}) AS {c}" for c, t in _LOG_COLUMNS[2:]],
+        *[f"CAST({c if c in have else 'NULL'} AS {t}) AS {c}" for c, t in _LOG_COLUMNS[1:]],
     )
 
 
@@ -70,7 +73,7 @@ class TimelineStore:
         state after the batch in memory (`TimelineChanges.settle`). Safe before or while the batch is applied to the
         view: `restore(M)` reads only directories of batches before M."""
         changes.settle()
-        self._write(f"b{batch_id}", batch_id, changes.tweet_rows, changes.follow_rows)
+        self._write(f"b{batch_id}", changes.tweet_rows, changes.follow_rows)
 
     def advance(self, batch_id: int, changes: TimelineChanges) -> None:
         """Move the state in memory past `batch_id` (once the view has the batch and `stage` is done)."""
@@ -85,7 +88,9 @@ class TimelineStore:
 
     def _read(self, dirs: list[Path]) -> TimelineState:
         rows = (
-            self.spark.read.schema(LOG_SCHEMA).parquet(*[str(d) for d in dirs])
+            self.spark.read.schema(_FILE_SCHEMA)
+            .parquet(*[str(d) for d in dirs])
+            .withColumn("batch", F.regexp_extract("_metadata.file_path", _DIR_ID, 1).cast("bigint"))
             if dirs
             else empty_frame(self.spark, LOG_SCHEMA)
         )
@@ -104,11 +109,11 @@ class TimelineStore:
             tweets=newest("t", _TWEET_KEY, _TWEET_VALUES), follows=newest("f", _FOLLOW_KEY, _FOLLOW_VALUES)
         )
 
-    def _write(self, name: str, batch_id: int, tweets: DataFrame, follows: DataFrame) -> None:
-        rows = _log_rows(tweets, batch_id, "t").unionByName(_log_rows(follows, batch_id, "f"))
+    def _write(self, name: str, tweets: DataFrame, follows: DataFrame) -> None:
+        rows = _log_rows(tweets, "t").unionByName(_log_rows(follows, "f"))
         rows.coalesce(1).write.mode("overwrite").parquet(str(self.path / name))
 
     def _snapshot(self, batch_id: int) -> None:
-        self._write(f"s{batch_id}", batch_id, self.state.tweets, self.state.follows)
+        self._write(f"s{batch_id}", self.state.tweets, self.state.follows)
         for _, d in complete_dirs(self.path, "b", batch_id + 1) + complete_dirs(self.path, "s", batch_id):
             shutil.rmtree(d, ignore_errors=True)
