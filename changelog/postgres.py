@@ -28,8 +28,8 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
   send, and a TRUNCATE become dead letters in `LAKE_DIR/deadletter/profiles.jsonl` (`{"file","line","lsn",
   "reason","raw","raw_bytes","at"}`, `file` = `postgresql:<table>`, `line` = the change's place in its
   transaction, `lsn` = the transaction's commit LSN), each once: a transaction the slot sends again after a crash
-  before its commit finds its dead letters written and adds none; capture goes on with the next change. A table that does
-  not fit at the first start is an error (`CdcFailed`), and nothing is captured.
+  before its commit finds its dead letters written and adds none; capture goes on with the next change. A table
+  that does not fit at the first start is an error (`CdcFailed`), and nothing is captured.
 - `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()` then) is
   in the log. Otherwise runs until `stop` is set.
 - `progress`, after the snapshot's commit and each commit of the stream: the run's counts so far (`appended`, `rejected`), the `lsn`
