@@ -156,9 +156,24 @@ def _stop_between_batches(q, patience_s: float = 600.0) -> None:
         time.sleep(0.05)
     q.stop()
     if STOP.is_set() and REDIS_DOWN.is_set():
-        from pyspark import SparkContext
+        _cancel_until_quiet()
 
-        SparkContext.getOrCreate().cancelAllJobs()
+
+def _cancel_until_quiet(quiet_s: float = 3.0, patience_s: float = 20.0) -> None:
+    """Cancel every Spark job until none has been active for `quiet_s` (at most `patience_s`). `q.stop()` returns
+    while the batch's Python callback may still run and submit a job (which then waits for Redis in the executors,
+    where `STOP` is not seen); one cancel would miss it."""
+    from pyspark import SparkContext
+
+    sc = SparkContext.getOrCreate()
+    started = quiet = time.monotonic()
+    while time.monotonic() - started < patience_s:
+        sc.cancelAllJobs()
+        if sc.statusTracker().getActiveJobsIds():
+            quiet = time.monotonic()
+        elif time.monotonic() - quiet >= quiet_s:
+            return
+        time.sleep(0.2)
 
 
 def _offsets(checkpoint: Path, batch_id: int) -> list[dict | None] | None:
