@@ -18,13 +18,15 @@
   topic's dead-letter log (`LAKE_DIR/deadletter/<topic>.jsonl`) unless that batch already wrote them there.
   A dead-letter entry is the one `mview ingest` writes for a line, with `file`/`line` replaced by the message's
   Kafka `topic`/`partition`/`offset` (`dead_letter`).
-- A broker that does not answer within the timeout raises `KafkaUnavailable` naming KAFKA_BOOTSTRAP.
+- A broker that does not answer within the timeout raises `KafkaUnavailable` naming KAFKA_BOOTSTRAP; where
+  every address refuses the connection (nothing listens there), at once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -95,11 +97,31 @@ def _config(bootstrap: str, **extra) -> dict:
     return {"bootstrap.servers": bootstrap, "logger": _QUIET, **extra}
 
 
+def _refused(bootstrap: str) -> str | None:
+    """Why not, at once, when every address of `bootstrap` refuses a TCP connection (nothing listens there); else
+    None: something listens or cannot be told at once, and the Kafka client decides."""
+    addresses = [a.strip().rpartition("://")[2] for a in bootstrap.split(",") if a.strip()]
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
+        except ConnectionRefusedError:
+            continue
+        except (OSError, ValueError):
+            return None
+        return None
+    return "connection refused" if addresses else None
+
+
 def probe(bootstrap: str, timeout: float = 5.0) -> str | None:
-    """None if a broker answers at `bootstrap` within `timeout` seconds, else why not (one line)."""
+    """None if a broker answers at `bootstrap` within `timeout` seconds, else why not (one line). When no address
+    accepts a connection it says so at once instead of waiting out the timeout."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    refused = _refused(bootstrap)
+    if refused is not None:
+        return refused
     try:
         AdminClient(_config(bootstrap)).list_topics(timeout=timeout)
     except KafkaException as e:

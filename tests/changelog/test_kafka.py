@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import orjson
 from confluent_kafka import Consumer
 
-from changelog.kafka import PARTITIONS, end_offsets, entity_key, kafka_topic
+from changelog.kafka import PARTITIONS, end_offsets, entity_key, kafka_topic, probe
 
 
 def _consume(bootstrap: str, name: str, n: int) -> list:
@@ -72,6 +74,19 @@ def test_produce_without_broker_or_configuration(tmp_path):
     assert "KAFKA_BOOTSTRAP=127.0.0.1:1" in err and "make kafka" in err
     done = _mview("produce", "tweets", str(src), env={**env, "KAFKA_BOOTSTRAP": ""})
     assert done.returncode == 1 and b"Kafka is not configured" in done.stderr
+
+
+def test_probe_says_at_once_that_nothing_listens_and_asks_whatever_does(kafka):
+    """Every address refuses the connection: "connection refused" without waiting out the timeout. Something
+    listens that is no broker: the Kafka client's verdict. The broker: None."""
+    started = time.monotonic()
+    assert probe("127.0.0.1:1,PLAINTEXT://127.0.0.1:2", timeout=600) == "connection refused"
+    assert time.monotonic() - started < 300
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert probe(f"127.0.0.1:{listening.getsockname()[1]}", timeout=1) not in (None, "connection refused")
+    assert probe(kafka["KAFKA_BOOTSTRAP"], timeout=10) is None
 
 
 def test_a_line_terminator_never_changes_a_verdict():
