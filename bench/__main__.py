@@ -67,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--freshness-seconds", type=float, default=90.0)
     p.add_argument("--incrementality-budget", type=float, default=240.0)
-    p.add_argument("--metrics-pairs", type=int, default=24, help="metrics: freshness on/off load pairs, ABBA")
+    p.add_argument(
+        "--metrics-pairs", type=int, default=200, help="metrics: freshness on/off append pairs, ABBA"
+    )
     p.add_argument(
         "--metrics-throughput-pairs", type=int, default=32, help="metrics: throughput on/off run pairs, ABBA"
     )
@@ -182,9 +184,10 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
     if "metrics" in want:
         from bench.metrics import bench_metrics
 
-        follows, seconds = throughput_workload(args.scale).follows, args.freshness_seconds
-        pairs, thr_pairs = args.metrics_pairs, args.metrics_throughput_pairs
-        _part(res, "metrics", bench_metrics, spark, settings, tmp, follows, pairs, seconds, thr_pairs)
+        follows, pairs = throughput_workload(args.scale).follows, args.metrics_pairs
+        _part(
+            res, "metrics", bench_metrics, spark, settings, tmp, follows, pairs, args.metrics_throughput_pairs
+        )
     if "fanout" in want:
         from bench.fanout import bench_fanout
 

@@ -8,6 +8,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import ingest_records, say
@@ -57,6 +58,7 @@ class _Visibility:
         self.client = client
         self.pending: dict[str, tuple[float, list[str]]] = {}
         self.latencies: list[float] = []
+        self.by_tweet: dict[str, float] = {}  # tweet id -> its seconds, once visible
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.drain_until = float("inf")
@@ -83,6 +85,7 @@ class _Visibility:
                     with self.lock:
                         self.pending.pop(tid, None)
                         self.latencies.append(time.monotonic() - t_append)
+                        self.by_tweet[tid] = self.latencies[-1]
             if self.done.is_set() and time.monotonic() > self.drain_until:
                 break
             time.sleep(self.poll_s)
@@ -140,20 +143,25 @@ def _load(
     every_s: float,
     prefix: str,
     align: tuple[float, float] | None = None,
+    appends: int | None = None,
+    before_append: Callable[[int], None] | None = None,
 ) -> int:
     """Append 10 tweets with `append` every `every_s` for `duration_s` (1 by a celebrity, the rest by random
     authors with followers), each tracked by `seen` from the moment `append` returned; the number appended.
     `align` (trigger_s, phase_s): each append starts once the previous one is visible (or 60 s passed), at the
     wall-clock time k * trigger_s + phase_s next after `every_s` from the previous start (`seen` must be
-    polled)."""
+    polled). `appends`: stop after that many appends too. `before_append(k)` is called just before append k
+    (0, 1, ...), after the wait for its start; append k holds tweets `<prefix>fresh<10k .. 10k+9>`."""
     authors = sorted(followers, key=lambda a: (-len(followers[a]), a))
     rng = random.Random(5)
     n, started, last = 0, time.monotonic(), time.time() - every_s
-    while time.monotonic() - started < duration_s:
+    while time.monotonic() - started < duration_s and (appends is None or n < 10 * appends):
         if align:
             _until_visible(seen, [f"{prefix}fresh{i:06d}" for i in range(max(0, n - 10), n)], 60.0)
             _until_phase(*align, last + every_s)
             last = time.time()
+        if before_append is not None:
+            before_append(n // 10)
         tick = time.monotonic()
         recs = []
         for _ in range(10):
@@ -212,6 +220,8 @@ def measure_freshness(
     latencies: bool = False,
     warmup_s: float = 0.0,
     align_phase_s: float | None = None,
+    appends: int | None = None,
+    before_append: Callable[[int], None] | None = None,
 ) -> dict:
     """Tweets appended by `append(records, path)` (e.g. `ingest_tweets`, or a produce to Kafka) every `every_s` by
     authors with followers; per tweet, the seconds from `append`'s return to its presence in every follower's
@@ -222,7 +232,9 @@ def measure_freshness(
     deployed just before are measured in their steady state. `align_phase_s`: each append starts
     `align_phase_s` after a multiple of the jobs' trigger interval (wall clock, where Spark's processing-time
     trigger fires) once the previous append is visible, so that the jobs are idle when it lands and its wait
-    for the next trigger hardly varies (the warm-up load is not aligned)."""
+    for the next trigger hardly varies (the warm-up load is not aligned). `appends`, `before_append`: as `_load`'s;
+    with `latencies`, `per_append` holds each append's tweets' seconds, in the order of the appends (a tweet not
+    visible is left out)."""
     from views.redis_io import connect
 
     followers = _followers(follows)
@@ -238,7 +250,7 @@ def measure_freshness(
             _load(append, tmp, _Visibility(seen.client), followers, warmup_s, every_s, f"{prefix}w")
         poller = threading.Thread(target=seen.poll, daemon=True)
         poller.start()
-        n = _load(append, tmp, seen, followers, duration_s, every_s, prefix, align)
+        n = _load(append, tmp, seen, followers, duration_s, every_s, prefix, align, appends, before_append)
         seen.finish(drain_s=60)
         poller.join(70)
     finally:
@@ -263,4 +275,8 @@ def measure_freshness(
     }
     if latencies:
         out["latencies"] = lat
+        ids = [f"{prefix}fresh{i:06d}" for i in range(n)]
+        out["per_append"] = [
+            [seen.by_tweet[t] for t in ids[k : k + 10] if t in seen.by_tweet] for k in range(0, n, 10)
+        ]
     return out

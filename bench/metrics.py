@@ -6,22 +6,24 @@ metrics on and off, in one run, each cost judged against its own noise in the sa
   the metrics can cost, free of the noise of end-to-end figures.
 - Throughput: the job over the throughput logs in the warm JVM, each run into a throw-away generation:
   `WARMUP_RUNS` unmeasured runs, then `throughput_pairs` pairs of runs, one with the metrics on (served, observed every
-  batch) and one off, in ABBA order (on-off, off-on, ...). Each run's CPU seconds (this process and its
-  descendants: the driver's JVM, Redis) are what the metrics would add to; each pair's cost is how much more CPU
-  the "on" run used. The wall-clock entries/s of every run and their pairs' costs are reported beside (`wall`).
+  batch) and one off, in ABBA order (on-off, off-on, ...). Each run starts after a full garbage collection of
+  the driver's JVM and of Python (`_settle`), so that it pays for its own garbage only. Each run's CPU seconds
+  (this process and its descendants: the driver's JVM, Redis) are what the metrics would add to; each pair's
+  cost is how much more CPU the "on" run used. The wall-clock entries/s of every run and their pairs' costs are reported beside (`wall`).
 - Freshness: the job deployed once, its metrics server on, under the same load (`bench.freshness`): an
-  unmeasured load of `WARMUP_LOAD_S`, then `pairs` pairs of loads in ABBA order, scraped every `SCRAPE_S`
-  during the "on" loads and not at all during the "off" ones. Every append starts `PHASE_S` after a trigger
-  time of the job (Spark's processing-time trigger fires at wall-clock multiples of TRIGGER_INTERVAL), at
-  least 2 s after the previous one and once that one is visible, so the job is idle when it lands and the wait
-  for the trigger that picks it up hardly varies from load to load. Each pair's cost is that of the loads' p50
-  latency (append -> in every follower's timeline). This measures the scrape's cost (serving and rendering the
+  unmeasured load of `WARMUP_LOAD_S`, then `pairs` pairs of appends (10 tweets each) in ABBA order, scraped
+  every `SCRAPE_S` from the start of an "on" append to the start of the next append and not at all during the
+  "off" ones. Every append starts `PHASE_S` after a trigger time of the job (Spark's processing-time trigger
+  fires at wall-clock multiples of TRIGGER_INTERVAL), at least 2 s after the previous one and once that one is
+  visible, so the job is idle when it lands and the wait for the trigger that picks it up hardly varies. Each
+  pair's cost is that of its two appends' median latency (append -> in every follower's timeline): neighbours
+  in time, so a drift of the job's speed over the run cancels out. This measures the scrape's cost (serving and rendering the
   metrics); `observe` runs in every batch of both modes and is measured directly.
 
 A cost is how much slower (more CPU, later) a figure is with metrics on, in % of the figure with metrics off.
 The figure is the median of the pairs' costs; its noise is how far the distribution-free (sign-test) interval
 of that median at `LEVEL` confidence reaches from it: between the k-th smallest and the k-th largest pair cost
-(with 16 pairs, the 5th and the 12th; none under 5 pairs), which narrows as the pairs grow in number. The
+(with 16 pairs, the 5th and the 12th; with 200, the 89th and the 112th; none under 5 pairs), which narrows as the pairs grow in number. The
 verdict (`verdict`) is "within the 3% goal" when that interval lies under 3%, "within noise" when it reaches 0
 or below (no cost shown, but none shown to be under 3% either), and "not shown" otherwise (a cost shown, or no
 interval: fewer than 5 pairs).
@@ -30,6 +32,7 @@ interval: fewer than 5 pairs).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 import statistics
@@ -46,7 +49,6 @@ GOAL_PCT = 3.0
 LEVEL = 0.9  # confidence of the interval of the median pair cost
 PHASE_S = 0.05  # each freshness append starts this long after a trigger time of the deployed job
 SCRAPE_S = 1.0  # scrape interval while the metrics are on (Prometheus' default is 15 s: this bounds it above)
-MIN_LOAD_S = 20.0  # shortest freshness load: ~8 appends (the p50 of ~4 moved by ~10% from load to load)
 WARMUP_RUNS = 10  # unmeasured throughput runs before the pairs (a fresh JVM speeds up for about ten)
 WARMUP_LOAD_S = 30.0  # unmeasured freshness load before the pairs, in the just deployed job
 
@@ -217,6 +219,13 @@ def _tree_cpu_s() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _settle(spark) -> None:
+    """A full collection in Python and in the driver's JVM (`System.gc()`, synchronous under G1): the next run
+    starts from the same heap, and the collector's work it pays for is its own garbage's, not the runs' before."""
+    gc.collect()
+    spark.sparkContext._jvm.java.lang.System.gc()
+
+
 def _throughput(spark, modes, pairs: int) -> dict:
     from bench.timeline import warm_rates
 
@@ -227,6 +236,7 @@ def _throughput(spark, modes, pairs: int) -> dict:
     for i, order in enumerate(_order(pairs)):
         pair, pair_cpu = {}, {}
         for mode in order:
+            _settle(spark)
             c0 = _tree_cpu_s()
             pair[mode] = warm_rates(spark, modes[mode], 1)[0]
             used = _tree_cpu_s() - c0
@@ -248,44 +258,54 @@ def _throughput(spark, modes, pairs: int) -> dict:
     }
 
 
-def _freshness(spark, modes, tmp: Path, follows, pairs: int, load_s: float) -> dict:
+def _append_pairs(
+    order: list[str], per_append: list[list[float]]
+) -> tuple[dict[str, list[float]], list[float]]:
+    """({mode: every latency of its appends}, [cost of each pair]) of appends `2i` and `2i + 1`, whose modes
+    `order` gives (one "on", one "off"): a pair's cost compares its appends' median latencies. A pair with an
+    append none of whose tweets became visible has no cost; an unpaired last append counts in neither."""
+    lat: dict[str, list[float]] = {"on": [], "off": []}
+    costs = []
+    for i in range(0, len(per_append) - 1, 2):
+        pair = {order[k]: per_append[k] for k in (i, i + 1)}
+        for mode, seconds in pair.items():
+            lat[mode] += seconds
+        if all(pair.values()):
+            costs.append(_pct(*(statistics.median(pair[m]) for m in ("on", "off")), False))
+    return lat, costs
+
+
+def _freshness(spark, modes, tmp: Path, follows, pairs: int) -> dict:
     from bench.freshness import deploy_jobs, ingest_tweets, measure_freshness
 
     settings = modes["on"]
     append = lambda recs, path: ingest_tweets(spark, settings, recs, path)  # noqa: E731
+    order = [mode for pair in _order(pairs) for mode in pair]  # the mode of each append
 
-    def load(prefix: str, seconds: float = load_s) -> dict:
+    def load(prefix: str, **kw) -> dict:
         return measure_freshness(
-            settings, tmp, follows, seconds, 2.0, prefix, append=append, latencies=True, align_phase_s=PHASE_S
-        )
+            settings, tmp, follows, kw.pop("seconds", math.inf), 2.0, prefix, append=append, latencies=True,
+            align_phase_s=PHASE_S, **kw,
+        )  # fmt: skip
 
     stop_jobs = deploy_jobs(settings, ("timeline",))
     try:
         with _Scraper(settings) as scraper:
-            load("metrics-warm-", WARMUP_LOAD_S)  # the deployed JVM's first batches: discarded
-            lat: dict[str, list[float]] = {"on": [], "off": []}
-            p50: dict[str, list] = {"on": [], "off": []}
-            costs = []
-            for i, order in enumerate(_order(pairs)):
-                for mode in order:
-                    scraper.on.set() if mode == "on" else scraper.on.clear()
-                    r = load(f"metrics-{i}{mode}-")
-                    lat[mode] += r["latencies"]
-                    p50[mode].append(r["p50_s"])
-                costs.append(_pct(p50["on"][-1], p50["off"][-1], False))
-                say(
-                    f"metrics: freshness pair {i + 1}/{pairs}: p50 on {p50['on'][-1]} s, off {p50['off'][-1]} s"
-                )
+            load("metrics-warm-", seconds=WARMUP_LOAD_S)  # the deployed JVM's first batches: discarded
+
+            def switch(k: int) -> None:
+                scraper.on.set() if order[k] == "on" else scraper.on.clear()
+                if k % 40 == 0:
+                    say(f"metrics: freshness append {k + 1}/{len(order)}")
+
+            per_append = load("metrics-", appends=len(order), before_append=switch)["per_append"]
             scraper.on.clear()
     finally:
         stop_jobs()
+    lat, costs = _append_pairs(order, per_append)
+    say(f"metrics: freshness: {len(costs)} append pairs compared")
     out: dict = {
-        m: {
-            "p50_s": _quantile(lat[m], 0.5),
-            "p99_s": _quantile(lat[m], 0.99),
-            "visible": len(lat[m]),
-            "loads_p50_s": p50[m],
-        }
+        m: {"p50_s": _quantile(lat[m], 0.5), "p99_s": _quantile(lat[m], 0.99), "visible": len(lat[m])}
         for m in ("on", "off")
     }
     out["p99_cost_pct"] = _pct(out["on"]["p99_s"], out["off"]["p99_s"], False)  # pooled: not paired
@@ -294,18 +314,14 @@ def _freshness(spark, modes, tmp: Path, follows, pairs: int, load_s: float) -> d
     return {**out, **_paired(costs)}
 
 
-def bench_metrics(
-    spark, settings, tmp: Path, follows: list[dict], pairs: int, freshness_s: float, throughput_pairs: int
-) -> dict:
-    """Run after the throughput part (its logs are in `settings`' lake). `pairs`: freshness load pairs;
-    `throughput_pairs`: throughput run pairs. `freshness_s`: seconds of measured freshness load, split over the
-    2 x `pairs` loads (each at least `MIN_LOAD_S`)."""
+def bench_metrics(spark, settings, tmp: Path, follows: list[dict], pairs: int, throughput_pairs: int) -> dict:
+    """Run after the throughput part (its logs are in `settings`' lake). `pairs`: freshness append pairs;
+    `throughput_pairs`: throughput run pairs."""
     direct = _direct_cost(settings)
     say(f"metrics: observe {direct['observe_us']} us per batch, one scrape {direct['scrape_ms']} ms")
     modes = _modes(settings)
     thr = _throughput(spark, modes, throughput_pairs)
-    load_s = max(MIN_LOAD_S, freshness_s / (2 * max(1, pairs)))
-    fresh = _freshness(spark, modes, tmp, follows, pairs, load_s)
+    fresh = _freshness(spark, modes, tmp, follows, pairs)
     batch_s = fresh.pop("mean_batch_s")
     # the job's own time per batch spent on metrics, and one core's share spent serving scrapes
     direct["observe_pct_of_batch"] = round(direct["observe_us"] / 1e4 / batch_s, 4) if batch_s else None
@@ -321,7 +337,7 @@ def bench_metrics(
     return {
         "workload": f"the throughput logs, {WARMUP_RUNS} warm-up runs then {throughput_pairs} on/off pairs (ABBA); one "
         f"deployment under the freshness load, a {WARMUP_LOAD_S:.0f}-s warm-up load then {pairs} pairs of "
-        f"{load_s:.0f}-s loads (ABBA), scraped every {SCRAPE_S:.0f}s during the 'on' loads",
+        f"appends (ABBA), scraped every {SCRAPE_S:.0f}s during the 'on' appends",
         "command": "run_timeline (warm JVM), METRICS_PORT on / off; mview deploy timeline, scrapes on / off",
         "direct": direct,
         "throughput": thr,
