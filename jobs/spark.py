@@ -34,7 +34,7 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    driver_opts = "-Dlog4j2.level=ERROR -Xss16m"
+    driver_opts = "-Dlog4j2.level=ERROR -Xss16m -XX:G1HeapRegionSize=4m"
     master = master or settings.spark_master
     aot = driver_java(settings, master)
     if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/jvmcache.py)
@@ -104,6 +104,16 @@ def _config(settings: Settings, driver_opts: str) -> dict[str, str]:
         "spark.sql.limit.initialNumPartitions": str(2 * int(parallel)),
         # VACUUM lists a table's files in this many tasks (Spark's default, 10,000, is minutes on two cores)
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": parallel,
+        # 1 MB memory pages and broadcast pieces, not Spark's 64 MB / 4 MB: every aggregation, sort and hashed
+        # relation of a micro-batch took at least one page and every stage's task binary one piece, however few
+        # its rows, zeroed and humongous in G1 (with 4 MB regions, below)
+        "spark.buffer.pageSize": "1m",
+        "spark.broadcast.blockSize": "1m",
+        # the offset and commit logs written through FileSystem, not FileContext: the same temp-file-and-rename on
+        # a local disk, without the `readlink` processes FileContext's rename starts (8 per log file here)
+        "spark.sql.streaming.checkpointFileManagerClass": (
+            "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+        ),
         # 16 MB thread stacks: a long-lived query's thread overflowed 1 MB in java.util.regex
         "spark.driver.extraJavaOptions": driver_opts,
         "spark.executor.extraJavaOptions": "-Xss16m",

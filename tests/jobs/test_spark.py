@@ -41,6 +41,26 @@ def test_vacuum_lists_a_small_table_in_as_few_tasks_as_cores(spark, tmp_path):
     assert tasks and max(tasks) <= 2, tasks
 
 
+def test_a_small_aggregation_takes_small_memory_pages(spark):
+    """Every aggregation, sort and hashed relation takes at least one memory page, however few its rows: at Spark's
+    default for a 4 GB driver on two cores (64 MB) each tiny stage of a micro-batch allocated and zeroed 64 MB."""
+    sc = spark.sparkContext
+    sc.setJobGroup("page-size", "a small aggregation")
+    try:
+        spark.range(100).selectExpr("id % 7 AS k").groupBy("k").count().collect()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    tracker, store = sc.statusTracker(), sc._jsc.sc().statusStore()
+    stages = [s for j in tracker.getJobIdsForGroup("page-size") for s in tracker.getJobInfo(j).stageIds]
+    deadline = time.monotonic() + 10  # the status store is fed by an asynchronous listener
+    while time.monotonic() < deadline and any(
+        store.lastStageAttempt(s).status().toString() != "COMPLETE" for s in stages
+    ):
+        time.sleep(0.1)
+    peaks = [store.lastStageAttempt(s).peakExecutionMemory() for s in stages]
+    assert stages and 0 < max(peaks) <= 8 * 2**20, peaks  # the sum over a stage's tasks of their peak
+
+
 def test_building_a_column_costs_no_call_site_round_trips(spark):
     """With PySpark's DataFrame debugging on, every Column function also fetched the session and a conf and set
     the call site in the JVM: three more Py4J round trips per function, in every micro-batch's plan building."""
