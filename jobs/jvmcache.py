@@ -157,7 +157,8 @@ def _ingest(spark, lake: Path, topic: str, records: list[dict], path: Path) -> N
 
 
 def _train(lake: Path) -> None:
-    """The training run (in its own process and JVM): the timeline job over `_training_workload()`, two batches."""
+    """The training run (in its own process and JVM): the timeline job over `_training_workload()`, two batches,
+    then the same workload under a fan-out limit followed by four one-tweet batches of a celebrity."""
     from jobs.devredis import scratch_redis
     from jobs.spark import get_spark
     from jobs.timeline import run_timeline
@@ -172,6 +173,25 @@ def _train(lake: Path) -> None:
             _ingest(spark, lake, "tweets", tweets[half::2], lake.parent / f"tweets{half}.jsonl")
             _ingest(spark, lake, "follows", follows[half::2], lake.parent / f"follows{half}.jsonl")
             _say(f"training batch {half + 1}/2: {run_timeline(spark, settings, once=True)}")
+        # The path of a deployed job under a fan-out limit: the workload's three celebrities over the limit, then
+        # batches of their tweets only (posted before the batch is counted, `jobs.timeline`).
+        hybrid = lake.parent / "lake-hybrid"
+        over = {"LAKE_DIR": str(hybrid), "REDIS_URL": f"redis://127.0.0.1:{port}/1", "FANOUT_LIMIT": "100"}
+        settings = Settings.from_env({**os.environ, **env, **over})
+        _ingest(spark, hybrid, "follows", follows, lake.parent / "follows-h.jsonl")
+        _ingest(spark, hybrid, "tweets", tweets, lake.parent / "tweets-h.jsonl")
+        run_timeline(spark, settings, once=True)
+        for n in range(4):
+            post = {
+                "op": "post",
+                "tweet_id": f"h{n}",
+                "user_id": "u0",
+                "text": "hybrid",
+                "ts": 1_767_250_000_000 + n,
+            }
+            _ingest(spark, hybrid, "tweets", [post], lake.parent / f"tweet-h{n}.jsonl")
+            run_timeline(spark, settings, once=True)
+        _say("training: the batches of a celebrity's tweets under a fan-out limit")
         # The JVM writes the recorded configuration as it exits, which it does when its stdin closes: wait for it.
         jvm = spark.sparkContext._gateway.proc
         spark.stop()
