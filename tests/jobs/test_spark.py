@@ -42,8 +42,8 @@ def test_vacuum_lists_a_small_table_in_as_few_tasks_as_cores(spark, tmp_path):
 
 
 def test_a_small_aggregation_takes_small_memory_pages(spark):
-    """Every aggregation, sort and hashed relation takes at least one memory page, however few its rows: at Spark's
-    default for a 4 GB driver on two cores (64 MB) each tiny stage of a micro-batch allocated and zeroed 64 MB."""
+    """Every aggregation, sort and hashed relation takes at least one memory page, however few its rows: the pages
+    are 1 MB whatever the driver's heap and cores (from which Spark sizes them by default)."""
     sc = spark.sparkContext
     sc.setJobGroup("page-size", "a small aggregation")
     try:
