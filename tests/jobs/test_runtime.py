@@ -105,3 +105,38 @@ def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, t
     ]
     assert seen[0][0] is None
     assert [m for m, _ in seen[1:]] == [{"tweets"}, {"follows"}, {"follows"}, set(TOPICS), {"tweets"}]
+
+
+def test_a_stop_cancels_a_job_submitted_after_its_first_cancel(spark):
+    """A stopping job whose batch waits for Redis cancels Spark jobs until none has been active for a while: a job
+    the batch's callback submits after the first cancel (here 0.1 s after it) is cancelled too, not left to run."""
+    from jobs.runtime import _cancel_until_quiet
+
+    sc, outcome = spark.sparkContext, {}
+
+    def sleep_job(name: str) -> None:
+        try:
+            sc.parallelize([0], 1).map(lambda x: time.sleep(10) or x).collect()
+            outcome[name] = "finished"
+        except Exception:  # noqa: BLE001 - a cancelled job raises here
+            outcome[name] = "cancelled"
+
+    def late_callback() -> None:
+        while "first" not in outcome:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        sleep_job("second")
+
+    threads = [threading.Thread(target=sleep_job, args=("first",)), threading.Thread(target=late_callback)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    _cancel_until_quiet(quiet_s=1.5, patience_s=20)
+    elapsed = time.monotonic() - t0
+    for t in threads:
+        t.join(timeout=30)
+    assert outcome == {"first": "cancelled", "second": "cancelled"}
+    assert elapsed < 10 and not sc.statusTracker().getActiveJobsIds()
