@@ -2,7 +2,7 @@
 
 Show it with `.venv/bin/python -m pytest -q tests/test_layers.py`.
 
-Layers, lowest first: changelog < joins < views < jobs < timeline_demo < bench. A module may import modules of
+Layers, lowest first: spec < changelog < joins < views < jobs < timeline_demo < bench. A module may import modules of
 its own layer and of the layers below it, never above: jobs never imports timeline_demo or bench, the demo never
 imports the benchmarks (the benchmarks use the demo's workload generators). Every import counts, those inside
 functions too. Among the modules' module-level imports (what runs when a module is imported) there is no cycle.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["changelog", "joins", "views", "jobs", "timeline_demo", "bench"]
+LAYERS = ["spec", "changelog", "joins", "views", "jobs", "timeline_demo", "bench"]
 
 
 def _modules() -> dict[str, Path]:

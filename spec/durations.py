@@ -1,0 +1,35 @@
+"""Durations as people write them: `30 s`, `10 min`, `1 h`, `2 d`, `500 ms`, `10 minutes`, `90s`."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["parse_duration_ms"]
+
+_UNITS_MS = {
+    "ms": 1,
+    "millisecond": 1,
+    "s": 1000,
+    "sec": 1000,
+    "second": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "minute": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+}
+
+
+def parse_duration_ms(text: str, *, signed: bool = False) -> int:
+    """`"10 minutes"`, `"90s"`, `"1 hour"`, `"500 ms"` -> milliseconds (`signed`: a leading `-` is allowed, as in an
+    interval join's lower bound). Raises ValueError naming the text."""
+    sign = r"-?" if signed else ""
+    m = re.fullmatch(rf"\s*({sign}\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if unit not in _UNITS_MS and unit.endswith("s"):
+        unit = unit[:-1]  # plural: "minutes", "secs" (but "ms" is milliseconds, not "m" = minutes)
+    if not m or unit not in _UNITS_MS:
+        raise ValueError(f"cannot parse duration {text!r}: use e.g. '10 min', '30 s', '1 h', '2 d', '500 ms'")
+    return int(float(m.group(1)) * _UNITS_MS[unit])

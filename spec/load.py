@@ -1,0 +1,601 @@
+"""Loading and checking a pipeline file: `load_pipeline(path)` -> `spec.model.Pipeline`, or `PipelineError` with every
+problem found, one line each (`<file>:<line>: <key>: <what is wrong>`). No Spark: the shape of the file is checked
+by pydantic, then the references between its parts (topics, fields, join kinds, view kinds) here; an expression
+that is a plain field name is checked against what the view sees. Expressions are Spark SQL: any other problem in
+one (a typo in a function, a type that does not fit) is found when the job starts, by Spark, and reported in one
+line naming the file, line and expression (`jobs.core.exprs`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from spec.durations import parse_duration_ms
+from spec.errors import PipelineError, Problem
+from spec.model import (
+    FIELD_TYPES,
+    MATCHES,
+    VERSION,
+    Asof,
+    Capture,
+    Interval,
+    Job,
+    Join,
+    Pipeline,
+    Topic,
+    View,
+)
+from spec.source import YamlProblem, read_yaml
+
+__all__ = ["load_pipeline", "parse_pipeline", "RESERVED_JOBS"]
+
+RESERVED_JOBS = ("kafka", "cdc")  # the source jobs: a pipeline's jobs cannot take their names
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"^`?([A-Za-z_][A-Za-z0-9_]*)`?(?:\.`?([A-Za-z_][A-Za-z0-9_]*)`?)?$")
+_ORDER = re.compile(r"^(.*?)(?:\s+(asc|desc))?$", re.IGNORECASE | re.DOTALL)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class _Op(_Strict):
+    upsert: str
+    remove: str
+
+
+class _Capture(_Strict):
+    postgres: str
+    columns: dict[str, str] = {}
+
+
+Names = str | list[str]
+
+
+class _Topic(_Strict):
+    fields: dict[str, str]
+    time: str
+    id: Names | None = None
+    key: Names | None = None
+    optional: list[str] = []
+    op: _Op | None = None
+    final_deletes: bool = False
+    remove_fields: list[str] = []
+    capture: _Capture | None = None
+
+    @field_validator("fields")
+    @classmethod
+    def _types(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = {n: t for n, t in v.items() if t not in FIELD_TYPES}
+        if bad:
+            n, t = next(iter(bad.items()))
+            raise ValueError(f"field {n!r} has type {t!r}: choose one of {', '.join(FIELD_TYPES)}")
+        if not v:
+            raise ValueError("a topic needs at least one field")
+        return v
+
+
+Expr = str | int | float | bool
+
+
+class _Interval(_Strict):
+    left: str
+    right: str
+    match: dict[str, Expr]
+    within: tuple[str, str]
+    unmatched: bool = False
+
+
+class _Asof(_Strict):
+    stream: str
+    table: str
+    match: dict[str, Expr]
+    pin: str | None = None
+
+
+class _Join(_Strict):
+    left: str
+    right: str
+    match: dict[str, Expr]
+
+
+class _View(_Strict):
+    row: dict[str, Expr] | None = None
+    count: dict[str, Expr] | None = None
+    list: dict[str, Expr] | None = None
+    log: dict[str, Any] | None = None
+    fields: dict[str, Expr] = {}
+    values: dict[str, Expr] = {}
+    entry: Expr | None = None
+    order: builtins.list[str] | str | None = None
+    cap: int | None = None
+    entries: str | None = None
+    items: str | None = None
+    fanout_limit: int | None = None
+    where: Expr | None = None
+    show: str | None = None
+
+
+class _Job(_Strict):
+    interval: _Interval | None = None
+    asof: _Asof | None = None
+    join: _Join | None = None
+    views: dict[str, _View] = {}
+
+
+class _Pipeline(_Strict):
+    topics: dict[str, _Topic]
+    jobs: dict[str, _Job] = {}
+
+
+class _Problems:
+    """Collects problems with the line of their key."""
+
+    def __init__(self, file: str, lines: Mapping[tuple, int]):
+        self.file, self.lines, self.found = file, lines, []
+
+    def add(self, path: tuple, message: str) -> None:
+        line = 0
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.lines:
+                line = self.lines[path[:n]]
+                break
+        key = ".".join(str(p) for p in path)
+        self.found.append(Problem(self.file, line, key, message))
+
+
+def _names(value) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _expr(value) -> str:
+    """An expression as SQL text (YAML gives numbers and booleans for `1`, `true`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _yaml_booleans(data, path: tuple, lines: dict, out: _Problems):
+    """`data` with every mapping key YAML read as a boolean (`on:`, `yes:`, ...) written as the word `on`/`off`, so
+    that the checks can name it (pydantic only accepts names as keys)."""
+    if isinstance(data, list):
+        return [_yaml_booleans(v, (*path, i), lines, out) for i, v in enumerate(data)]
+    if not isinstance(data, dict):
+        return data
+    fixed = {}
+    for k, v in data.items():
+        if isinstance(k, bool):
+            word = "on" if k else "off"
+            lines[(*path, word)] = lines.get((*path, k), 0)
+            k = word
+        fixed[k] = _yaml_booleans(v, (*path, k), lines, out)
+    return fixed
+
+
+def _pydantic_problems(e: ValidationError, out: _Problems) -> None:
+    ons = {
+        tuple(err["loc"][:-1])
+        for err in e.errors()
+        if err["type"] == "extra_forbidden" and err["loc"][-1] == "on"
+    }
+    for err in e.errors():
+        if err["type"] == "missing" and err["loc"][-1] == "match" and tuple(err["loc"][:-1]) in ons:
+            continue  # said with the `on:` below
+        path = tuple(err["loc"])
+        # pydantic's loc of a union member names the member type (e.g. `str`, `list[str]`): drop those
+        path = tuple(
+            p for p in path if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool")))
+        )
+        kind, last = err["type"], path[-1] if path else ""
+        if kind == "extra_forbidden":
+            if last == "on" and path[-2:-1] in (("interval",), ("asof",), ("join",)):
+                out.add(
+                    path,
+                    "`on:` is read by YAML as true: write `match:` (a map of one side's expression to the other's)",
+                )
+            elif last in ("on", "off"):
+                out.add(path, f"unknown key (YAML reads `{last}:` as a boolean)")
+            else:
+                out.add(path, "unknown key")
+        elif kind == "missing":
+            out.add(path, "missing")
+        elif kind == "value_error":
+            out.add(path, str(err["ctx"]["error"]))
+        else:
+            out.add(path, f"{err['msg']} (got {err.get('input')!r})")
+
+
+def _seen(found: list[Problem]) -> list[Problem]:
+    """Problems once each (a union's members can report one mistake several times)."""
+    out, keys = [], set()
+    for p in found:
+        if (p.line, p.key, p.message) not in keys:
+            keys.add((p.line, p.key, p.message))
+            out.append(p)
+    return out
+
+
+# long: one check per rule of a topic declaration, in the order the contract states them
+def _topic(name: str, t: _Topic, out: _Problems) -> Topic | None:
+    path = ("topics", name)
+    before = len(out.found)
+    if not _NAME.match(name):
+        out.add(path, "a topic name is a letter then letters, digits or _")
+    for f in t.fields:
+        if not _NAME.match(f):
+            out.add((*path, "fields", f), "a field name is a letter then letters, digits or _")
+        if t.op and f == "op":
+            out.add(
+                (*path, "fields", f), "`op` is the record's operation in a topic with `op:`: rename the field"
+            )
+    if (t.id is None) == (t.key is None):
+        out.add(
+            path, "a topic has either `id` (an event topic) or `key` (a table topic), not both or neither"
+        )
+    ident = _names(t.id if t.id is not None else t.key or ())
+    role = "id" if t.id is not None else "key"
+    for f in ident:
+        if f not in t.fields:
+            out.add((*path, role), f"{f!r} is not a field of the topic (fields: {', '.join(t.fields)})")
+        elif t.fields[f] not in ("id", "string", "long"):
+            out.add((*path, role), f"{f!r} is a {t.fields[f]}: an {role} field is an id, a string or a long")
+        elif f in t.optional:
+            out.add((*path, "optional"), f"{f!r} is the topic's {role}: it cannot be optional")
+    if t.time not in t.fields:
+        out.add((*path, "time"), f"{t.time!r} is not a field of the topic (fields: {', '.join(t.fields)})")
+    elif t.fields[t.time] != "timestamp":
+        out.add((*path, "time"), f"{t.time!r} is a {t.fields[t.time]}: the time field is a timestamp")
+    elif t.time in t.optional:
+        out.add((*path, "optional"), f"{t.time!r} is the topic's time: it cannot be optional")
+    for i, f in enumerate(t.optional):
+        if f not in t.fields:
+            out.add((*path, "optional", i), f"{f!r} is not a field of the topic")
+    if t.id is not None:
+        for k in ("op", "final_deletes", "remove_fields", "capture"):
+            if getattr(t, k) not in (None, False, []):
+                out.add((*path, k), f"`{k}` is for table topics (with `key`), and this is an event topic")
+    if t.op and t.op.upsert == t.op.remove:
+        out.add((*path, "op"), "upsert and remove need different names")
+    for i, f in enumerate(t.remove_fields):
+        if f not in t.fields or f in ident or f == t.time:
+            out.add((*path, "remove_fields", i), f"{f!r} is not a non-key field of the topic")
+    if t.remove_fields and not t.op:
+        out.add((*path, "remove_fields"), "a topic without `op` has no remove records")
+    if t.capture:
+        for f in t.capture.columns:
+            if f not in t.fields:
+                out.add((*path, "capture", "columns", f), f"{f!r} is not a field of the topic")
+    if len(out.found) > before:
+        return None
+    return Topic(
+        name=name,
+        fields=tuple(t.fields.items()),
+        time=t.time,
+        id=_names(t.id) if t.id is not None else None,
+        key=_names(t.key) if t.key is not None else None,
+        optional=frozenset(t.optional),
+        op=(t.op.upsert, t.op.remove) if t.op else None,
+        final_deletes=t.final_deletes,
+        remove_fields=tuple(t.remove_fields),
+        capture=Capture(t.capture.postgres, dict(t.capture.columns)) if t.capture else None,
+    )
+
+
+def _duration(value: str, path: tuple, out: _Problems) -> int | None:
+    try:
+        return parse_duration_ms(value, signed=True)
+    except ValueError as e:
+        out.add(path, str(e))
+        return None
+
+
+def _side(
+    topics: dict[str, Topic], name: str, kind: str, path: tuple, why: str, out: _Problems
+) -> Topic | None:
+    t = topics.get(name)
+    if t is None:
+        out.add(path, f"unknown topic {name!r} (topics: {', '.join(topics) or 'none'})")
+        return None
+    if t.kind != kind:
+        out.add(path, f"{name!r} is {'an' if t.kind == 'event' else 'a'} {t.kind} topic: {why}")
+        return None
+    return t
+
+
+def _field_expr(expr: str, known: Mapping[str, Topic] | set, path: tuple, out: _Problems) -> None:
+    """When `expr` is a plain name (`f` or `topic.f`), check that the side(s) have it. Other expressions are
+    Spark's to check (when the job starts)."""
+    m = _IDENT.match(expr.strip())
+    if not m or known is None:  # (None: the job's sides are unknown, said elsewhere)
+        return
+    a, b = m.groups()
+    if isinstance(known, set):
+        if b is None and a not in known and a.lower() not in ("true", "false", "null"):
+            out.add(path, f"{a!r} is not a field here (known: {', '.join(sorted(known))})")
+        return
+    if b is None:
+        names = {n for t in known.values() for n in t.names}
+        if a not in names and a.lower() not in ("true", "false", "null"):
+            out.add(path, f"{a!r} is not a field of {' or '.join(known)}")
+    elif a in known and b not in known[a].names:
+        out.add(path, f"{b!r} is not a field of {a!r}")
+
+
+# long: one rule per join kind, as the contract lists them
+def _join(name: str, j: _Job, topics: dict[str, Topic], out: _Problems):
+    path = ("jobs", name)
+    kinds = [k for k in ("interval", "asof", "join") if getattr(j, k) is not None]
+    if len(kinds) != 1:
+        out.add(
+            path,
+            "a job has exactly one of `interval`, `asof`, `join`"
+            + (f" (has {', '.join(kinds)})" if kinds else ""),
+        )
+        return None, None
+    kind = kinds[0]
+    raw = getattr(j, kind)
+    p = (*path, kind)
+    if not raw.match:
+        out.add((*p, "match"), "empty: map at least one expression of one side to one of the other")
+    match = tuple((str(a), _expr(b)) for a, b in raw.match.items())
+    if kind == "interval":
+        left = _side(topics, raw.left, "event", (*p, "left"), "an interval join joins two event topics", out)
+        right = _side(
+            topics, raw.right, "event", (*p, "right"), "an interval join joins two event topics", out
+        )
+        lo = _duration(raw.within[0], (*p, "within", 0), out)
+        hi = _duration(raw.within[1], (*p, "within", 1), out)
+        if lo is not None and hi is not None and lo > hi:
+            out.add((*p, "within"), f"the lower bound {raw.within[0]!r} is after the upper {raw.within[1]!r}")
+        if left and right:
+            for a, b in match:
+                _field_expr(a, {left.name: left}, (*p, "match", a), out)
+                _field_expr(b, {right.name: right}, (*p, "match", a), out)
+        if None in (left, right, lo, hi):
+            return kind, None
+        return kind, Interval(left.name, right.name, match, lo, hi, raw.unmatched)
+    if kind == "asof":
+        stream = _side(
+            topics, raw.stream, "event", (*p, "stream"), "an asof join's stream is an event topic", out
+        )
+        table = _side(topics, raw.table, "table", (*p, "table"), "an asof join's table is a table topic", out)
+        if stream and table:
+            for a, _ in match:
+                _field_expr(a, {stream.name: stream}, (*p, "match", a), out)
+            got = {b for _, b in match}
+            if got != set(table.key):
+                out.add(
+                    (*p, "match"),
+                    f"the table side must be exactly the key of {table.name!r} ({', '.join(table.key)}), got "
+                    f"{', '.join(sorted(got)) or 'nothing'}",
+                )
+            if raw.pin is not None and raw.pin not in stream.names:
+                out.add((*p, "pin"), f"{raw.pin!r} is not a field of {stream.name!r}")
+            for side in (stream, table):
+                if VERSION in side.names:
+                    out.add(
+                        (*p, side.name),
+                        f"{side.name!r} has a field {VERSION!r}, the name of the version an asof view sees: rename it",
+                    )
+        if not (stream and table):
+            return kind, None
+        return kind, Asof(stream.name, table.name, match, raw.pin)
+    why = (
+        "a join joins two table topics (for two event topics use `interval`, for an event and a table `asof`)"
+    )
+    left = _side(topics, raw.left, "table", (*p, "left"), why, out)
+    right = _side(topics, raw.right, "table", (*p, "right"), why, out)
+    if left and right:
+        for a, b in match:
+            _field_expr(a, {left.name: left}, (*p, "match", a), out)
+            _field_expr(b, {right.name: right}, (*p, "match", a), out)
+    if not (left and right):
+        return kind, None
+    return kind, Join(left.name, right.name, match)
+
+
+def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic] | set:
+    """What a view's plain names may be: the sides' topics, or (interval) the left side's fields and matches."""
+    left, right = sides
+    if job_kind == "interval":
+        return {*left.names, MATCHES}
+    names = {left.name: left, right.name: right}
+    if job_kind == "asof":
+        return {**names, VERSION: Topic(VERSION, ((VERSION, "string"),), VERSION, id=(VERSION,))}
+    return names
+
+
+_KIND_KEYS = {
+    "row": {"fields", "where", "show"},
+    "count": {"values", "where", "show"},
+    "list": {"entry", "order", "cap", "entries", "items", "fanout_limit", "fields", "where", "show"},
+    "log": {"where"},
+}
+
+
+# long: one rule per view kind, as the contract lists them
+def _view(name: str, job: str, kind: str | None, v: _View, seen, out: _Problems) -> View | None:
+    path = ("jobs", job, "views", name)
+    before = len(out.found)
+    if not _NAME.match(name):
+        out.add(path, "a view name is a letter then letters, digits or _")
+    kinds = [k for k in ("row", "count", "list", "log") if getattr(v, k) is not None]
+    if len(kinds) != 1:
+        out.add(
+            path,
+            "a view has exactly one of `row`, `count`, `list`, `log`"
+            + (f" (has {', '.join(kinds)})" if kinds else ""),
+        )
+        return None
+    vk = kinds[0]
+    given = {
+        k
+        for k in (
+            "fields",
+            "values",
+            "entry",
+            "order",
+            "cap",
+            "entries",
+            "items",
+            "fanout_limit",
+            "where",
+            "show",
+        )
+        if getattr(v, k) not in (None, {}, [])
+    }
+    for k in sorted(given - _KIND_KEYS[vk]):
+        out.add((*path, k), f"`{k}` is not a key of a {vk} view")
+    if vk == "log" and kind not in ("asof", None):
+        out.add((*path, "log"), "a log view is for asof jobs (an output log of the emitted rows)")
+    if vk == "list" and kind not in ("join", None):
+        out.add((*path, "list"), "a list view is for join jobs (its entries come and go with the two tables)")
+    key = None
+    fields = tuple(
+        (str(n), _expr(e)) for n, e in (v.log.get("fields", {}) if vk == "log" else v.fields).items()
+    )
+    if vk == "log":
+        extra = set(v.log) - {"fields"}
+        if extra:
+            out.add((*path, "log", sorted(extra)[0]), "unknown key (a log view has `fields`)")
+        if not fields:
+            out.add((*path, "log", "fields"), "a log view needs `fields`")
+    else:
+        keyed = getattr(v, vk)
+        if len(keyed) != 1:
+            out.add((*path, vk), f"a {vk} view has one key: `{vk}: {{<name>: <expression>}}`")
+        else:
+            key = next((str(n), _expr(e)) for n, e in keyed.items())
+            _field_expr(key[1], seen, (*path, vk, key[0]), out)
+    values = tuple((str(n), _expr(e)) for n, e in v.values.items())
+    if vk == "count" and not values:
+        out.add((*path, "values"), "a count view needs `values`: the sums it keeps, e.g. `{orders: 1}`")
+    for n, e in fields + values:
+        if n.startswith("_") or not _NAME.match(n):
+            out.add(
+                (*path, "fields" if (n, e) in fields else "values", n),
+                "a name is a letter then letters, digits or _",
+            )
+        _field_expr(
+            e,
+            seen,
+            (*path, "log", "fields", n)
+            if vk == "log"
+            else (*path, "fields" if (n, e) in fields else "values", n),
+            out,
+        )
+    order: tuple[tuple[str, bool], ...] = ()
+    if vk == "list":
+        if v.entry is None:
+            out.add((*path, "entry"), "a list view needs `entry`: the expression of an entry's id")
+        else:
+            _field_expr(_expr(v.entry), seen, (*path, "entry"), out)
+        if v.order is None:
+            out.add((*path, "order"), "a list view needs `order`, e.g. `[ts desc, order_id desc]`")
+        else:
+            terms = [v.order] if isinstance(v.order, str) else v.order
+            parsed = []
+            for i, term in enumerate(terms):
+                m = _ORDER.match(str(term).strip())
+                expr, d = m.group(1).strip(), (m.group(2) or "asc").lower()
+                parsed.append((expr, d == "desc"))
+                _field_expr(expr, seen, (*path, "order", i), out)
+            if not 1 <= len(parsed) <= 2:
+                out.add(
+                    (*path, "order"),
+                    "a list's order is one expression (a number or timestamp), then optionally the entry",
+                )
+            elif len(parsed) == 2 and (parsed[1][0] != _expr(v.entry) or parsed[1][1] != parsed[0][1]):
+                out.add(
+                    (*path, "order", 1),
+                    "the second term of a list's order is the entry, in the same direction as the first (ties are ordered by the entry)",
+                )
+            order = tuple(parsed[:1])
+        if v.cap is None or v.cap < 1:
+            out.add((*path, "cap"), "a list view needs `cap`, a number >= 1: the entries kept per key")
+        if v.fanout_limit is not None and v.fanout_limit < 0:
+            out.add((*path, "fanout_limit"), "a number >= 0, or empty for no limit")
+    if len(out.found) > before:
+        return None
+    return View(
+        name=name,
+        job=job,
+        kind=vk,
+        key=key,
+        fields=fields,
+        values=values,
+        entry=_expr(v.entry) if v.entry is not None else None,
+        order=order,
+        cap=v.cap,
+        entries=v.entries or "entries",
+        items=v.items,
+        fanout_limit=v.fanout_limit,
+        where=_expr(v.where) if v.where is not None else None,
+        show=v.show,
+    )
+
+
+def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline in `text` (read from `file`, named in messages), with `${VAR}` taken from `env` (default: the
+    process environment). Raises `PipelineError` with every problem found."""
+    env = os.environ if env is None else env
+    try:
+        data, lines = read_yaml(text, env)
+    except YamlProblem as e:
+        raise PipelineError([Problem(file, e.line, "", e.message)]) from None
+    out = _Problems(file, lines)
+    data = _yaml_booleans(data, (), lines, out)
+    try:
+        raw = _Pipeline.model_validate(data)
+    except ValidationError as e:
+        _pydantic_problems(e, out)
+        raise PipelineError(_seen(out.found)) from None
+    topics = {n: t for n, t in ((n, _topic(n, t, out)) for n, t in raw.topics.items()) if t is not None}
+    if not raw.topics:
+        out.add(("topics",), "no topics: declare at least one")
+    jobs, views_seen = {}, {}
+    for name, j in raw.jobs.items():
+        if not _NAME.match(name):
+            out.add(("jobs", name), "a job name is a letter then letters, digits or _")
+        if name in RESERVED_JOBS:
+            out.add(("jobs", name), f"{name!r} is the name of a source job: choose another")
+        kind, spec = _join(name, j, topics, out)
+        if not j.views:
+            out.add(("jobs", name, "views"), "a job needs at least one view")
+        seen = _seen_names(kind, tuple(topics[t] for t in spec.topics)) if spec else None
+        views = []
+        for vname, v in j.views.items():
+            if vname in views_seen:
+                out.add(
+                    ("jobs", name, "views", vname),
+                    f"the view name {vname!r} is taken by job {views_seen[vname]!r}",
+                )
+            views_seen[vname] = name
+            view = _view(vname, name, kind, v, seen, out)
+            if view is not None:
+                views.append(view)
+        if spec is not None:
+            jobs[name] = Job(name, kind, spec, tuple(views))
+    if out.found:
+        raise PipelineError(_seen(out.found))
+    return Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
+
+
+def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline of the file at `path` (see `parse_pipeline`). A file that cannot be read is one problem too."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise PipelineError(
+            [Problem(str(path), 0, "", f"cannot read the pipeline file: {e.strerror or e}")]
+        ) from None
+    except UnicodeDecodeError:
+        raise PipelineError([Problem(str(path), 0, "", "not UTF-8 text")]) from None
+    return parse_pipeline(text, str(path), env)

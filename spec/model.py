@@ -1,0 +1,271 @@
+"""A pipeline as the service uses it: topics, jobs (one join each) and the views they publish, resolved and checked.
+
+Made by `spec.load.load_pipeline` from a pipeline file; immutable. Nothing here knows a domain: a topic is its fields
+and roles (id or key, time, op), a job is a join kind over two topics, a view is a kind (row, count, list, log)
+over the rows a job's join gives.
+
+What a view sees (`Pipeline.row_columns(job)`), per join kind:
+- interval: the left topic's fields and `matches` (long): the number of matching right events seen so far;
+- asof: the stream's fields, the table's fields (bare where the stream has no field of that name), `version`;
+- join: the left topic's fields, the right topic's fields (bare where the left has no field of that name).
+Every field of a side is also reachable as `<topic>.<field>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+__all__ = [
+    "FieldType",
+    "FIELD_TYPES",
+    "SQL_TYPES",
+    "Capture",
+    "Topic",
+    "Interval",
+    "Asof",
+    "Join",
+    "View",
+    "Job",
+    "Pipeline",
+    "VERSION",
+    "MATCHES",
+]
+
+FieldType = Literal["id", "string", "long", "double", "boolean", "timestamp"]
+FIELD_TYPES: tuple[str, ...] = ("id", "string", "long", "double", "boolean", "timestamp")
+# How a field of each type is stored in a topic's log and seen by expressions (a timestamp: epoch ms).
+SQL_TYPES: dict[str, str] = {
+    "id": "string",
+    "string": "string",
+    "long": "bigint",
+    "double": "double",
+    "boolean": "boolean",
+    "timestamp": "bigint",
+}
+VERSION = "version"  # what an asof view sees as the id of the version used (`<key>@<time>`), or null
+MATCHES = "matches"  # what an interval view sees as the number of matching right events so far
+
+
+@dataclass(frozen=True)
+class Capture:
+    """`capture: {postgres: <table>, columns: {<field>: <column>}}`: the `cdc` job captures the table into the
+    topic; each field is filled from the column of the same name, or the one `columns` names."""
+
+    postgres: str
+    columns: Mapping[str, str] = field(default_factory=dict)
+
+    def column(self, field_name: str) -> str:
+        return self.columns.get(field_name, field_name)
+
+
+@dataclass(frozen=True)
+class Topic:
+    """An input log. An *event* topic has `id` (a record delivered twice has the effect of one); a *table* topic has
+    `key` (it is the changelog of a keyed table: per key, the record with the greatest time wins; on equal times a
+    delete wins, then the record whose non-key fields, in declared order, are greatest; with `final_deletes`, a
+    delete of a key is final whatever the times).
+
+    fields: (name, type) in declared order. optional: fields that may be absent or null. op: (upsert name, remove
+    name) of the record's field `op`, or None (every record is an upsert). remove_fields: fields a remove record
+    must carry besides the key and the time (none by default)."""
+
+    name: str
+    fields: tuple[tuple[str, str], ...]
+    time: str
+    id: tuple[str, ...] | None = None
+    key: tuple[str, ...] | None = None
+    optional: frozenset[str] = frozenset()
+    op: tuple[str, str] | None = None
+    final_deletes: bool = False
+    remove_fields: tuple[str, ...] = ()
+    capture: Capture | None = None
+
+    @property
+    def kind(self) -> Literal["event", "table"]:
+        return "event" if self.id is not None else "table"
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """The fields that identify a record (event topic) or a row (table topic)."""
+        return self.id if self.id is not None else self.key
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.fields)
+
+    def type_of(self, name: str) -> str:
+        return dict(self.fields)[name]
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The non-key fields, in declared order (the time among them): what the current-table rule compares."""
+        return tuple(n for n in self.names if n not in self.identity)
+
+    def columns(self) -> list[tuple[str, str]]:
+        """(name, SQL type) of the topic's log: `op` first when the topic has one, then the fields in order."""
+        cols = [("op", "string")] if self.op else []
+        return cols + [(n, SQL_TYPES[t]) for n, t in self.fields]
+
+    def schema(self) -> str:
+        """The log's columns as a SQL schema string (`op string, order_id string, ...`)."""
+        return ", ".join(f"`{n}` {t}" for n, t in self.columns())
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Stream-stream: a right event r matches a left event l when every `match` pair is equal and
+    `lower_ms <= r.time - l.time <= upper_ms`. unmatched: publish left events with no match once closed."""
+
+    left: str
+    right: str
+    match: tuple[tuple[str, str], ...]
+    lower_ms: int
+    upper_ms: int
+    unmatched: bool = False
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True)
+class Asof:
+    """Stream-table: each stream event joined with the version of its table key in force at its time, or the one its
+    `pin` field names. match: (stream expression, table key field) pairs, covering the table's key."""
+
+    stream: str
+    table: str
+    match: tuple[tuple[str, str], ...]
+    pin: str | None = None
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        return (self.stream, self.table)
+
+
+@dataclass(frozen=True)
+class Join:
+    """Table-table: the inner join of the two current tables, maintained incrementally."""
+
+    left: str
+    right: str
+    match: tuple[tuple[str, str], ...]
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True)
+class View:
+    """What Redis (or an output log) holds of a job's rows. kind: row | count | list | log.
+
+    key: (name, expression) of a row, count or list view. fields: (name, expression) pairs of a row, list entry or
+    log line. values: (name, expression) sums of a count view. entry, order ((expression, descending) pairs), cap,
+    entries (the export's name of the entry list), items (the name of the entries with their fields in `query
+    --json`; default: `entries`'s), fanout_limit: a list view's. where: only the rows for which it holds. show: the
+    plain `mview query` output of one row or entry (Python format fields named as the view's names)."""
+
+    name: str
+    job: str
+    kind: Literal["row", "count", "list", "log"]
+    key: tuple[str, str] | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+    values: tuple[tuple[str, str], ...] = ()
+    entry: str | None = None
+    order: tuple[tuple[str, bool], ...] = ()
+    cap: int | None = None
+    entries: str = "entries"
+    items: str | None = None
+    fanout_limit: int | None = None
+    where: str | None = None
+    show: str | None = None
+
+    @property
+    def key_name(self) -> str | None:
+        return self.key[0] if self.key else None
+
+    @property
+    def items_name(self) -> str:
+        return self.items or self.entries
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    kind: Literal["interval", "asof", "join"]
+    spec: Interval | Asof | Join
+    views: tuple[View, ...]
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        return self.spec.topics
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A checked pipeline. `file` is the path it was read from (as given); `lines` maps key paths to lines."""
+
+    file: str
+    topics: Mapping[str, Topic]
+    jobs: Mapping[str, Job]
+    lines: Mapping[tuple, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def views(self) -> dict[str, View]:
+        return {v.name: v for job in self.jobs.values() for v in job.views}
+
+    def topic(self, name: str) -> Topic:
+        return self.topics[name]
+
+    def where(self, *path) -> str:
+        """`<file>:<line>: <dotted path>` for messages about the key at `path` (the nearest line known)."""
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.lines:
+                return f"{self.file}:{self.lines[path[:n]]}: {'.'.join(map(str, path))}"
+        return f"{self.file}: {'.'.join(map(str, path))}"
+
+    def sides(self, job: str) -> tuple[Topic, Topic]:
+        a, b = self.jobs[job].topics
+        return self.topics[a], self.topics[b]
+
+    def row_columns(self, job: str) -> list[tuple[str, str]]:
+        """(name, SQL type) of the bare names a view of `job` sees (see the module docstring); every side's
+        fields are also `<topic>.<field>`."""
+        j = self.jobs[job]
+        first, second = self.sides(job)
+        cols = [(n, SQL_TYPES[t]) for n, t in first.fields]
+        if j.kind == "interval":
+            return cols + [(MATCHES, "bigint")]
+        taken = set(first.names)
+        cols += [(n, SQL_TYPES[t]) for n, t in second.fields if n not in taken]
+        return cols + ([(VERSION, "string")] if j.kind == "asof" else [])
+
+    def fingerprint(self, job: str) -> str:
+        """What a generation of `job` is built from: the job, its views and the topics it reads (their
+        declarations), as a short hash. A job started with another fingerprint is rebuilt into a new generation."""
+        j = self.jobs[job]
+        body = {
+            "job": asdict(j),
+            # where a topic's records come from (its capture) does not change what they mean
+            "topics": {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics},
+        }
+        text = json.dumps(body, sort_keys=True, default=_plain)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def definition(self, job: str) -> dict:
+        """The job's declaration as plain data (for the status and the log: what a generation was built from)."""
+        j = self.jobs[job]
+        return json.loads(json.dumps(asdict(j), default=_plain))
+
+
+def _plain(value):
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(type(value).__name__)
