@@ -72,11 +72,7 @@ class _Topic(_Strict):
 
     @field_validator("fields")
     @classmethod
-    def _types(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = {n: t for n, t in v.items() if t not in FIELD_TYPES}
-        if bad:
-            n, t = next(iter(bad.items()))
-            raise ValueError(f"field {n!r} has type {t!r}: choose one of {', '.join(FIELD_TYPES)}")
+    def _some(cls, v: dict[str, str]) -> dict[str, str]:
         if not v:
             raise ValueError("a topic needs at least one field")
         return v
@@ -131,8 +127,8 @@ class _Job(_Strict):
 
 
 class _Pipeline(_Strict):
-    topics: dict[str, _Topic]
-    jobs: dict[str, _Job] = {}
+    topics: dict[str, Any]
+    jobs: dict[str, Any] = {}
 
 
 class _Problems:
@@ -140,9 +136,10 @@ class _Problems:
 
     def __init__(self, file: str, lines: Mapping[tuple, int]):
         self.file, self.lines, self.found = file, lines, []
+        self.broken_topics: set[str] = set()
 
     def add(self, path: tuple, message: str) -> None:
-        line = 0
+        line = 1  # a key missing at the top: the file's first line
         for n in range(len(path), 0, -1):
             if path[:n] in self.lines:
                 line = self.lines[path[:n]]
@@ -179,16 +176,25 @@ def _yaml_booleans(data, path: tuple, lines: dict, out: _Problems):
     return fixed
 
 
-def _pydantic_problems(e: ValidationError, out: _Problems) -> None:
+def _validated(model, data, path: tuple, out: _Problems):
+    """`data` (the part of the file at `path`) as `model`, or None with its problems added."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        _pydantic_problems(e, out, path)
+        return None
+
+
+def _pydantic_problems(e: ValidationError, out: _Problems, prefix: tuple = ()) -> None:
     ons = {
         tuple(err["loc"][:-1])
         for err in e.errors()
         if err["type"] == "extra_forbidden" and err["loc"][-1] == "on"
     }
     for err in e.errors():
-        if err["type"] == "missing" and err["loc"][-1] == "match" and tuple(err["loc"][:-1]) in ons:
+        if err["type"] == "missing" and err["loc"][-1] == "match" and prefix + tuple(err["loc"][:-1]) in ons:
             continue  # said with the `on:` below
-        path = tuple(err["loc"])
+        path = prefix + tuple(err["loc"])
         # pydantic's loc of a union member names the member type (e.g. `str`, `list[str]`): drop those
         path = tuple(
             p for p in path if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool")))
@@ -228,7 +234,11 @@ def _topic(name: str, t: _Topic, out: _Problems) -> Topic | None:
     before = len(out.found)
     if not _NAME.match(name):
         out.add(path, "a topic name is a letter then letters, digits or _")
-    for f in t.fields:
+    for f, kind in t.fields.items():
+        if kind not in FIELD_TYPES:
+            out.add(
+                (*path, "fields", f), f"field {f!r} has type {kind!r}: choose one of {', '.join(FIELD_TYPES)}"
+            )
         if not _NAME.match(f):
             out.add((*path, "fields", f), "a field name is a letter then letters, digits or _")
         if t.op and f == "op":
@@ -557,11 +567,16 @@ def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -
     except ValidationError as e:
         _pydantic_problems(e, out)
         raise PipelineError(_seen(out.found)) from None
-    topics = {n: t for n, t in ((n, _topic(n, t, out)) for n, t in raw.topics.items()) if t is not None}
+    declared = {n: _validated(_Topic, t, ("topics", n), out) for n, t in raw.topics.items()}
+    topics = {n: t for n, t in ((n, _topic(n, t, out)) for n, t in declared.items() if t) if t is not None}
+    out.broken_topics = set(raw.topics) - set(topics)
     if not raw.topics:
         out.add(("topics",), "no topics: declare at least one")
     jobs, views_seen = {}, {}
-    for name, j in raw.jobs.items():
+    for name, body in raw.jobs.items():
+        j = _validated(_Job, body, ("jobs", name), out)
+        if j is None:
+            continue
         if not _NAME.match(name):
             out.add(("jobs", name), "a job name is a letter then letters, digits or _")
         if name in RESERVED_JOBS:

@@ -1,0 +1,289 @@
+"""`spec.load`: a pipeline file loads into the model, or every problem is one line with file, line and key.
+
+The table of broken pipelines doubles as the reference of `mview check`'s messages: each case is a small pipeline
+with one mistake, the line it is on, the key path and a piece of the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spec import PipelineError, load_pipeline, parse_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILTIN = ROOT / "timeline_demo" / "pipelines" / "builtin.yml"
+
+# Two event topics and two table topics that the broken pipelines below refer to (lines 1-9).
+BASE = """\
+topics:
+  orders:
+    fields: {order_id: id, customer_id: id, amount: double, ts: timestamp}
+    id: order_id
+    time: ts
+  payments: {fields: {payment_id: id, order_id: id, ts: timestamp}, id: payment_id, time: ts}
+  customers: {fields: {customer_id: id, tier: string, ts: timestamp}, key: customer_id, time: ts, op: {upsert: upsert, remove: delete}}
+  open_orders: {fields: {order_id: id, customer_id: id, ts: timestamp}, key: order_id, time: ts}
+"""
+
+
+def _job(body: str) -> str:
+    return BASE + "jobs:\n" + body
+
+
+PAID = "  paid:\n    interval: {left: orders, right: payments, match: {order_id: order_id}, within: [0 s, 30 min]}\n"
+
+# (case, text, line, key, a piece of the message)
+BROKEN = [
+    (
+        "unknown field type",
+        BASE.replace("amount: double", "amount: money"),
+        3,
+        "topics.orders.fields.amount",
+        "'money'",
+    ),
+    (
+        "id and key",
+        BASE.replace("id: order_id\n", "id: order_id\n    key: order_id\n"),
+        2,
+        "topics.orders",
+        "not both",
+    ),
+    (
+        "unknown id field",
+        BASE.replace("id: order_id\n", "id: order_no\n"),
+        4,
+        "topics.orders.id",
+        "'order_no'",
+    ),
+    (
+        "time not a timestamp",
+        BASE.replace("amount: double, ts: timestamp", "amount: double, ts: long"),
+        5,
+        "topics.orders.time",
+        "timestamp",
+    ),
+    (
+        "op on an event topic",
+        BASE.replace("    time: ts\n", "    time: ts\n    op: {upsert: a, remove: b}\n", 1),
+        6,
+        "topics.orders.op",
+        "table topics",
+    ),
+    (
+        "unknown key of a topic",
+        BASE.replace("    time: ts\n", "    time: ts\n    primary: order_id\n", 1),
+        6,
+        "topics.orders.primary",
+        "unknown key",
+    ),
+    (
+        "on: instead of match:",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, on: {customer_id: customer_id}}\n    views: {v: {row: {k: order_id}}}\n"
+        ),
+        11,
+        "jobs.j.join.on",
+        "match:",
+    ),
+    (
+        "join of two event topics",
+        _job(
+            "  j:\n    join: {left: orders, right: payments, match: {order_id: order_id}}\n    views: {v: {row: {k: order_id}}}\n"
+        ),
+        11,
+        "jobs.j.join.left",
+        "event topic",
+    ),
+    (
+        "unknown topic",
+        _job(
+            "  j:\n    asof: {stream: orders, table: customer, match: {customer_id: customer_id}}\n    views: {v: {log: {fields: {a: order_id}}}}\n"
+        ),
+        11,
+        "jobs.j.asof.table",
+        "unknown topic 'customer'",
+    ),
+    (
+        "bad duration",
+        _job(PAID.replace("30 min", "30 minutez") + "    views: {v: {row: {k: order_id}}}\n"),
+        11,
+        "jobs.j.interval.within.1".replace("j.", "paid."),
+        "cannot parse duration",
+    ),
+    (
+        "empty interval",
+        _job(PAID.replace("[0 s, 30 min]", "[1 h, 30 min]") + "    views: {v: {row: {k: order_id}}}\n"),
+        11,
+        "jobs.paid.interval.within",
+        "after the upper",
+    ),
+    (
+        "unknown field in a view",
+        _job(PAID + "    views: {v: {row: {k: order_idd}}}\n"),
+        12,
+        "jobs.paid.views.v.row.k",
+        "'order_idd'",
+    ),
+    (
+        "a list without order",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n    views: {v: {list: {c: customer_id}, entry: order_id, cap: 5}}\n"
+        ),
+        12,
+        "jobs.j.views.v.order",
+        "needs `order`",
+    ),
+    (
+        "a list without cap",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n    views: {v: {list: {c: customer_id}, entry: order_id, order: ts desc}}\n"
+        ),
+        12,
+        "jobs.j.views.v.cap",
+        "needs `cap`",
+    ),
+    (
+        "a list of an interval job",
+        _job(PAID + "    views: {v: {list: {c: customer_id}, entry: order_id, order: ts desc, cap: 3}}\n"),
+        12,
+        "jobs.paid.views.v.list",
+        "join jobs",
+    ),
+    (
+        "a log of a join job",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n    views: {v: {log: {fields: {a: order_id}}}}\n"
+        ),
+        12,
+        "jobs.j.views.v.log",
+        "asof jobs",
+    ),
+    (
+        "a count without values",
+        _job(PAID + "    views: {v: {count: {k: order_id}}}\n"),
+        12,
+        "jobs.paid.views.v.values",
+        "needs `values`",
+    ),
+    (
+        "a view of two kinds",
+        _job(PAID + "    views: {v: {row: {k: order_id}, count: {k: order_id}, values: {n: 1}}}\n"),
+        12,
+        "jobs.paid.views.v",
+        "exactly one of",
+    ),
+    (
+        "asof match not the table key",
+        _job(
+            "  j:\n    asof: {stream: orders, table: customers, match: {amount: tier}}\n    views: {v: {log: {fields: {a: order_id}}}}\n"
+        ),
+        11,
+        "jobs.j.asof.match",
+        "exactly the key",
+    ),
+    (
+        "a pin that is no field",
+        _job(
+            "  j:\n    asof: {stream: orders, table: customers, match: {customer_id: customer_id}, pin: customer_version}\n    views: {v: {log: {fields: {a: order_id}}}}\n"
+        ),
+        11,
+        "jobs.j.asof.pin",
+        "'customer_version'",
+    ),
+    ("a job without views", _job(PAID), 10, "jobs.paid.views", "at least one view"),
+    (
+        "a job named like a source job",
+        _job(PAID.replace("paid:", "kafka:") + "    views: {v: {row: {k: order_id}}}\n"),
+        10,
+        "jobs.kafka",
+        "source job",
+    ),
+    (
+        "a view name taken",
+        _job(
+            PAID
+            + "    views: {v: {row: {k: order_id}}}\n"
+            + PAID.replace("paid:", "paid2:")
+            + "    views: {v: {row: {k: order_id}}}\n"
+        ),
+        15,
+        "jobs.paid2.views.v",
+        "taken by job 'paid'",
+    ),
+    (
+        "list order second term not the entry",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n    views: {v: {list: {c: customer_id}, entry: order_id, order: [ts desc, tier desc], cap: 3}}\n"
+        ),
+        12,
+        "jobs.j.views.v.order.1",
+        "the entry",
+    ),
+    (
+        "a key of another view kind",
+        _job(PAID + "    views: {v: {row: {k: order_id}, cap: 3}}\n"),
+        12,
+        "jobs.paid.views.v.cap",
+        "not a key of a row view",
+    ),
+    ("not YAML", "topics: [\n", 2, "", "not valid YAML"),
+    ("no topics", "jobs: {}\n", 1, "topics", "missing"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "line", "key", "says"), BROKEN, ids=[c[0] for c in BROKEN])
+def test_a_broken_pipeline_is_one_line_with_file_line_and_key(case, text, line, key, says):
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(text, "shop.yml", {})
+    lines = str(caught.value).splitlines()
+    expected = f"shop.yml:{line}: {key}: " if key else f"shop.yml:{line}: "
+    assert any(got.startswith(expected) and says in got for got in lines), lines
+    assert all(got.startswith("shop.yml:") for got in lines)
+
+
+def test_every_problem_is_reported_not_only_the_first():
+    text = (
+        BASE.replace("amount: double", "amount: money")
+        + "jobs:\n"
+        + PAID
+        + "    views: {v: {count: {k: nope}}}\n"
+    )
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(text, "shop.yml", {})
+    assert len(caught.value.problems) >= 2, caught.value.problems
+
+
+def test_the_built_in_pipeline_loads_with_the_contract_s_topics_jobs_and_views():
+    p = load_pipeline(BUILTIN, {})
+    assert list(p.topics) == ["tweets", "follows", "searches", "clicks", "activity", "profiles"]
+    assert {j: [v.name for v in job.views] for j, job in p.jobs.items()} == {
+        "timeline": ["timeline"],
+        "clicks": ["search_clicks", "ctr"],
+        "enrichment": ["enriched_activity", "activity_by_country"],
+    }
+    assert p.views["timeline"].cap == 800 and p.views["timeline"].fanout_limit is None
+    assert p.topics["profiles"].capture.postgres == "profiles"
+
+
+def test_settings_reach_the_file_through_the_environment():
+    p = load_pipeline(BUILTIN, {"TIMELINE_CAP": "50", "FANOUT_LIMIT": "7", "PG_TABLE": "people"})
+    assert (p.views["timeline"].cap, p.views["timeline"].fanout_limit) == (50, 7)
+    assert p.topics["profiles"].capture.postgres == "people"
+
+
+def test_a_fingerprint_changes_with_the_definition_and_only_for_the_jobs_it_touches():
+    before = load_pipeline(BUILTIN, {})
+    after = load_pipeline(BUILTIN, {"TIMELINE_CAP": "50"})
+    assert before.fingerprint("timeline") != after.fingerprint("timeline")
+    assert before.fingerprint("clicks") == after.fingerprint("clicks")
+    assert load_pipeline(BUILTIN, {"PG_TABLE": "people"}).fingerprint("enrichment") == before.fingerprint(
+        "enrichment"
+    )
+
+
+def test_an_unreadable_file_is_one_problem(tmp_path):
+    with pytest.raises(PipelineError) as caught:
+        load_pipeline(tmp_path / "missing.yml", {})
+    assert "cannot read the pipeline file" in str(caught.value)
