@@ -1,4 +1,5 @@
-"""The SparkSession every job and test uses: Delta enabled, UI off, few shuffle partitions."""
+"""The SparkSession every job and test uses: Delta enabled, UI off, few shuffle partitions, and with a local
+master a driver that listens on loopback only (`loopback_conf`, `loopback_env`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 from jobs.jvmcache import driver_java
 from jobs.settings import Settings
 
-__all__ = ["get_spark", "kafka_package"]
+__all__ = ["get_spark", "kafka_package", "is_local", "loopback_conf", "loopback_env", "LOOPBACK"]
+
+LOOPBACK = "127.0.0.1"
 
 
 def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None = None):
@@ -25,6 +28,10 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     a KAFKA_BOOTSTRAP Spark's Kafka source (`kafka_package`) too; without one no job reads Kafka. The jar files a
     resolution found are remembered (`_known_jars`): a later start with the same packages, all of whose files are
     still there, passes them as `spark.jars` and skips Ivy's resolution.
+
+    With a local master the driver JVM listens on 127.0.0.1 only (its RPC and block-manager ports by
+    `loopback_conf`, Spark's own web UI by `loopback_env`, set in the environment the JVM starts with); with any
+    other master Spark binds as its configuration says (README, "Spark on a cluster").
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -40,11 +47,13 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/jvmcache.py)
         os.environ["JAVA_HOME"], extra = aot
         driver_opts = f"{driver_opts} {extra}"
-    java_home = os.environ.get("JAVA_HOME")
-    if master.startswith("local"):
+    bind_env = loopback_env(master)
+    launch_env = {k: os.environ.get(k) for k in ("JAVA_HOME", *bind_env)}  # restored once the JVM runs
+    os.environ.update(bind_env)
+    if is_local(master):
         _java_dies_with_driver()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in _config(settings, driver_opts).items():
+    for key, value in {**_config(settings, driver_opts), **loopback_conf(master)}.items():
         builder = builder.config(key, value)
     try:
         extra = [kafka_package()] if settings.kafka_bootstrap else None
@@ -57,11 +66,12 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
         spark = builder.getOrCreate()
         if not known:
             _remember_jars(packages, spark.sparkContext.getConf().get("spark.jars", ""))
-    finally:  # the wrapper is for this driver only, not for JVMs that later child processes start
-        if java_home is None:
-            os.environ.pop("JAVA_HOME", None)
-        else:
-            os.environ["JAVA_HOME"] = java_home
+    finally:  # the wrapper and the bind address are for this driver only, not for what child processes start
+        for key, value in launch_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     atexit.register(spark.stop)  # a clean exit stops Spark (its temporary files go) before the JVM is killed
     spark.sparkContext.setLogLevel("ERROR")
     _jars_off_python_path(spark.sparkContext)
@@ -73,6 +83,32 @@ def kafka_package() -> str:
     import pyspark
 
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def is_local(master: str) -> bool:
+    """Whether `master` runs the executors on this machine beside the driver (`local`, `local[N]`, `local[*]`,
+    `local[N,F]`, `local-cluster[...]`), so that nothing on another machine ever has to reach the driver."""
+    return master.startswith("local")
+
+
+def loopback_conf(master: str) -> dict[str, str]:
+    """The Spark settings that bind a local master's driver to 127.0.0.1: its RPC endpoint and its block manager
+    (which listens on the driver's bind address), and the address they advertise. {} for any other master, whose
+    executors must reach the driver from other machines (README, "Spark on a cluster").
+
+    Without them the driver binds the address Spark finds for the machine's name, and where that name resolves to
+    a loopback address, the first non-loopback interface's ("hostname resolves to a loopback address; using
+    ..."): both ports reachable from the network, with `spark.authenticate` off."""
+    if not is_local(master):
+        return {}
+    return {"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK}
+
+
+def loopback_env(master: str) -> dict[str, str]:
+    """The environment a local master's driver JVM must start with to serve nothing beyond 127.0.0.1: Spark's
+    web UI (`SPARK_UI=true`) binds SPARK_LOCAL_IP, or every interface without it, and has no setting of its own.
+    {} for any other master."""
+    return {"SPARK_LOCAL_IP": LOOPBACK} if is_local(master) else {}
 
 
 def _config(settings: Settings, driver_opts: str) -> dict[str, str]:

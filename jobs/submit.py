@@ -6,6 +6,10 @@ KAFKA_BOOTSTRAP]> --conf spark.pyspark.python=<this
 interpreter> .../jobs/__main__.py ARGS`. The executors must be able to import this project and its
 dependencies with that interpreter (same machine, or the same venv path on every node), and LAKE_DIR must be a
 path every executor sees (a shared file system, or the same machine).
+
+With a local master (`local[*]`) the driver listens on 127.0.0.1 only, as in `jobs.spark.get_spark`: the command
+adds `jobs.spark.loopback_conf` as `--conf`s and `main` starts it with `jobs.spark.loopback_env` (Spark's web UI).
+With a cluster master nothing is added: what to set there is in the README ("Spark on a cluster").
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ def delta_packages() -> str:
 
 
 def submit_command(settings: Settings, args: list[str]) -> list[str]:
+    """The spark-submit command line that runs `mview ARGS` against SPARK_MASTER (see the module docstring)."""
     import pyspark
 
-    from jobs.spark import kafka_package
+    from jobs.spark import kafka_package, loopback_conf
 
     spark_submit = shutil.which("spark-submit") or str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
     local_bin = Path(sys.executable).parent / "spark-submit"
@@ -49,17 +54,25 @@ def submit_command(settings: Settings, args: list[str]) -> list[str]:
         f"spark.pyspark.driver.python={sys.executable}",
         "--driver-memory",
         settings.driver_memory,
+        *[
+            arg
+            for key, value in loopback_conf(settings.spark_master).items()
+            for arg in ("--conf", f"{key}={value}")
+        ],
         str(Path(__file__).parent / "__main__.py"),
         *args,
     ]
 
 
 def main(argv: list[str]) -> int:
+    from jobs.spark import loopback_env
+
     settings = Settings.from_env()
     cmd = submit_command(settings, argv)
     print(" ".join(cmd), file=sys.stderr, flush=True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.update(loopback_env(settings.spark_master))  # the driver JVM is spark-submit's own
     os.execv(cmd[0], cmd)
     return 0  # pragma: no cover - execv does not return
 

@@ -1,14 +1,23 @@
 """The shared SparkSession: the Delta jars (on the JVM's class path, used by every Delta test) are on no Python
 path, where each new Python worker had spent about 1 s reading them on its first imports; a start reuses the jar
-files an earlier resolution of the same packages found while they all exist."""
+files an earlier resolution of the same packages found while they all exist; with a local master the driver JVM
+(of the session, of a job run through the installed `mview`, of `python -m jobs.submit`) listens on loopback only,
+as the kernel's socket tables say."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from jobs.deploy import settings_env
+from jobs.runtime import read_status
+from tests.conftest import make_settings
+from tests.jobs.opshelp import MVIEW, wait_for
 
 
 def test_delta_jars_are_off_the_python_path_of_driver_and_workers(spark):
@@ -150,3 +159,117 @@ def test_resolved_jars_are_reused_while_every_file_is_there(spark, tmp_path):
         assert _known_jars(packages) is None  # a file gone from the Ivy cache: resolved anew
     finally:
         _jars_record(packages).unlink(missing_ok=True)
+
+
+def _listening(pid: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    """(address, port) of every TCP socket process `pid` listens on, from /proc/net/tcp{,6} (IPv4-mapped IPv6
+    addresses as IPv4): the kernel's view, whatever the process logs."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = b"".join(bytes.fromhex(hex_addr[i : i + 8])[::-1] for i in range(0, len(hex_addr), 8))
+            addr = ipaddress.ip_address(raw)
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                addr = addr.ipv4_mapped
+            out.append((addr, int(hex_port, 16)))
+    return out
+
+
+def _jvms(pid: int) -> list[int]:
+    """The `java` processes among `pid` and its descendants."""
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += _children(p)
+    out = []
+    for p in tree:
+        try:
+            if Path(f"/proc/{p}/comm").read_text().strip() == "java":
+                out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+def _exposed(sockets) -> list[str]:
+    return [f"{a}:{port}" for a, port in sockets if not a.is_loopback]
+
+
+def test_the_sessions_driver_listens_on_loopback_only(spark):
+    sockets = _listening(spark.sparkContext._gateway.proc.pid)
+    assert len(sockets) >= 3, sockets  # Py4J's gateway, the RPC endpoint, the block manager
+    assert _exposed(sockets) == [], f"the driver JVM listens beyond loopback: {sockets}"
+
+
+def _job_listens_on_loopback_only(cmd: list[str], env: dict, settings, tmp_path: Path) -> None:
+    """Start `cmd` (a continuous timeline job), wait until it runs, and check its JVM's listening sockets: the
+    driver's RPC endpoint, its block manager and Spark's web UI (SPARK_UI=true), each on loopback only."""
+    log = tmp_path / "job.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+
+        def started() -> bool:
+            status = read_status(settings, "timeline")
+            return proc.poll() is not None or (
+                status.get("state") == "running" and status.get("spark_ui_url")
+            )
+
+        wait_for(started, "the job to run", timeout_s=600)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        ui = read_status(settings, "timeline")["spark_ui_url"]
+        [jvm] = _jvms(proc.pid)
+        sockets = _listening(jvm)
+        assert int(ui.rstrip("/").rsplit(":", 1)[1]) in [port for _a, port in sockets], (ui, sockets)
+        assert len(sockets) >= 4, sockets  # Py4J's gateway, RPC, block manager, web UI
+        assert _exposed(sockets) == [], f"the job's JVM listens beyond loopback: {sockets}"
+        assert ui.startswith("http://127.0.0.1:"), ui  # what it advertises
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+def _job_env(tmp_path: Path, redis_url: str):
+    settings = make_settings(
+        tmp_path / "lake", redis_url, SPARK_MASTER="local[1]", SPARK_UI="true", SPARK_DRIVER_MEMORY="1g"
+    )
+    env = {**os.environ, **settings_env(settings), "METRICS_PORT": "off"}
+    env.pop("SPARK_LOCAL_IP", None)  # what a user's shell has
+    return settings, env
+
+
+def test_a_job_run_through_mview_listens_on_loopback_only(tmp_path, redis_url):
+    """Before: the RPC endpoint and the block manager listened on the machine's external address (its name
+    resolves to 127.0.0.1 here, so Spark took the first other interface's) and the web UI on every interface."""
+    settings, env = _job_env(tmp_path, redis_url)
+    _job_listens_on_loopback_only([MVIEW, "run", "timeline"], env, settings, tmp_path)
+
+
+def test_a_job_under_spark_submit_listens_on_loopback_only(tmp_path, redis_url):
+    from jobs.submit import submit_command
+
+    settings, env = _job_env(tmp_path, redis_url)
+    _job_listens_on_loopback_only(
+        [sys.executable, "-m", "jobs.submit", "run", "timeline"], env, settings, tmp_path
+    )
+    cmd = submit_command(settings, ["run", "timeline"])  # the command says so
+    assert "spark.driver.bindAddress=127.0.0.1" in cmd and "spark.driver.host=127.0.0.1" in cmd
+    cluster = make_settings(tmp_path / "lake", redis_url, SPARK_MASTER="spark://10.0.0.5:7077")
+    assert not [a for a in submit_command(cluster, ["run", "timeline"]) if a.startswith("spark.driver.")]
