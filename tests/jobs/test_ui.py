@@ -1,16 +1,22 @@
 """The operations page with no job running: it says so, shows every job as not running, and its status endpoint
-is `mview status --json` plus the page's fields. (A running job on the page: tests/jobs/test_metrics.py.)"""
+is `mview status --json` plus the page's fields; `mview ui` answers only its own address in the Host header.
+(A running job on the page: tests/jobs/test_metrics.py.)"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import urllib.request
 
+from jobs.deploy import settings_env
+from jobs.devredis import free_port
 from jobs.registry import JOBS
 from jobs.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
-from tests.jobs.opshelp import wait_for
+from tests.jobs.opshelp import MVIEW, wait_for
+from tests.jobs.test_httpd import assert_refuses_other_hosts
 
 
 def test_the_page_says_when_no_job_runs(tmp_path, redis_url):
@@ -36,3 +42,20 @@ def test_the_page_says_when_no_job_runs(tmp_path, redis_url):
             web.quit()
     finally:
         page.shutdown()
+
+
+def test_mview_ui_refuses_a_foreign_host_header(tmp_path, redis_url):
+    """DNS rebinding: a page of evil.example that resolves its name to 127.0.0.1 would read `/api/status` (every
+    job's state, errors and URLs); `mview ui` answers it 421 and its own address 200."""
+    settings = make_settings(tmp_path / "lake", redis_url)
+    settings.lake_dir.mkdir(parents=True)
+    port = free_port()
+    env = {**os.environ, **settings_env(settings)}
+    proc = subprocess.Popen([MVIEW, "ui", "--port", str(port)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith(f"operations page at http://127.0.0.1:{port}/")
+        assert json.loads(assert_refuses_other_hosts(port, "/api/status"))["running"] == 0
+        assert b"<html" in assert_refuses_other_hosts(port, "/").lower()
+    finally:
+        proc.terminate()
+        proc.wait(10)

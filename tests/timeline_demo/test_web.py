@@ -1,17 +1,23 @@
 """The live timeline page end to end in headless Chromium (Debian's `chromium` + `chromedriver`, via Selenium):
 a new tweet by a followed user appears on the open page without a reload, and a tweet by someone not followed
-does not."""
+does not; the page's server answers only its own address in the Host header."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import orjson
 
 from changelog.ingest import ingest
+from jobs.devredis import free_port
 from jobs.timeline import run_timeline
 from tests.browser import browser as _browser
 from tests.conftest import make_settings
+from tests.jobs.test_httpd import assert_refuses_other_hosts
 from timeline_demo.web import serve_in_thread
 
 
@@ -79,3 +85,20 @@ def test_new_tweet_by_followed_user_appears_without_reload(spark, tmp_path, redi
     finally:
         browser.quit()
         server.shutdown()
+
+
+def test_the_page_refuses_a_foreign_host_header(redis_url):
+    """DNS rebinding: a page of evil.example that resolves its name to 127.0.0.1 would read any user's timeline;
+    `python -m timeline_demo.web` (`make demo-web`) answers it 421 and its own address 200."""
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url}
+    cmd = [sys.executable, "-m", "timeline_demo.web", "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith(f"timeline page at http://127.0.0.1:{port}/")
+        body = json.loads(assert_refuses_other_hosts(port, "/api/timeline?user=u1"))
+        assert body["user_id"] == "u1" and body["tweets"] == []
+        assert b"<html" in assert_refuses_other_hosts(port, "/?user=u1").lower()
+    finally:
+        proc.terminate()
+        proc.wait(10)
