@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ChangelogError",
     "InvalidRecord",
+    "RecordTooLarge",
     "NotStored",
     "UnknownTopic",
     "KafkaUnavailable",
@@ -24,6 +25,14 @@ class InvalidRecord(ChangelogError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class RecordTooLarge(InvalidRecord):
+    """A record whose JSON line holds `size` bytes, more than the maximum record size `limit`."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"record of {size:,} bytes exceeds the maximum record size of {limit:,} bytes")
+        self.size, self.limit = size, limit
 
 
 class NotStored(ChangelogError):

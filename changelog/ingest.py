@@ -31,13 +31,10 @@ import orjson
 
 from changelog import records
 from changelog.errors import InvalidRecord, NotStored
-from changelog.records import check_record_size, parse_line
+from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, parse_line
 from changelog.topics import RecordTable, append_table, ensure_topic
 
 __all__ = ["IngestResult", "ingest", "deadletter_path", "append_dead_letters", "DEADLETTER_RAW_CHARS"]
-
-# A dead letter of a line over the maximum record size keeps this many characters of it.
-DEADLETTER_RAW_CHARS = 1_000
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -150,11 +147,8 @@ def _lines(source: str) -> Iterator[tuple[bytes, int]]:
 
 
 def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> bytes:
-    if size <= records.MAX_RECORD_BYTES:
-        text = raw[:size].decode("utf-8", "replace")
-    else:
-        text = raw[: 4 * DEADLETTER_RAW_CHARS].decode("utf-8", "replace")[:DEADLETTER_RAW_CHARS]
     at = int(time.time() * 1000)
+    text = dead_letter_raw(raw, size)
     entry = {"file": name, "line": lineno, "reason": reason, "raw": text, "raw_bytes": size, "at": at}
     return orjson.dumps(entry) + b"\n"
 

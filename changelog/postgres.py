@@ -48,7 +48,7 @@ from pathlib import Path
 import orjson
 
 from changelog.errors import CdcFailed, InvalidRecord, PostgresUnavailable
-from changelog.records import validate
+from changelog.records import dead_letter_raw, validate
 
 __all__ = ["PgSource", "capture", "wal_lag", "drop_slot", "shown_dsn", "lsn_text"]
 
@@ -272,34 +272,48 @@ class _Decoder:
         self.apply(rel, old, new)
 
     def apply(self, rel: _Relation, old: dict | None, new: dict | None) -> None:
-        """One row change (`new` None: a delete of `old`) of the transaction in progress -> record or dead letter."""
+        """One row change (`new` None: a delete of `old`) of the transaction in progress -> record or dead letter.
+
+        The change becomes the record it stands for and goes through `validate`, which also applies the maximum
+        record size to the record's JSON line, so a captured row is judged exactly as the same record would be
+        from a file or Kafka; a rejected record's dead letter keeps that line (`raw`, truncated as ingest does).
+        A change no record can be made of (a table that does not fit, an unsent value) keeps the row's columns."""
         shown = {k: v for k, v in (new or old or {}).items() if v is not _UNCHANGED}
         if rel.problem:
             return self._bad(rel, rel.problem, shown)
         ms = self.txn.commit_ms
+        if new is None:
+            return self._record(rel, {"op": "delete", "user_id": old.get("user_id"), "ts": ms})
+        for k, v in new.items():
+            if v is _UNCHANGED:  # REPLICA IDENTITY FULL sends the old value
+                if old is None or old.get(k, _UNCHANGED) is _UNCHANGED:
+                    return self._bad(
+                        rel,
+                        f"column {k!r} was not sent (an unchanged TOASTed value): ALTER TABLE {rel.name}"
+                        " REPLICA IDENTITY FULL",
+                        shown,
+                    )
+                new[k] = old[k]
+        ts = new.get("updated_at")
+        upsert = {"op": "upsert", **{c: new.get(c) for c in _REQUIRED}, "ts": ms if ts is None else ts}
+        if old is not None and old.get("user_id") not in (None, new.get("user_id")):  # the key changed
+            delete = {"op": "delete", "user_id": old["user_id"], "ts": ms}
+            try:
+                record = validate("profiles", upsert)
+            except InvalidRecord as e:
+                return self._bad(rel, e.reason, upsert)
+            return self._record(rel, delete, then=record)
+        self._record(rel, upsert)
+
+    def _record(self, rel: _Relation, candidate: dict, then: dict | None = None) -> None:
+        """Validate `candidate` and keep it (then the validated record `then`), or dead-letter it."""
         try:
-            if new is None:
-                return self._add(
-                    validate("profiles", {"op": "delete", "user_id": old.get("user_id"), "ts": ms})
-                )
-            for k, v in new.items():
-                if v is _UNCHANGED:  # REPLICA IDENTITY FULL sends the old value
-                    if old is None or old.get(k, _UNCHANGED) is _UNCHANGED:
-                        raise InvalidRecord(
-                            f"column {k!r} was not sent (an unchanged TOASTed value): ALTER TABLE {rel.name}"
-                            " REPLICA IDENTITY FULL"
-                        )
-                    new[k] = old[k]
-            ts = new.get("updated_at")
-            record = validate(
-                "profiles",
-                {"op": "upsert", **{c: new.get(c) for c in _REQUIRED}, "ts": ms if ts is None else ts},
-            )
-            if old is not None and old.get("user_id") not in (None, record["user_id"]):  # the key changed
-                self._add(validate("profiles", {"op": "delete", "user_id": old["user_id"], "ts": ms}))
-            self._add(record)
+            record = validate("profiles", candidate)
         except InvalidRecord as e:
-            self._bad(rel, e.reason, shown)
+            return self._bad(rel, e.reason, candidate)
+        self._add(record)
+        if then is not None:
+            self._add(then)
 
     def _add(self, record: dict) -> None:
         """Keep the transaction's last change per key: only the state at its commit was ever visible."""
@@ -308,14 +322,18 @@ class _Decoder:
         self.txn.records[record["user_id"]] = record
 
     def _bad(self, rel: _Relation | None, reason: str, row: dict) -> None:
+        """A dead letter of the transaction in progress: `raw` is `row` as a JSON line, truncated as ingest
+        truncates a line over the maximum record size; `raw_bytes` is the line's size."""
         self.txn.changes += 1
         name = rel.name if rel else self.source.table
+        line = orjson.dumps(row, default=str)
         self.txn.dead.append(
             {
                 "file": f"postgresql:{name}",
                 "line": self.txn.changes,
                 "reason": f"{name}: {reason}",
-                "raw": row,
+                "raw": dead_letter_raw(line, len(line)),
+                "raw_bytes": len(line),
             }
         )
 
@@ -369,13 +387,8 @@ class _Log:
         before the transactions' commit, so the slot sends them again); return how many were appended."""
         from changelog.ingest import append_dead_letters
 
-        at, entries = int(time.time() * 1000), []
-        for t in txns:
-            for d in t.dead:
-                raw = orjson.dumps(d["raw"]).decode()
-                entries.append(
-                    {**d, "lsn": lsn_text(t.commit_lsn), "raw": raw, "raw_bytes": len(raw), "at": at}
-                )
+        at = int(time.time() * 1000)
+        entries = [{**d, "lsn": lsn_text(t.commit_lsn), "at": at} for t in txns for d in t.dead]
         return append_dead_letters(self.dead_path, entries, _dead_letter_key)
 
 

@@ -3,8 +3,10 @@
 Normalization: `ts` becomes epoch milliseconds (int), whether given as an ISO-8601 string with a zone or as an
 integer; fields a topic does not know are dropped.
 
-Limits, the same for every topic:
-- a line (without its line terminator) holds at most `MAX_RECORD_BYTES` bytes;
+Limits, the same for every topic and every source (a line of a file, a Kafka message, a captured row):
+- a record holds at most `MAX_RECORD_BYTES` bytes, measured as its JSON line: the line as read, without its
+  terminator, or for a record that comes as a value (a captured row), the compact JSON `orjson` makes of it.
+  `validate` enforces it, so no source can pass a larger record (`RecordTooLarge`, with the size);
 - `ts`, in either form, lies in [1970-01-01T00:00:00Z, 2100-01-01T00:00:00Z): `TS_MIN_MS` <= ts < `TS_END_MS`;
 - an id is a string that is not empty, not only whitespace, and holds no ASCII control character
   (U+0000-U+001F, U+007F). Other string fields may hold any text.
@@ -26,21 +28,27 @@ from typing import Any
 
 import orjson
 
-from changelog.errors import InvalidRecord
+from changelog.errors import InvalidRecord, RecordTooLarge
 
 __all__ = [
     "MAX_RECORD_BYTES",
+    "DEADLETTER_RAW_CHARS",
     "TS_MIN_MS",
     "TS_END_MS",
     "TOPIC_FIELDS",
     "check_record_size",
+    "record_size",
+    "dead_letter_raw",
     "parse_ts",
     "parse_line",
     "validate",
 ]
 
-# The largest line accepted, in bytes without the line terminator. Longer lines are rejected, not truncated.
+# The largest record accepted: the bytes of its JSON line, without the line terminator. Larger ones are rejected,
+# never truncated.
 MAX_RECORD_BYTES = 1_048_576
+# A dead letter of a record over the maximum keeps this many characters of its line (`dead_letter_raw`).
+DEADLETTER_RAW_CHARS = 1_000
 
 TS_MIN_MS = 0  # 1970-01-01T00:00:00Z, the first valid `ts` (epoch ms)
 TS_END_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z, the first `ts` past the valid range
@@ -109,11 +117,28 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def check_record_size(nbytes: int) -> None:
-    """Raise `InvalidRecord` if a line of `nbytes` bytes (without its terminator) exceeds `MAX_RECORD_BYTES`."""
+    """Raise `RecordTooLarge` if a record whose JSON line holds `nbytes` bytes (without its terminator) exceeds
+    `MAX_RECORD_BYTES`."""
     if nbytes > MAX_RECORD_BYTES:
-        raise InvalidRecord(
-            f"record of {nbytes:,} bytes exceeds the maximum record size of {MAX_RECORD_BYTES:,} bytes"
-        )
+        raise RecordTooLarge(nbytes, MAX_RECORD_BYTES)
+
+
+def dead_letter_raw(raw: bytes, size: int) -> str:
+    """What a dead letter keeps of a rejected record whose JSON line is `raw` (at least its first bytes) and holds
+    `size` bytes: the line as text, or for one over `MAX_RECORD_BYTES` only its first `DEADLETTER_RAW_CHARS`
+    characters. The same for every source: a line of a file, a Kafka message, a captured row."""
+    if size <= MAX_RECORD_BYTES:
+        return raw[:size].decode("utf-8", "replace")
+    return raw[: 4 * DEADLETTER_RAW_CHARS].decode("utf-8", "replace")[:DEADLETTER_RAW_CHARS]
+
+
+def record_size(obj: Any) -> int:
+    """The bytes of the JSON line of a record that comes as a value: the compact JSON orjson makes of it (what
+    `mview ingest` reads back as the same record), without a line terminator."""
+    try:
+        return len(orjson.dumps(obj, default=str))
+    except orjson.JSONEncodeError as e:  # e.g. an integer over 64 bits: no JSON line holds it as a number
+        raise InvalidRecord(f"not representable as JSON: {e}") from None
 
 
 def _in_range(ms: int, given: Any) -> int:
@@ -191,8 +216,13 @@ def _from_debezium(obj: dict) -> dict | None:
     return {"op": "upsert", **fields, "ts": commit if ts is None else ts}
 
 
-def validate(topic: str, obj: Any) -> dict[str, Any]:
-    """Check one decoded JSON value against `topic`'s record definition and return the normalized record."""
+def validate(topic: str, obj: Any, *, size: int | None = None) -> dict[str, Any]:
+    """Check one record against `topic`'s record definition and return the normalized record.
+
+    `obj` is the decoded JSON value, whatever its source. Its size is checked first, the same rule for every
+    source: `size` is the bytes of the line it was decoded from (`parse_line` gives it), and without a line it is
+    `record_size(obj)`; over `MAX_RECORD_BYTES` it is rejected with `RecordTooLarge`."""
+    check_record_size(record_size(obj) if size is None else size)
     if not isinstance(obj, dict):
         raise InvalidRecord(f"not a JSON object but {type(obj).__name__}")
     if topic == "profiles" and obj.get("op") not in ("upsert", "delete"):
@@ -263,4 +293,4 @@ def parse_line(topic: str, line: bytes | str) -> dict[str, Any]:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as e:
         raise InvalidRecord(f"not valid JSON: {e}") from None
-    return validate(topic, obj)
+    return validate(topic, obj, size=size)

@@ -163,6 +163,22 @@ def test_a_line_over_the_maximum_record_size_is_rejected_with_its_size(size, rea
     assert e.value.reason == reason
 
 
+@pytest.mark.parametrize("size", [MAX_RECORD_BYTES, MAX_RECORD_BYTES + 1, 5 * 1024 * 1024])
+def test_a_record_without_a_line_is_measured_as_its_json_line_by_the_same_rule(size):
+    """`validate` applies the limit itself: a record that comes as a value (a captured row) is as large as its
+    compact JSON line, and gets the verdict and reason that line gets from `parse_line`."""
+    line = _post_of_size(size)
+    record = orjson.loads(line)
+    results = []
+    for check in (lambda: parse_line("tweets", line), lambda: validate("tweets", record)):
+        try:
+            results.append(check())
+        except InvalidRecord as e:
+            results.append((type(e).__name__, e.reason))
+    assert results[0] == results[1]
+    assert (size <= MAX_RECORD_BYTES) == isinstance(results[0], dict)
+
+
 def test_the_maximum_record_size_is_one_mebibyte():
     assert MAX_RECORD_BYTES == 1_048_576
     check_record_size(MAX_RECORD_BYTES)

@@ -1,6 +1,6 @@
 """The `cdc` job through the command line against a real PostgreSQL: run --once, a deployed job killed with
 SIGKILL mid-stream and deployed again (each change once), status lag in WAL bytes, its Prometheus metrics,
-stop --drop-slot."""
+stop --drop-slot; a captured row over the record limit (a dead letter exactly as `mview ingest` makes one)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs.deploy import settings_env
 from jobs.devredis import free_port
 from tests.conftest import make_settings
-from tests.jobs.opshelp import status_of, wait_for
+from tests.jobs.opshelp import mview, status_of, wait_for
 from tests.pghelp import fold, log_commits
 
 
@@ -241,3 +241,66 @@ def test_run_once_counts_the_snapshot_and_the_stream_in_its_metrics(pg, redis_ur
     )
     assert run_cdc(None, settings, once=True)["appended"] == 3
     assert (counted()[0] - snap[0], counted()[1] - snap[1]) == (3, 1)
+
+
+def test_a_captured_row_over_the_record_limit_is_a_dead_letter_exactly_as_ingest_makes_it(
+    pg, redis_url, tmp_path
+):
+    import orjson
+
+    from changelog.records import MAX_RECORD_BYTES
+
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", **pg.env())
+
+    def line(user: str, name: str) -> bytes:
+        """The record's JSON line of a row without updated_at (its ts: a commit time, 13 digits)."""
+        return orjson.dumps(
+            {"op": "upsert", "user_id": user, "name": name, "country": "DE", "ts": 1_700_000_000_000}
+        )
+
+    room = MAX_RECORD_BYTES - len(line("h2", ""))
+    fits, over = "F" * room, "O" * (room + 1)  # records of exactly the maximum and of one byte more
+    assert len(line("h2", fits)) == MAX_RECORD_BYTES and len(line("h3", over)) == MAX_RECORD_BYTES + 1
+    pg.sql("INSERT INTO {t} VALUES ('h1', repeat('N', 5*1024*1024), 'DE', clock_timestamp())")
+    pg.sql("INSERT INTO {t} VALUES ('h2', %s, 'DE', NULL)", params=(fits,))
+    first = mview(settings, "run", "cdc", "--once", "--json")  # the snapshot
+    assert first.returncode == 0, first.stderr
+    pg.sql("INSERT INTO {t} VALUES ('h3', %s, 'DE', NULL)", params=(over,))
+    pg.sql(
+        "INSERT INTO {t} VALUES ('h4', repeat('N', 5*1024*1024), 'DE', clock_timestamp()), ('h5', 'n5', 'FR', NULL)"
+    )
+    second = mview(settings, "run", "cdc", "--once", "--json")  # the stream
+    assert second.returncode == 0, second.stderr
+    assert [json.loads(r.stdout.splitlines()[-1])["rejected"] for r in (first, second)] == [1, 2]
+
+    kept = {r["user_id"]: r for c in log_commits(settings.lake_dir) for r in c}
+    assert sorted(kept) == ["h2", "h5"] and kept["h2"]["name"] == fits  # at the limit: kept whole
+    dead = [
+        orjson.loads(x)
+        for x in (settings.lake_dir / "deadletter" / "profiles.jsonl").read_bytes().splitlines()
+    ]
+    assert [d["raw"][:30] for d in dead] == [
+        '{"op":"upsert","user_id":"h1",',
+        '{"op":"upsert","user_id":"h3",',
+        '{"op":"upsert","user_id":"h4",',
+    ]
+    for d in dead:
+        size = d["raw_bytes"]
+        table = d["file"].removeprefix("postgresql:")  # the snapshot names PG_TABLE, the stream schema.table
+        assert size > MAX_RECORD_BYTES and len(d["raw"]) == 1_000 and table.endswith(pg.name)
+        assert d["reason"] == (
+            f"{table}: record of {size:,} bytes exceeds the maximum record size of {MAX_RECORD_BYTES:,} bytes"
+        )
+        assert isinstance(d["lsn"], str) and "/" in d["lsn"]
+    assert dead[0]["raw_bytes"] > 5 * 1024 * 1024 and dead[2]["raw_bytes"] > 5 * 1024 * 1024
+    assert dead[1]["raw_bytes"] == MAX_RECORD_BYTES + 1
+
+    # the same records through `mview ingest`: the same verdicts, reasons, sizes and raw text
+    (tmp_path / "same.jsonl").write_bytes(line("h3", over) + b"\n" + line("h2", fits) + b"\n")
+    ingested = mview(settings, "ingest", "profiles", str(tmp_path / "same.jsonl"), "--json")
+    assert json.loads(ingested.stdout.splitlines()[-1]) == {"topic": "profiles", "accepted": 1, "rejected": 1}
+    by_ingest = orjson.loads(
+        (settings.lake_dir / "deadletter" / "profiles.jsonl").read_bytes().splitlines()[-1]
+    )
+    assert by_ingest["reason"] == dead[1]["reason"].split(": ", 1)[1]
+    assert (by_ingest["raw"], by_ingest["raw_bytes"]) == (dead[1]["raw"], dead[1]["raw_bytes"])
