@@ -1,8 +1,19 @@
-"""Errors of the changelog layer. Each carries the data needed to act on it."""
+"""Errors of the changelog layer. Each carries the data needed to act on it.
+
+Also the one redaction of credentials (`redact`, `redact_url`) that every error text naming a URL or a
+connection string passes through before it is stored or printed, in this layer and the ones above it (this is the
+lowest layer, so each can use it): a message never shows a password, whatever its source put in it.
+"""
 
 from __future__ import annotations
 
+import re
+from urllib.parse import unquote
+
 __all__ = [
+    "redact",
+    "redact_url",
+    "url_password",
     "ChangelogError",
     "InvalidRecord",
     "RecordTooLarge",
@@ -11,8 +22,78 @@ __all__ = [
     "KafkaUnavailable",
     "NotProduced",
     "PostgresUnavailable",
+    "PostgresMisconfigured",
+    "PgDsnInvalid",
+    "PostgresAuthFailed",
     "CdcFailed",
 ]
+
+# A URL's userinfo: up to the last "@" (a password may hold "?", "#", "/" or "@").
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
+_SCHEME = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*://")
+# A password as a URL's query option (`?password=`, libpq's `?sslpassword=` too).
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd|sslpassword)=)[^&#\s\"']*", re.I)
+# A password as a libpq keyword (`password=x`, `password = 'a b'`, `sslpassword=x`), anywhere in a text.
+_KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|[^\s'\"]+)", re.I)
+_KEYWORD_VALUE = re.compile(r"\b(?:ssl)?password\s*=\s*(?:'((?:[^'\\]|\\.)*)'?|([^\s'\"]+))", re.I)
+# `scheme://user:password@` in a text, up to the last "@" of the word; the placeholder `:PASSWORD@` stays.
+_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\"'<>]*):[^\s\"'<>]*@")
+
+
+def redact_url(url) -> str:
+    """`url` with its password replaced by `***` (user, host, port, db and options kept); a `password=` query
+    option is masked too. Never raises: whatever the text, what looks like a password is not returned."""
+    text = str(url)
+    m = _USERINFO.match(text)
+    if m is not None:
+        user, sep, _password = m["userinfo"].partition(":")
+        rest = text[m.end("userinfo") + 1 :]
+        text = f"{m['scheme'] or ''}{user}{':***' if sep else ''}@{rest}"
+    return _QUERY_SECRET.sub(r"\1***", text)
+
+
+def url_password(url: str | None) -> str | None:
+    """The password in a URL (`scheme://user:PASSWORD@`, `?password=`) or a libpq connection string
+    (`postgresql://...`, or `password=...` among its keywords), whether or not the rest of it parses; None if it
+    has none."""
+    secrets = _secrets(url)
+    return secrets[0] if secrets else None
+
+
+def _secrets(source) -> list[str]:
+    """Every password `source` (a URL or a connection string) holds, as written and as a client decodes it."""
+    if not source:
+        return []
+    text, found = str(source), []
+    if _SCHEME.match(text) or "=" not in text:  # a URL (a DSN in URI form): its userinfo
+        m = _USERINFO.match(text.strip())
+        if m is not None:
+            _user, sep, password = m["userinfo"].partition(":")
+            if sep and password:
+                found.append(password)
+    found += re.findall(r"[?&](?:password|pass|pwd|sslpassword)=([^&#]+)", text, re.I)
+    for quoted, bare in _KEYWORD_VALUE.findall(text):  # libpq's keyword form, quoted with '...' or bare
+        found.append(re.sub(r"\\(.)", r"\1", quoted) if quoted else bare)
+    out = []
+    for secret in found:
+        for form in (secret, unquote(secret)):
+            if form and form not in out:
+                out.append(form)
+    return out
+
+
+def redact(text, *sources: str | None) -> str:
+    """`text` with every password masked as `***`: each occurrence of a password that one of `sources` (URLs or
+    connection strings: REDIS_URL, PG_DSN; None and empty ones are skipped) holds, raw or percent-decoded, and
+    any credentials that look like one: a `scheme://user:password@` URL, a `password=` query option, a libpq
+    `password=` keyword. Apply it to every error text before it is stored or printed."""
+    out = str(text)
+    secrets = {s for source in sources for s in _secrets(source)}
+    for secret in sorted(secrets, key=len, reverse=True):
+        out = out.replace(secret, "***")
+    out = _IN_TEXT.sub(lambda m: m[0] if m[0].endswith(":PASSWORD@") else f"{m[1]}:***@", out)
+    out = _QUERY_SECRET.sub(r"\1***", out)
+    return _KEYWORD_SECRET.sub(r"\1***", out)
 
 
 class ChangelogError(Exception):
@@ -85,6 +166,47 @@ class PostgresUnavailable(ChangelogError):
             " point PG_DSN at the database to capture"
         )
         self.dsn, self.cause = dsn, cause
+
+
+class PostgresMisconfigured(ChangelogError):
+    """PG_DSN cannot work as it is: retrying cannot help, PG_DSN (or the server's roles) must change. Permanent:
+    `mview deploy cdc` refuses it and starts nothing, and a deployed `cdc` job stops with `state: failed`. The
+    message never shows the password."""
+
+
+class PgDsnInvalid(PostgresMisconfigured):
+    """PG_DSN is not a connection string libpq can use (it does not parse, or an option's value is invalid).
+    `cause` is libpq's reason with every password masked."""
+
+    def __init__(self, cause: str, dsn: str | None = None):
+        self.cause = redact(_unquoted_after_password(cause, dsn), dsn)
+        super().__init__(
+            f"PG_DSN is not a valid connection string ({self.cause}): correct it (`host=H port=P dbname=D user=U`"
+            " and the password, or `postgresql://U:PASSWORD@H:P/D`)"
+        )
+
+
+def _unquoted_after_password(cause: str, dsn: str | None) -> str:
+    """libpq's parse error of a keyword-form DSN quotes the piece it could not read (`missing "=" after "X"`); a
+    piece that comes after the DSN's `password` keyword may be part of the password (one with a space, an
+    unclosed quote), so it is shown as "***"."""
+    if not dsn or _SCHEME.match(dsn) or (m := re.search(r"\bpassword\s*=", dsn, re.I)) is None:
+        return cause
+    tail = dsn[m.end() :]
+    return re.sub(r'"([^"]*)"', lambda q: '"***"' if q[1].strip("=") and q[1] in tail else q[0], cause)
+
+
+class PostgresAuthFailed(PostgresMisconfigured):
+    """The server at PG_DSN refused its credentials (SQLSTATE class 28: a wrong password, an unknown role, no
+    pg_hba.conf entry), or wants a password PG_DSN does not give. `dsn` is PG_DSN as shown (without its
+    password), `cause` the server's reason, masked."""
+
+    def __init__(self, dsn: str, cause: str, secret_source: str | None = None):
+        self.dsn, self.cause = dsn, redact(cause, secret_source)
+        super().__init__(
+            f"PostgreSQL at PG_DSN ({dsn}) refused the credentials ({self.cause}): correct the user or password"
+            " in PG_DSN (or the server's pg_hba.conf), then deploy again"
+        )
 
 
 class CdcFailed(ChangelogError):

@@ -38,6 +38,7 @@ The table (`PgSource.table`) has the primary key `user_id` and text columns `nam
 
 from __future__ import annotations
 
+import re
 import select
 import struct
 import time
@@ -47,10 +48,18 @@ from pathlib import Path
 
 import orjson
 
-from changelog.errors import CdcFailed, InvalidRecord, PostgresUnavailable
+from changelog.errors import (
+    CdcFailed,
+    ChangelogError,
+    InvalidRecord,
+    PgDsnInvalid,
+    PostgresAuthFailed,
+    PostgresUnavailable,
+    redact,
+)
 from changelog.records import dead_letter_raw, validate
 
-__all__ = ["PgSource", "capture", "wal_lag", "drop_slot", "shown_dsn", "lsn_text"]
+__all__ = ["PgSource", "capture", "probe", "wal_lag", "drop_slot", "shown_dsn", "lsn_text"]
 
 _PG_EPOCH_MS = 946_684_800_000  # 2000-01-01T00:00:00Z, PostgreSQL's epoch, in Unix epoch ms
 _TEXT = {25: "text", 1043: "varchar", 1042: "char"}
@@ -80,7 +89,7 @@ def shown_dsn(dsn: str) -> str:
         params = parse_dsn(dsn)
     except Exception:  # noqa: BLE001 - a DSN we cannot parse is shown as such, never echoed
         return "an unparseable connection string"
-    return " ".join(f"{k}={v}" for k, v in params.items() if k != "password") or "empty"
+    return " ".join(f"{k}={v}" for k, v in params.items() if "password" not in k) or "empty"
 
 
 def lsn_text(lsn: int) -> str:
@@ -101,7 +110,9 @@ def _connect(source: PgSource, **kw):
         )
     try:
         conn = psycopg2.connect(source.dsn, **{"connect_timeout": 5, **kw})
-    except psycopg2.OperationalError as e:
+    except psycopg2.ProgrammingError as e:  # psycopg2's parse of the DSN: "invalid dsn: ..."
+        raise PgDsnInvalid(_first_line(e), source.dsn) from None
+    except psycopg2.Error as e:
         raise _pg_error(source, e) from None
     if "connection_factory" not in kw:
         conn.autocommit = True
@@ -524,26 +535,66 @@ _HINTS = (
 )
 
 
-def _pg_error(source: PgSource, e: Exception) -> PostgresUnavailable | CdcFailed:
-    """A psycopg2 error as one line: a refusal we know (privileges, settings) says what to change; a connection
-    that failed otherwise is `PostgresUnavailable` (retried by a deployed job), any other error `CdcFailed`."""
+# libpq's and the server's words for a login the server refuses: SQLSTATE class 28 (28P01 a wrong password; 28000
+# no pg_hba.conf entry, an unknown role, a failed peer/ident/cert check) or a password the server asks for and
+# PG_DSN lacks. At the start of a connection libpq hands a client only the message, not the SQLSTATE, so these are
+# matched (the server's words in English, its default lc_messages).
+_AUTH_REFUSED = re.compile(
+    r"authentication failed|no pg_hba\.conf entry|pg_hba\.conf rejects|no password supplied|password is required"
+    r'|role ".*" does not exist',
+    re.I,
+)
+# libpq's words for a connection string it cannot parse or use (an option's value): PG_DSN must change.
+_DSN_INVALID = re.compile(
+    r"^(invalid dsn|invalid connection option|invalid integer value|invalid port number|invalid \w+ value"
+    r"|could not match \d+ port numbers)",
+    re.I,
+)
+
+
+def _pg_error(source: PgSource, e: Exception) -> ChangelogError:
+    """A psycopg2 error as one line, every password in it masked (`redact`):
+
+    - PG_DSN that libpq cannot use -> `PgDsnInvalid`, and credentials the server refuses (SQLSTATE class 28) ->
+      `PostgresAuthFailed`: both permanent (`PostgresMisconfigured`), never retried;
+    - a refusal we know (privileges, settings) -> `CdcFailed` saying what to change;
+    - a connection that failed otherwise (nothing answers, the server restarts) -> `PostgresUnavailable`,
+      retried by a deployed job; any other error -> `CdcFailed`."""
     import psycopg2
 
-    reason = _first_line(e).lower()
-    if isinstance(e, psycopg2.OperationalError) and not any(words in reason for words, _h in _HINTS):
-        return PostgresUnavailable(shown_dsn(source.dsn), _first_line(e))
-    return CdcFailed(_refused(source, e))
+    lines = [redact(line, source.dsn) for line in str(e).strip().splitlines()] or [type(e).__name__]
+    if isinstance(e, psycopg2.OperationalError) and _DSN_INVALID.search(lines[0]):
+        return PgDsnInvalid(lines[0], source.dsn)
+    refused = [line for line in lines if _AUTH_REFUSED.search(line)]  # several hosts: one line each
+    if (getattr(e, "pgcode", None) or "").startswith("28") or (
+        isinstance(e, psycopg2.OperationalError) and refused
+    ):
+        return PostgresAuthFailed(shown_dsn(source.dsn), (refused or lines)[0], source.dsn)
+    text = " ".join(lines).lower()
+    if isinstance(e, psycopg2.OperationalError) and not any(words in text for words, _h in _HINTS):
+        return PostgresUnavailable(shown_dsn(source.dsn), lines[0])
+    return CdcFailed(_refused(source, lines[0]))
 
 
 def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _refused(source: PgSource, e: Exception) -> str:
-    reason = _first_line(e)
+def _refused(source: PgSource, reason: str) -> str:
     hint = next((h for words, h in _HINTS if words in reason.lower()), "see the server's log")
     hint = hint.format(slot=source.slot, table=source.table)
     return f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}) refused the capture of {source.table}: {reason}: {hint}"
+
+
+def probe(source: PgSource) -> PostgresUnavailable | None:
+    """Whether PG_DSN can be used, without capturing anything: None when the server accepts a connection, the
+    `PostgresUnavailable` to wait for when nothing answers now; raises the permanent problems (`PgDsnInvalid`,
+    `PostgresAuthFailed`, `CdcFailed` for an empty PG_DSN), which retrying cannot fix."""
+    try:
+        _connect(source, connect_timeout=3).close()
+    except PostgresUnavailable as e:
+        return e
+    return None
 
 
 def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, stop, progress) -> dict:

@@ -4,7 +4,11 @@
 - `run_cdc(once=True)`: everything committed before the start, then returns the counts.
 - Deployed (`once=False`, see `jobs.source`): streams until SIGTERM; each commit of the log updates the status
   (`appended`, `rejected`, `lsn`). The database unreachable: the log and the status say so (PG_DSN without its
-  password) and it tries again after 2, 4, ... 60 s.
+  password) and it tries again after 2, 4, ... 60 s. PG_DSN unusable as it is (`PostgresMisconfigured`: it does
+  not parse, or the server refuses its credentials): never retried; `run_cdc` raises it, so the job ends with
+  `state: "failed"` and the reason in `error` (`jobs.source`).
+- `probe`: what `mview deploy cdc` checks first: it raises the permanent problems (nothing is started) and
+  returns the `PostgresUnavailable` the job will wait for, if any.
 - `lag`: WAL bytes the slot has not confirmed (`mview status`); `drop`: removes the slot and the publication
   (`mview stop cdc --drop-slot`).
 - Metrics (`jobs.metrics`, `metrics_url` in the status), `mview run` and deployed alike: per Delta commit of the
@@ -20,14 +24,15 @@ import time
 
 import psycopg2
 
-from changelog.errors import CdcFailed, PostgresUnavailable
+from changelog.errors import CdcFailed, PostgresMisconfigured, PostgresUnavailable, redact
 from changelog.postgres import PgSource, capture, drop_slot, shown_dsn, wal_lag
+from changelog.postgres import probe as _probe
 from jobs import runtime
 from jobs.metrics import metrics_for
 from jobs.runtime import job_dir, log, write_status
 from jobs.settings import Settings
 
-__all__ = ["run_cdc", "lag", "drop"]
+__all__ = ["run_cdc", "lag", "drop", "probe"]
 
 
 def _source(settings: Settings) -> PgSource:
@@ -70,12 +75,16 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
                 stop=runtime.STOP.is_set,
                 progress=_meter(metrics, {}, status),
             )
+        except PostgresMisconfigured as e:  # retrying cannot help: PG_DSN must change
+            log(f"cdc: {e}; not retrying: stopping")
+            write_status(settings, "cdc", retry_in_s=None)
+            raise
         except (PostgresUnavailable, CdcFailed, OSError, psycopg2.Error) as e:
             failures = 1 if time.monotonic() - started > 300 else failures + 1
             delay = min(60, 2**failures)
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if not isinstance(e, (PostgresUnavailable, CdcFailed)):
-                reason = f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}): {reason}"
+                reason = redact(f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}): {reason}", source.dsn)
             log(f"cdc: {reason}; trying again in {delay}s")
             write_status(settings, "cdc", state="waiting", error=reason, retry_in_s=delay)
             runtime.STOP.wait(delay)
@@ -104,3 +113,9 @@ def lag(settings: Settings) -> int | None:
 
 def drop(settings: Settings) -> list[str]:
     return drop_slot(_source(settings))
+
+
+def probe(settings: Settings) -> PostgresUnavailable | None:
+    """`changelog.postgres.probe` of PG_DSN: raises what the job could never get past (an empty or unparseable
+    PG_DSN, refused credentials), returns the unreachable server it would wait for, or None."""
+    return _probe(_source(settings))

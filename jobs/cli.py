@@ -335,6 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _shown(error) -> str:
+    """An error as the command line prints it: every password masked (`changelog.errors.redact`), those of
+    REDIS_URL and PG_DSN wherever they appear in it."""
+    from changelog.errors import redact
+
+    return redact(error, os.environ.get("REDIS_URL"), os.environ.get("PG_DSN"))
+
+
 def main(argv: list[str] | None = None) -> int:
     from changelog.errors import ChangelogError
     from jobs.errors import JobsError
@@ -344,8 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (ChangelogError, JobsError, ViewError) as e:
-        print(f"mview: {e}", file=sys.stderr)
+        print(f"mview: {_shown(e)}", file=sys.stderr)
         return 1
+    except SystemExit as e:  # a command's one-line refusal (`raise SystemExit("mview: ...")`)
+        if isinstance(e.code, str):
+            raise SystemExit(_shown(e.code)) from None
+        raise
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

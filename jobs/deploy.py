@@ -6,9 +6,11 @@ Layout under `LAKE_DIR/jobs/<job>/`: `pid` (the driver's pid, which is also its 
 log, status and other files are readable by their owner only.
 
 - deploy: if Redis answers but cannot be used (refused credentials, TLS mismatch), a one-line error, exit 1,
-  nothing started. If the job runs, says so and does nothing (exit 0). Otherwise removes what a killed run may
-  have left (its JVM, its process group), starts `python -m jobs run JOB` in a new session with the settings in
-  its environment, writes the pid file and returns 0 once the process is up (1, with the log's tail, if it died).
+  nothing started; a job with its own check (`JobSpec.probe`: `cdc` checks PG_DSN, which must parse and whose
+  credentials the server must accept) is refused the same way by what that check raises. If the job runs, says
+  so and does nothing (exit 0). Otherwise removes what a killed run may have left (its JVM, its process group),
+  starts `python -m jobs run JOB` in a new session with the settings in its environment, writes the pid file and
+  returns 0 once the process is up (1, with the log's tail, if it died; the tail with every password masked).
 - stop: SIGTERM to the driver, which finishes its micro-batch in flight and exits; waits up to STOP_TIMEOUT,
   then SIGKILLs the process group (safe: the next start replays the interrupted batch). Not running: says so,
   exit 0.
@@ -25,10 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+from changelog.errors import PostgresUnavailable
 from jobs.registry import job_spec
 from jobs.runtime import job_dir
 from jobs.settings import Settings
-from views.errors import RedisMisconfigured
+from views.errors import RedisMisconfigured, redact
 from views.redis_io import probe
 
 __all__ = ["deploy", "stop", "pid_of", "log_path", "settings_env"]
@@ -117,12 +120,16 @@ def deploy(settings: Settings, job: str) -> int:
 
     Raises `RedisMisconfigured` (refused credentials, TLS mismatch: one line saying what to do) and starts
     nothing if Redis answers but cannot be used; an unreachable Redis does not prevent the start (the job waits
-    for it, and says so).
+    for it, and says so). A job with its own check (`JobSpec.probe`) instead raises what that check raises
+    (`cdc`: `PostgresMisconfigured`) and waits for what it returns (`PostgresUnavailable`).
     """
     spec = job_spec(job)
-    problem = None if spec.source else probe(settings.redis_url)  # a source job writes only the lake
-    if isinstance(problem, RedisMisconfigured):
-        raise problem
+    if spec.probe:
+        problem = spec.call("probe", settings)  # raises what no retry can fix
+    else:
+        problem = None if spec.source else probe(settings.redis_url)  # a source job writes only the lake
+        if isinstance(problem, RedisMisconfigured):
+            raise problem
     d = job_dir(settings, job)
     with open(d / "deploy.lock", "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys at once: the second sees the first's process
@@ -159,10 +166,12 @@ def deploy(settings: Settings, job: str) -> int:
     if proc.poll() is not None:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         print(f"{spec.name}: exited at start (code {proc.returncode}); end of {log}:", file=sys.stderr)
-        print("\n".join(tail), file=sys.stderr)
+        print(redact("\n".join(tail), settings.redis_url, settings.pg_dsn), file=sys.stderr)
         return 1
     print(f"{spec.name}: deployed (pid {proc.pid}); log {log}; `mview status` shows progress")
-    if problem is not None:
+    if isinstance(problem, PostgresUnavailable):
+        print(f"{spec.name}: PostgreSQL at PG_DSN ({problem.dsn}) does not answer yet: the job waits for it")
+    elif problem is not None:
         print(f"{spec.name}: {problem.url} does not answer yet: the job waits for Redis and then catches up")
     return 0
 

@@ -158,10 +158,16 @@ def _dev(settings: Settings) -> tuple[dict, Path]:
 def main(argv: list[str] | None = None) -> int:
     import psycopg2
 
+    from changelog.errors import PgDsnInvalid
+
     argv = sys.argv[1:] if argv is None else argv
     settings = Settings.from_env()
     try:
-        params, root = _dev(settings)
+        try:
+            params, root = _dev(settings)
+        except psycopg2.ProgrammingError as e:  # "invalid dsn: ...", which may quote the password
+            print(f"make postgres: {PgDsnInvalid(str(e).strip(), settings.pg_dsn)}", file=sys.stderr)
+            return 1
         if argv[:1] == ["stop"]:
             print("stopped PostgreSQL" if stop_server(root) else f"no PostgreSQL of ours runs from {root}")
             return 0

@@ -27,6 +27,10 @@ class JobSpec:
     lag_unit: str = "versions"
     # A source job copies an outside system into the topics' logs: no views, no generations, never replayed.
     source: bool = False
+    # "module:function" taking (settings), checked by `mview deploy` before it starts the job: raises a problem no
+    # retry can fix (the job is not started), returns one the job will wait out (an error, printed), or None.
+    # Empty: Redis is checked (`views.redis_io.probe`), unless the job is a source job.
+    probe: str = ""
 
     def call(self, attr: str, *args, **kwargs):
         module, func = getattr(self, attr).split(":")
@@ -61,7 +65,14 @@ JOBS: dict[str, JobSpec] = {
         source=True,
     ),
     "cdc": JobSpec(
-        "cdc", ("profiles",), (), "jobs.cdc:run_cdc", lag="jobs.cdc:lag", lag_unit="bytes", source=True
+        "cdc",
+        ("profiles",),
+        (),
+        "jobs.cdc:run_cdc",
+        lag="jobs.cdc:lag",
+        lag_unit="bytes",
+        source=True,
+        probe="jobs.cdc:probe",
     ),
 }
 

@@ -80,9 +80,11 @@ def process_cpu(pid: int, *, waited: bool = False) -> tuple[float, float]:
 
 
 def log(msg: str) -> None:
-    """A timestamped line on stderr (a deployed job's `job.log`), with the credentials of any URL masked."""
+    """A timestamped line on stderr (a deployed job's `job.log`), with the credentials of any URL or connection
+    string masked (the passwords of REDIS_URL and PG_DSN wherever they appear)."""
+    shown = redact(msg, os.environ.get("REDIS_URL"), os.environ.get("PG_DSN"))
     print(
-        f"[{time.strftime('%H:%M:%S')}] {redact(msg, os.environ.get('REDIS_URL'))}",
+        f"[{time.strftime('%H:%M:%S')}] {shown}",
         file=sys.stderr,
         flush=True,
     )

@@ -12,7 +12,7 @@ import pytest
 from jobs.devpostgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
 
-__all__ = ["pg_server", "pg", "PgTable", "log_commits", "fold"]
+__all__ = ["pg_server", "pg", "PgTable", "password_role", "log_commits", "fold"]
 
 _SEQ = itertools.count(1)
 
@@ -68,6 +68,30 @@ def pg(pg_server):
             (t.slot,),
         )
     c.close()
+
+
+def password_role(pg_server, pg: PgTable, password: str) -> str:
+    """A login role of `pg`'s own (a superuser, so it may capture `pg`'s table) whose password the server checks:
+    scram-sha-256 for that role alone (a line at the top of the session server's pg_hba.conf, then a reload; every
+    other role stays trusted). Returns the PG_DSN that logs in as it with `password`."""
+    import time
+
+    role = f"{pg.slot}_pw"
+    hba = pg_server["root"] / "pg" / "data" / "pg_hba.conf"
+    line = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+    text = hba.read_text()
+    if line not in text:
+        hba.write_text(line + text)
+    pg.sql(f"DROP ROLE IF EXISTS {role}", "SELECT pg_reload_conf()")
+    pg.sql(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD %s", params=(password,))
+    dsn = f"host=127.0.0.1 port={pg_server['port']} dbname=mview user={role}"
+    for _ in range(100):  # the reload is asynchronous: wait until a wrong password is refused
+        try:
+            psycopg2.connect(f"{dsn} password=not-{password}", connect_timeout=3).close()
+        except psycopg2.OperationalError:
+            return f"{dsn} password={password}"
+        time.sleep(0.05)
+    raise AssertionError(f"the server does not check the password of {role} after a reload of {hba}")
 
 
 def log_commits(lake_dir) -> list[list[dict]]:

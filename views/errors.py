@@ -1,10 +1,10 @@
-"""Errors of the views layer, and the redaction of credentials in Redis URLs (every message that names a URL
-shows it through `redact_url`)."""
+"""Errors of the views layer. Every message that names a Redis URL shows it through `redact_url` and its causes
+through `redact` (`changelog.errors`: the one redaction of credentials, re-exported here)."""
 
 from __future__ import annotations
 
-import re
-from urllib.parse import unquote
+from changelog.errors import redact, redact_url
+from changelog.errors import url_password as _password
 
 __all__ = [
     "ViewError",
@@ -18,45 +18,6 @@ __all__ = [
     "redact_url",
     "redact",
 ]
-
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?(?P<userinfo>.*)@(?P<rest>[^@]*)$", re.S)
-_QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd)=)[^&#]*", re.I)
-_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@]*@")  # the placeholder PASSWORD stays
-
-
-def redact_url(url) -> str:
-    """`url` with its password replaced by `***` (user, host, port, db and options kept); a `password=` query
-    option is masked too. Never raises: whatever the text, what looks like a password is not returned."""
-    text = str(url)
-    m = _USERINFO.match(text)  # userinfo: up to the last "@" (a password may hold "?", "#", "/" or "@")
-    if m is not None:
-        user, sep, _password = m["userinfo"].partition(":")
-        rest = text[m.end("userinfo") + 1 :]
-        text = f"{m['scheme'] or ''}{user}{':***' if sep else ''}@{rest}"
-    return _QUERY_SECRET.sub(r"\1***", text)
-
-
-def _password(url: str | None) -> str | None:
-    if not url:
-        return None
-    m = _USERINFO.match(str(url))
-    if m is not None:
-        _user, sep, password = m["userinfo"].partition(":")
-        if sep and password:
-            return password
-    q = re.search(r"[?&](?:password|pass|pwd)=([^&#]+)", str(url), re.I)
-    return q[1] if q else None
-
-
-def redact(text, url: str | None = None) -> str:
-    """`text` with the credentials of every `scheme://user:password@` URL in it masked, and, if `url` carries a
-    password, every occurrence of that password (raw or percent-decoded) too."""
-    out, password = str(text), _password(url)
-    if password:
-        for secret in sorted({password, unquote(password)}, key=len, reverse=True):
-            out = out.replace(secret, "***")
-    out = _IN_TEXT.sub(lambda m: m[0] if m[0].endswith(":PASSWORD@") else f"{m[1]}:***@", out)
-    return _QUERY_SECRET.sub(r"\1***", out)
 
 
 class ViewError(Exception):

@@ -1,6 +1,8 @@
 """The `cdc` job through the command line against a real PostgreSQL: run --once, a deployed job killed with
 SIGKILL mid-stream and deployed again (each change once), status lag in WAL bytes, its Prometheus metrics,
-stop --drop-slot; a captured row over the record limit (a dead letter exactly as `mview ingest` makes one)."""
+stop --drop-slot; a captured row over the record limit (a dead letter exactly as `mview ingest` makes one); a
+PG_DSN that cannot work (unparseable, a refused password: refused at deploy, a deployed job fails, the password
+shown nowhere) beside a server that does not answer (waited for)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import sys
 import threading
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.deploy import settings_env
 from jobs.devredis import free_port
 from tests.conftest import make_settings
-from tests.jobs.opshelp import mview, status_of, wait_for
-from tests.pghelp import fold, log_commits
+from tests.jobs.opshelp import MVIEW, mview, one_line_error, status_of, wait_for
+from tests.pghelp import fold, log_commits, password_role
 
 
 def _mview(settings, *args) -> subprocess.CompletedProcess:
@@ -241,6 +244,158 @@ def test_run_once_counts_the_snapshot_and_the_stream_in_its_metrics(pg, redis_ur
     )
     assert run_cdc(None, settings, once=True)["appended"] == 3
     assert (counted()[0] - snap[0], counted()[1] - snap[1]) == (3, 1)
+
+
+def _ui_status(settings) -> str:
+    """The body of `/api/status` of `mview ui` (the installed command, on a free port) for `settings`."""
+    import time
+
+    port = free_port()
+    env = {**os.environ, **settings_env(settings)}
+    ui = subprocess.Popen(
+        [MVIEW, "ui", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(300):
+            try:
+                return (
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=5).read().decode()
+                )
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("mview ui does not answer")
+    finally:
+        ui.terminate()
+        ui.wait(20)
+
+
+def _shown_nowhere(settings, secrets: tuple[str, ...], *outputs: str) -> dict:
+    """Assert that none of `secrets` is in `outputs` (a command's stdout and stderr), the job's `status.json` and
+    `job.log`, `mview status` (plain and `--json`) or `/api/status` of `mview ui`; return the cdc job's status."""
+    job = settings.lake_dir / "jobs" / "cdc"
+    plain, as_json = mview(settings, "status"), mview(settings, "status", "--json")
+    assert plain.returncode == 0 and as_json.returncode == 0, plain.stderr + as_json.stderr
+    seen = {
+        "outputs": "\n".join(outputs),
+        "status.json": (job / "status.json").read_text() if (job / "status.json").exists() else "",
+        "job.log": (job / "job.log").read_text() if (job / "job.log").exists() else "",
+        "mview status": plain.stdout + plain.stderr,
+        "mview status --json": as_json.stdout + as_json.stderr,
+        "/api/status": _ui_status(settings),
+    }
+    for where, text in seen.items():
+        for secret in secrets:
+            assert secret not in text, f"{secret!r} shown in {where}: {text[-2000:]}"
+    return json.loads(as_json.stdout.splitlines()[-1])["cdc"]
+
+
+def _deployed_meets(settings, what: str) -> dict:
+    """Start the process `mview deploy cdc` starts (`mview run cdc`, no --once) as if it had been deployed before
+    PG_DSN went bad: it must stop by itself (exit 1, `state: failed`), not retry; return its status."""
+    env = {**os.environ, **settings_env(settings)}
+    proc = subprocess.Popen(
+        [MVIEW, "run", "cdc"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"a deployed cdc job retries {what} (a permanent error): {err[-1500:]}"
+        ) from None
+    assert proc.returncode == 1, err
+    status = status_of(settings, "cdc")
+    assert status["state"] == "failed" and not status["running"] and status.get("retry_in_s") is None, status
+    return {**status, "stdout": out, "stderr": err}
+
+
+@pytest.fixture
+def stop_cdc():
+    """`stop_cdc(settings)`: the cdc job deployed with `settings` is stopped when the test ends, however it ends."""
+    deployed = []
+    yield deployed.append
+    for settings in deployed:
+        mview(settings, "stop", "cdc")
+
+
+def test_an_unparseable_pg_dsn_is_permanent_and_its_password_is_never_shown(
+    pg, pg_server, redis_url, tmp_path, stop_cdc
+):
+    secret = f"Secret-{os.getpid()}x"
+    dsn = f"postgresql://u:{secret}@[::1:{pg_server['port']}/mview"  # an IPv6 address with no "]"
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", **{**pg.env(), "PG_DSN": dsn})
+    stop_cdc(settings)
+
+    deploy = mview(settings, "deploy", "cdc")
+    line = one_line_error(deploy, "PG_DSN is not a valid connection string", "postgresql://u:***@[::1:")
+    assert "see the server's log" not in line and "make postgres" not in line
+    assert not (settings.lake_dir / "jobs" / "cdc" / "pid").exists()  # nothing started
+    once = mview(settings, "run", "cdc", "--once")
+    assert one_line_error(once, "PG_DSN is not a valid connection string") == line
+    _shown_nowhere(settings, (secret,), deploy.stdout, deploy.stderr, once.stdout, once.stderr)
+
+    failed = _deployed_meets(settings, "an unparseable PG_DSN")
+    assert failed["error"] == line.removeprefix("mview: "), failed
+    shown = _shown_nowhere(settings, (secret,), failed["stdout"], failed["stderr"])
+    assert shown["state"] == "failed" and shown["error"] == failed["error"]
+
+
+def test_a_refused_password_is_permanent_an_unreachable_server_is_waited_for(
+    pg, pg_server, redis_url, tmp_path, stop_cdc
+):
+    good, wrong = f"G00d-{os.getpid()}x", f"Wr0ng-{os.getpid()}x"
+    dsn = password_role(pg_server, pg, good)
+    env = {**pg.env(), "PG_DSN": dsn}
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", **env)
+    refused = make_settings(
+        settings.lake_dir, redis_url, METRICS_PORT="off", **{**env, "PG_DSN": dsn.replace(good, wrong)}
+    )
+    secrets = (good, wrong)
+    stop_cdc(settings)
+
+    deploy = mview(refused, "deploy", "cdc")
+    line = one_line_error(
+        deploy, "refused the credentials", "password in PG_DSN", "password authentication failed"
+    )
+    assert "make postgres" not in line and "start it" not in line
+    assert not (settings.lake_dir / "jobs" / "cdc" / "pid").exists()  # nothing started
+    once = mview(refused, "run", "cdc", "--once")
+    assert one_line_error(once, "refused the credentials") == line
+    _shown_nowhere(refused, secrets, deploy.stdout, deploy.stderr, once.stdout, once.stderr)
+
+    # deployed with the right password, which then stops working: the job fails, it does not retry
+    deployed = mview(settings, "deploy", "cdc")
+    assert deployed.returncode == 0, deployed.stderr
+    pg.sql("INSERT INTO {t} VALUES ('u1', 'n1', 'DE', NULL)")
+    wait_for(lambda: _count(settings.lake_dir) == 1, "the deployed cdc job captures the row", 120)
+    role = dsn.split("user=")[1].split()[0]
+    pg.sql(f"ALTER ROLE {role} PASSWORD 'changed-{os.getpid()}'")
+    pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", params=(role,))
+    status = wait_for(
+        lambda: (s := status_of(settings, "cdc"))["state"] == "failed" and not s["running"] and s,
+        "the deployed cdc job fails on the refused password",
+        120,
+    )
+    assert "refused the credentials" in status["error"] and "password in PG_DSN" in status["error"], status
+    assert status.get("retry_in_s") is None
+    _shown_nowhere(settings, secrets)
+
+    # nothing answers: deployed all the same, and it waits (retried, not failed)
+    away = make_settings(
+        settings.lake_dir,
+        redis_url,
+        METRICS_PORT="off",
+        **{**env, "PG_DSN": f"host=127.0.0.1 port={free_port()} password={good}"},
+    )
+    deployed = mview(away, "deploy", "cdc")
+    assert deployed.returncode == 0 and "does not answer yet: the job waits for it" in deployed.stdout, (
+        deployed
+    )
+    waiting = wait_for(lambda: (s := status_of(away, "cdc")).get("state") == "waiting" and s, "waiting", 60)
+    assert waiting["running"] and waiting["retry_in_s"] >= 2 and "make postgres" in waiting["error"]
+    _shown_nowhere(away, secrets, deployed.stdout, deployed.stderr)
+    assert mview(away, "stop", "cdc").returncode == 0
 
 
 def test_a_captured_row_over_the_record_limit_is_a_dead_letter_exactly_as_ingest_makes_it(
