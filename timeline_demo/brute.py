@@ -365,7 +365,7 @@ def _side_cols(topic: Topic) -> dict[str, str]:
 
 
 def _side_row(topic: Topic, rec: Mapping[str, Any]) -> dict[str, Any]:
-    row = {n: rec[n] for n in topic.names}
+    row = {n: rec[n] for n, _ in topic.fields}
     return row | {f"{topic.name}.{n}": v for n, v in row.items()}
 
 
@@ -378,16 +378,19 @@ def _ident(topic: Topic, rec: Mapping[str, Any]) -> str:
 
 def _dedupe(topic: Topic, records: list[dict], kept: dict[tuple, dict]) -> dict[tuple, dict]:
     """The batch's event records not already `kept`, one per id: the smallest (time, other fields)."""
-    others = [f for f in topic.names if f not in topic.id and f != topic.time]
+    others = [n for n, _ in topic.fields if n not in topic.id and n != topic.time]
+
+    def rank(rec):
+        return (rec[topic.time], *order_key(rec[f] for f in others))
+
     fresh: dict[tuple, dict] = {}
     for rec in records:
         ident = tuple(rec[f] for f in topic.id)
         if ident in kept:
             continue
-        rank = (rec[topic.time], *order_key(rec[f] for f in others))
-        if ident not in fresh or rank < fresh[ident][0]:
-            fresh[ident] = (rank, rec)
-    return {k: r for k, (_, r) in fresh.items()}
+        if ident not in fresh or rank(rec) < rank(fresh[ident]):
+            fresh[ident] = rec
+    return fresh
 
 
 def _matcher(pipeline: Pipeline, job: Job) -> tuple[list[Expr], list[Expr]]:
@@ -458,13 +461,18 @@ def _interval(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) 
     return _JobOut(rows, late=late)
 
 
-def _asof_row(pipeline: Pipeline, job: Job, rec: dict, table_rec: dict | None, version: str | None) -> _Row:
-    stream, table = pipeline.sides(job.name)
-    cols = _side_row(stream, rec)
-    for n in table.names:
+def _beside(first: Topic, second: Topic) -> list[tuple[str, str, bool]]:
+    """How `second`'s fields join `first`'s in a row: (field, `<topic>.<field>`, also bare: `first` lacks it)."""
+    taken = set(first.names)
+    return [(n, f"{second.name}.{n}", n not in taken) for n in second.names]
+
+
+def _asof_row(stream: Topic, beside: list, rec: dict, table_rec: dict | None, version: str | None) -> _Row:
+    cols = rec["_cols"]
+    for n, qualified, bare in beside:
         v = None if table_rec is None else table_rec[n]
-        cols[f"{table.name}.{n}"] = v
-        if n not in stream.names:
+        cols[qualified] = v
+        if bare:
             cols[n] = v
     cols[VERSION] = version
     return _Row(cols, _ident(stream, rec))
@@ -477,6 +485,7 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
     on_stream, _ = _matcher(pipeline, job)
     order = [dict((b, i) for i, (_, b) in enumerate(spec.match))[k] for k in table.key]
     on_stream = [on_stream[i] for i in order]  # the key's values in the table key's order
+    beside = _beside(stream, table)
     store, newest = _Versions(table), None
     held: dict[tuple, dict] = {}
     seen: dict[tuple, dict] = {}
@@ -492,6 +501,7 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
         for ident, rec in list(held.items()):
             if wm is None or wm < rec[stream.time]:
                 continue
+            rec = {**rec, "_cols": _side_row(stream, rec)}
             pin = rec[spec.pin] if spec.pin else None
             if pin is not None:
                 m = _PIN.match(pin)
@@ -499,14 +509,14 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
                 if m and found is None and wm < int(m.group(2)):
                     continue  # the pinned version may still arrive
                 live = found if found is not None and not _is_remove(table, found) else None
-                rows.append(_asof_row(pipeline, job, rec, live, pin))
+                rows.append(_asof_row(stream, beside, rec, live, pin))
             else:
-                key = _match_key(on_stream, _side_row(stream, rec))
+                key = _match_key(on_stream, rec["_cols"])
                 hit = store.in_force(_key_text(key), rec[stream.time]) if key is not None else None
                 if hit is None or _is_remove(table, hit[1]):
-                    rows.append(_asof_row(pipeline, job, rec, None, None))
+                    rows.append(_asof_row(stream, beside, rec, None, None))
                 else:
-                    rows.append(_asof_row(pipeline, job, rec, hit[1], f"{_key_text(key)}@{hit[0]}"))
+                    rows.append(_asof_row(stream, beside, rec, hit[1], f"{_key_text(key)}@{hit[0]}"))
             del held[ident]
     return _JobOut(rows, held=len(held))
 
@@ -522,17 +532,18 @@ def _join(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
         key = _match_key(on_right, _side_row(right, rec))
         if key is not None:
             index[key].append((k, rec))
+    extra = _beside(left, right)
     rows = []
     for lk, lrec in tables[left.name].items():
         cols = _side_row(left, lrec)
         key = _match_key(on_left, cols)
         for rk, rrec in index.get(key, []) if key is not None else []:
             both = dict(cols)
-            for n in right.names:
-                both[f"{right.name}.{n}"] = rrec[n]
-                if n not in left.names:
+            for n, qualified, bare in extra:
+                both[qualified] = rrec[n]
+                if bare:
                     both[n] = rrec[n]
-            rows.append(_Row(both, json.dumps([list(lk), list(rk)], default=str)))
+            rows.append(_Row(both, repr((lk, rk))))
     return _JobOut(rows)
 
 
