@@ -1,0 +1,326 @@
+"""Seeded Nexmark generator for `timeline_demo/pipelines/nexmark.yml`: persons, auctions and bids in Nexmark's
+event model, written as the pipeline's topics.
+
+`python -m timeline_demo.nexmark --events N --seed S --out DIR [--chunks K] [--rate R] [--duplicates F] [--bad F]
+[--late N] [--moves F] [--lateness D] [--side-rows N] [--no-close]` writes one JSON-lines file per topic (see
+`timeline_demo.feed` for the files, the arrival order and the faults) and prints a summary as JSON.
+
+The events follow Nexmark's generator (Beam's and Flink's `NexmarkGenerator`, default configuration):
+- event n (from 0) is a person when n % 50 == 0, an auction when n % 50 in 1..3, else a bid: the proportions
+  1:3:46; its time is the base time + n / rate (`rate` events per second, Nexmark's default 10,000);
+- person ids and auction ids count from 1000 in creation order; a person is named from Nexmark's first and last
+  names, lives in one of its cities and states (AZ, CA, ID, OR, WA, WY), with an email and a credit card;
+- an auction's seller is a *hot seller* with probability 3/4 (the first person of the newest block of 100
+  persons), else one of the 1,000 newest persons (or up to 10 ids ahead: a seller not registered yet); its
+  category is 10..14, its initial bid and reserve Nexmark's prices (10^(6u) x 100 cents), it expires within about
+  twice the time until 100 more auctions exist;
+- a bid is on a *hot auction* with probability 1/2 (the first auction of the newest block of 100 auctions), else
+  on one of the 100 newest auctions (or up to 10 ahead: an auction not created yet); its bidder is a *hot bidder*
+  with probability 3/4 (the second person of the newest block of 100), else one of the 1,000 newest persons; its
+  price is a Nexmark price; its channel and url as in Flink's Nexmark; `extra` is present on about half of the
+  events (an optional field).
+Additions for the pipeline (see the file's comments): every person and auction record is also written, the same
+JSON, to `person_table` and `auction_table`; a bid carries `bid_id` (its event number); `side_input` holds q13's
+side table (key k -> value "k" for k < `side_rows`, one day before the first event) and a heartbeat (key -1) every
+second of event time; with `moves`, that fraction of persons later moves (a change in `person_table` only, to
+another city and state, within 30 s of event time). Times arrive out of order: with probability 0.1 an event is
+delayed by up to 3 s (Nexmark's occasional delay), far within ALLOWED_LATENESS.
+
+Faults for the end-to-end tests: `duplicates` and `bad` (fractions of the events), `late` (that many fresh
+persons, auctions and bids, in turn, with times `lateness` and more behind the first event, in the tail), and the
+clock records (`close`, on by default): an auction `~clock` (seller `~clock`, category 0, in `auctions` and
+`auction_table`) and a side input change of key -1, at the greatest time + `lateness` + 11 s: every q8 window
+closes and every bid is emitted by q13 and q20.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+from spec.durations import parse_duration_ms
+from spec.load import load_pipeline
+from timeline_demo.feed import Feed, arrange, ts_value
+
+__all__ = [
+    "PIPELINE",
+    "T0",
+    "PROPORTIONS",
+    "FIRST_PERSON_ID",
+    "FIRST_AUCTION_ID",
+    "FIRST_CATEGORY_ID",
+    "kind_of",
+    "generate_nexmark",
+    "main",
+]
+
+PIPELINE = Path(__file__).with_name("pipelines") / "nexmark.yml"
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, the time of event 0
+PROPORTIONS = (1, 3, 46)  # person : auction : bid
+_DENOMINATOR = sum(PROPORTIONS)
+FIRST_PERSON_ID, FIRST_AUCTION_ID, FIRST_CATEGORY_ID = 1000, 1000, 10
+_NUM_CATEGORIES = 5
+_HOT_BLOCK = 100  # HOT_SELLER_RATIO, HOT_AUCTION_RATIO, HOT_BIDDER_RATIO: a hot one per block of 100
+_HOT_AUCTION_RATIO, _HOT_SELLERS_RATIO, _HOT_BIDDERS_RATIO = 2, 4, 4  # 1 in n is *not* hot
+_ACTIVE_PEOPLE, _IN_FLIGHT_AUCTIONS, _LEAD = 1000, 100, 10
+_STATES = ("AZ", "CA", "ID", "OR", "WA", "WY")
+_CITIES = (
+    "Phoenix",
+    "Los Angeles",
+    "San Francisco",
+    "Boise",
+    "Portland",
+    "Bend",
+    "Redmond",
+    "Seattle",
+    "Kent",
+)
+_CITIES += ("Cheyenne",)
+_FIRST = ("Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter")
+_LAST = ("Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris")
+_CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
+_CLOCK = "~clock"
+_HEARTBEAT_MS = 1000
+_DELAY_PROB, _DELAY_MS = 0.1, 3000  # Nexmark's probDelayedEvent and occasionalDelaySec
+
+
+def kind_of(n: int) -> str:
+    """What event n is: `person`, `auction` or `bid` (1:3:46 in every 50 events)."""
+    offset = n % _DENOMINATOR
+    return "person" if offset < PROPORTIONS[0] else "auction" if offset < sum(PROPORTIONS[:2]) else "bid"
+
+
+def _last_person(n: int) -> int:
+    """The newest person id (base 0) at event n (n's own if n is a person)."""
+    epoch, offset = divmod(n, _DENOMINATOR)
+    return epoch * PROPORTIONS[0] + min(offset, PROPORTIONS[0] - 1)
+
+
+def _last_auction(n: int) -> int:
+    """The newest auction id (base 0) at event n (n's own if n is an auction)."""
+    epoch, offset = divmod(n, _DENOMINATOR)
+    if offset < PROPORTIONS[0]:
+        epoch, offset = epoch - 1, PROPORTIONS[1] - 1
+    elif offset >= PROPORTIONS[0] + PROPORTIONS[1]:
+        offset = PROPORTIONS[1] - 1
+    else:
+        offset -= PROPORTIONS[0]
+    return epoch * PROPORTIONS[1] + offset
+
+
+def _next_person(n: int, rng: random.Random) -> int:
+    people = _last_person(n) + 1
+    active = min(people, _ACTIVE_PEOPLE)
+    return people - active + rng.randrange(active + _LEAD)
+
+
+def _next_auction(n: int, rng: random.Random) -> int:
+    newest = _last_auction(n)
+    low = max(newest - _IN_FLIGHT_AUCTIONS, 0)
+    return low + rng.randrange(newest - low + 1 + _LEAD)
+
+
+def _price(rng: random.Random) -> int:
+    return round(10.0 ** (rng.random() * 6.0) * 100.0)
+
+
+def _text(rng: random.Random, length: int) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(length)).strip() or "x"
+
+
+def _with_extra(rec: dict, rng: random.Random) -> dict:
+    r = rng.random()
+    if r < 0.5:
+        rec["extra"] = _text(rng, rng.randrange(5, 30))
+    elif r < 0.6:
+        rec["extra"] = None
+    return rec
+
+
+def _person(n: int, t, rng: random.Random, pid: str) -> dict:
+    rec = {
+        "id": pid,
+        "name": f"{rng.choice(_FIRST)} {rng.choice(_LAST)}",
+        "emailAddress": f"{_text(rng, 7)}@{_text(rng, 5)}.com".replace(" ", ""),
+        "creditCard": " ".join(f"{rng.randrange(10000):04d}" for _ in range(4)),
+        "city": rng.choice(_CITIES),
+        "state": rng.choice(_STATES),
+        "dateTime": t,
+    }
+    return _with_extra(rec, rng)
+
+
+def _auction(n: int, ms: int, t, rng: random.Random, aid: str, rate: int, iso: float) -> dict:
+    if rng.randrange(_HOT_SELLERS_RATIO) > 0:
+        seller = (_last_person(n) // _HOT_BLOCK) * _HOT_BLOCK
+    else:
+        seller = _next_person(n, rng)
+    initial = _price(rng)
+    horizon = _IN_FLIGHT_AUCTIONS * _DENOMINATOR // PROPORTIONS[1] * 1000 // rate
+    rec = {
+        "id": aid,
+        "itemName": _text(rng, 20),
+        "description": _text(rng, 60),
+        "initialBid": initial,
+        "reserve": initial + _price(rng),
+        "dateTime": t,
+        "expires": ts_value(ms + 1 + rng.randrange(max(2 * horizon, 1)), rng, iso),
+        "seller": str(seller + FIRST_PERSON_ID),
+        "category": FIRST_CATEGORY_ID + rng.randrange(_NUM_CATEGORIES),
+    }
+    return _with_extra(rec, rng)
+
+
+def _bid(n: int, t, rng: random.Random, bid_id: str) -> dict:
+    if rng.randrange(_HOT_AUCTION_RATIO) > 0:
+        auction = (_last_auction(n) // _HOT_BLOCK) * _HOT_BLOCK
+    else:
+        auction = _next_auction(n, rng)
+    if rng.randrange(_HOT_BIDDERS_RATIO) > 0:
+        bidder = (_last_person(n) // _HOT_BLOCK) * _HOT_BLOCK + 1
+    else:
+        bidder = _next_person(n, rng)
+    channel = rng.choice(_CHANNELS)
+    rec = {
+        "bid_id": bid_id,
+        "auction": str(auction + FIRST_AUCTION_ID),
+        "bidder": str(bidder + FIRST_PERSON_ID),
+        "price": _price(rng),
+        "channel": channel,
+        "url": f"https://www.nexmark.com/{channel.lower()}/{_text(rng, 5).replace(' ', '_')}/item.htm?query=1",
+        "dateTime": t,
+    }
+    return _with_extra(rec, rng)
+
+
+# long: one branch per event kind, then the additions and faults the module docstring lists
+def generate_nexmark(
+    *,
+    events: int,
+    seed: int,
+    rate: int = 10_000,
+    iso_ratio: float = 0.3,
+    duplicates: float = 0.0,
+    bad: float = 0.0,
+    late: int = 0,
+    moves: float = 0.0,
+    lateness_ms: int = 600_000,
+    side_rows: int = 10_000,
+    close: bool = True,
+) -> Feed:
+    """`events` Nexmark events (persons, auctions, bids) and the pipeline's other records, as a `Feed` (see the
+    module docstring). The same arguments give the same feed."""
+    rng = random.Random(seed)
+    topics = load_pipeline(PIPELINE).topics
+    timed: list[tuple[int, str, dict]] = []
+    day = T0 - 86_400_000
+    for k in range(side_rows):
+        timed.append((day, "side_input", {"key": k, "value": str(k), "ts": ts_value(day, rng, iso_ratio)}))
+    beat = T0
+    last = T0
+    for n in range(events):
+        ms = T0 + n * 1000 // rate
+        last = ms
+        while beat <= ms:
+            timed.append((beat, "side_input", {"key": -1, "value": "heartbeat", "ts": beat}))
+            beat += _HEARTBEAT_MS
+        t = ts_value(ms, rng, iso_ratio)
+        kind = kind_of(n)
+        if kind == "person":
+            rec = _person(n, t, rng, str(_last_person(n) + FIRST_PERSON_ID))
+            timed += [(ms, "persons", rec), (ms, "person_table", dict(rec))]
+            if rng.random() < moves:
+                at = ms + 1 + rng.randrange(30_000)
+                moved = {**rec, "city": rng.choice(_CITIES), "state": rng.choice(_STATES)}
+                timed.append((at, "person_table", {**moved, "dateTime": ts_value(at, rng, iso_ratio)}))
+        elif kind == "auction":
+            rec = _auction(n, ms, t, rng, str(_last_auction(n) + FIRST_AUCTION_ID), rate, iso_ratio)
+            timed += [(ms, "auctions", rec), (ms, "auction_table", dict(rec))]
+        else:
+            timed.append((ms, "bids", _bid(n, t, rng, str(n))))
+    tail_late: list[tuple[str, dict]] = []
+    for i in range(late):
+        at = T0 - lateness_ms - 1 - rng.randrange(60_000)
+        n = rng.randrange(max(events, 1))
+        if i % 3 == 0:
+            rec = _person(n, at, rng, f"L{i}")
+            tail_late += [("persons", rec), ("person_table", dict(rec))]
+        elif i % 3 == 1:
+            rec = _auction(n, at, at, rng, f"L{i}", rate, 0.0)
+            tail_late += [("auctions", rec), ("auction_table", dict(rec))]
+        else:
+            tail_late.append(("bids", _bid(n, at, rng, f"L{i}")))
+    clock: list[tuple[str, dict]] = []
+    if close:
+        end = max(t for t, _, _ in timed) + lateness_ms + 11_000
+        rec = {
+            "id": _CLOCK,
+            "itemName": "clock",
+            "description": "moves every watermark past every event",
+            "initialBid": 0,
+            "reserve": 0,
+            "dateTime": end,
+            "expires": end,
+            "seller": _CLOCK,
+            "category": 0,
+        }
+        clock = [("auctions", rec), ("auction_table", dict(rec))]
+        clock.append(("side_input", {"key": -1, "value": "clock", "ts": end}))
+    feed = arrange(
+        timed,
+        topics=topics,
+        rng=rng,
+        delay_prob=_DELAY_PROB,
+        delay_ms=_DELAY_MS,
+        duplicates=duplicates,
+        bad=bad,
+        late=tail_late,
+        clock=clock,
+    )
+    feed.counts.update(events=events, span_ms=last - T0)
+    return feed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m timeline_demo.nexmark --events N --seed S --out DIR ...`: write the topics' files (see the module
+    docstring) and print {"files": {topic: [file, ...]}, "counts": {...}} as JSON."""
+    p = argparse.ArgumentParser(prog="python -m timeline_demo.nexmark", description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, required=True, help="Nexmark events (persons, auctions, bids)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--out", required=True, help="directory of the JSON-lines files")
+    p.add_argument("--chunks", type=int, default=1, help="batches: <topic>-<i>.jsonl files (default 1)")
+    p.add_argument("--rate", type=int, default=10_000, help="events per second of event time")
+    p.add_argument("--duplicates", type=float, default=0.0, help="fraction of records delivered twice")
+    p.add_argument("--bad", type=float, default=0.0, help="fraction of bad lines added")
+    p.add_argument("--late", type=int, default=0, help="late events added in the last chunk")
+    p.add_argument("--moves", type=float, default=0.0, help="fraction of persons who move (person_table)")
+    p.add_argument("--lateness", default="10 minutes", help="ALLOWED_LATENESS the files are made for")
+    p.add_argument("--side-rows", type=int, default=10_000, help="rows of q13's side input")
+    p.add_argument("--no-close", action="store_true", help="no clock records at the end")
+    p.add_argument("--iso", type=float, default=0.3, help="fraction of times written as ISO-8601 text")
+    a = p.parse_args(argv)
+    if a.chunks < 1 or a.events < 0:
+        p.error("--chunks must be >= 1 and --events >= 0")
+    feed = generate_nexmark(
+        events=a.events,
+        seed=a.seed,
+        rate=a.rate,
+        iso_ratio=a.iso,
+        duplicates=a.duplicates,
+        bad=a.bad,
+        late=a.late,
+        moves=a.moves,
+        lateness_ms=parse_duration_ms(a.lateness),
+        side_rows=a.side_rows,
+        close=not a.no_close,
+    )
+    files = feed.write(a.out, chunks=a.chunks)
+    print(json.dumps({"files": files, "counts": feed.counts}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
