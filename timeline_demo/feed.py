@@ -36,7 +36,7 @@ import orjson
 
 from spec.model import Topic
 
-__all__ = ["Feed", "arrange", "bad_line", "ts_value", "write_lines"]
+__all__ = ["Feed", "arrange", "bad_line", "delay", "ts_value", "write_lines"]
 
 _ZONE = timezone(timedelta(hours=2))
 
@@ -90,6 +90,11 @@ def bad_line(rng: random.Random, topic: Topic, good: dict[str, Any]) -> str:
     else:
         rec["op"] = "merge"
     return orjson.dumps(rec).decode()
+
+
+def delay(rng: random.Random, prob: float, most_ms: int) -> int:
+    """A record's arrival delay: with probability `prob`, up to `most_ms` (uniform), else 0."""
+    return rng.randrange(most_ms + 1) if most_ms and rng.random() < prob else 0
 
 
 def write_lines(path: Path, records: list) -> None:
@@ -152,14 +157,15 @@ def arrange(
     bad: float = 0.0,
     late: list[tuple[str, dict]] = (),
     clock: list[tuple[str, dict]] = (),
+    delays: random.Random | None = None,
 ) -> Feed:
     """The `Feed` of `timed`, [(event time, topic, record)] (see the module docstring); `late` and `clock` are
-    the tail's records, in that order."""
+    the tail's records, in that order. `delays`: the generator of the arrival delays (default `rng`), drawn one
+    per record of `timed` in order (`delay`), so that a streaming writer can draw the same ones."""
     n = len(timed)
     keyed = []
     for i, (t, topic, rec) in enumerate(timed):
-        delay = rng.randrange(delay_ms + 1) if delay_ms and rng.random() < delay_prob else 0
-        keyed.append((t + delay, i, topic, rec))
+        keyed.append((t + delay(delays or rng, delay_prob, delay_ms), i, topic, rec))
     made = int(n * duplicates)
     for j in range(made):
         t, topic, rec = timed[rng.randrange(n)]

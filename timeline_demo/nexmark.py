@@ -3,7 +3,8 @@ event model, written as the pipeline's topics.
 
 `python -m timeline_demo.nexmark --events N --seed S --out DIR [--chunks K] [--rate R] [--duplicates F] [--bad F]
 [--late N] [--moves F] [--lateness D] [--side-rows N] [--no-close]` writes one JSON-lines file per topic (see
-`timeline_demo.feed` for the files, the arrival order and the faults) and prints a summary as JSON.
+`timeline_demo.feed` for the files, the arrival order and the faults) and prints a summary as JSON. Without
+faults and chunks it writes the same files in constant memory (`write_nexmark`), for millions of events.
 
 The events follow Nexmark's generator (Beam's and Flink's `NexmarkGenerator`, default configuration):
 - event n (from 0) is a person when n % 50 == 0, an auction when n % 50 in 1..3, else a bid: the proportions
@@ -36,14 +37,17 @@ closes and every bid is emitted by q13 and q20.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import random
 import sys
 from pathlib import Path
 
+import orjson
+
 from spec.durations import parse_duration_ms
 from spec.load import load_pipeline
-from timeline_demo.feed import Feed, arrange, ts_value
+from timeline_demo.feed import Feed, arrange, delay, ts_value
 
 __all__ = [
     "PIPELINE",
@@ -54,6 +58,7 @@ __all__ = [
     "FIRST_CATEGORY_ID",
     "kind_of",
     "generate_nexmark",
+    "write_nexmark",
     "main",
 ]
 
@@ -128,7 +133,7 @@ def _price(rng: random.Random) -> int:
 
 
 def _text(rng: random.Random, length: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(length)).strip() or "x"
+    return "".join(rng.choices("abcdefghijklmnopqrstuvwxyz ", k=length)).strip() or "x"
 
 
 def _with_extra(rec: dict, rng: random.Random) -> dict:
@@ -196,7 +201,56 @@ def _bid(n: int, t, rng: random.Random, bid_id: str) -> dict:
     return _with_extra(rec, rng)
 
 
-# long: one branch per event kind, then the additions and faults the module docstring lists
+def _timed(rng: random.Random, events: int, rate: int, iso: float, moves: float, side_rows: int):
+    """The records in the order they are made: (event time, topic, record, bound), where `bound` is a time no
+    later record has a smaller one than (the side rows' time, then the newest event's)."""
+    day = T0 - 86_400_000
+    for k in range(side_rows):
+        yield day, "side_input", {"key": k, "value": str(k), "ts": ts_value(day, rng, iso)}, day
+    beat = T0
+    for n in range(events):
+        ms = T0 + n * 1000 // rate
+        while beat <= ms:
+            yield beat, "side_input", {"key": -1, "value": "heartbeat", "ts": beat}, beat
+            beat += _HEARTBEAT_MS
+        t = ts_value(ms, rng, iso)
+        kind = kind_of(n)
+        if kind == "person":
+            rec = _person(n, t, rng, str(_last_person(n) + FIRST_PERSON_ID))
+            yield ms, "persons", rec, ms
+            yield ms, "person_table", dict(rec), ms
+            if rng.random() < moves:
+                at = ms + 1 + rng.randrange(30_000)
+                moved = {**rec, "city": rng.choice(_CITIES), "state": rng.choice(_STATES)}
+                yield at, "person_table", {**moved, "dateTime": ts_value(at, rng, iso)}, ms
+        elif kind == "auction":
+            rec = _auction(n, ms, t, rng, str(_last_auction(n) + FIRST_AUCTION_ID), rate, iso)
+            yield ms, "auctions", rec, ms
+            yield ms, "auction_table", dict(rec), ms
+        else:
+            yield ms, "bids", _bid(n, t, rng, str(n)), ms
+
+
+def _clock(newest: int, lateness_ms: int) -> list[tuple[str, dict]]:
+    end = newest + lateness_ms + 11_000
+    rec = {
+        "id": _CLOCK,
+        "itemName": "clock",
+        "description": "moves every watermark past every event",
+        "initialBid": 0,
+        "reserve": 0,
+        "dateTime": end,
+        "expires": end,
+        "seller": _CLOCK,
+        "category": 0,
+    }
+    return [
+        ("auctions", rec),
+        ("auction_table", dict(rec)),
+        ("side_input", {"key": -1, "value": "clock", "ts": end}),
+    ]
+
+
 def generate_nexmark(
     *,
     events: int,
@@ -215,32 +269,7 @@ def generate_nexmark(
     module docstring). The same arguments give the same feed."""
     rng = random.Random(seed)
     topics = load_pipeline(PIPELINE).topics
-    timed: list[tuple[int, str, dict]] = []
-    day = T0 - 86_400_000
-    for k in range(side_rows):
-        timed.append((day, "side_input", {"key": k, "value": str(k), "ts": ts_value(day, rng, iso_ratio)}))
-    beat = T0
-    last = T0
-    for n in range(events):
-        ms = T0 + n * 1000 // rate
-        last = ms
-        while beat <= ms:
-            timed.append((beat, "side_input", {"key": -1, "value": "heartbeat", "ts": beat}))
-            beat += _HEARTBEAT_MS
-        t = ts_value(ms, rng, iso_ratio)
-        kind = kind_of(n)
-        if kind == "person":
-            rec = _person(n, t, rng, str(_last_person(n) + FIRST_PERSON_ID))
-            timed += [(ms, "persons", rec), (ms, "person_table", dict(rec))]
-            if rng.random() < moves:
-                at = ms + 1 + rng.randrange(30_000)
-                moved = {**rec, "city": rng.choice(_CITIES), "state": rng.choice(_STATES)}
-                timed.append((at, "person_table", {**moved, "dateTime": ts_value(at, rng, iso_ratio)}))
-        elif kind == "auction":
-            rec = _auction(n, ms, t, rng, str(_last_auction(n) + FIRST_AUCTION_ID), rate, iso_ratio)
-            timed += [(ms, "auctions", rec), (ms, "auction_table", dict(rec))]
-        else:
-            timed.append((ms, "bids", _bid(n, t, rng, str(n))))
+    timed = [(t, topic, rec) for t, topic, rec, _ in _timed(rng, events, rate, iso_ratio, moves, side_rows)]
     tail_late: list[tuple[str, dict]] = []
     for i in range(late):
         at = T0 - lateness_ms - 1 - rng.randrange(60_000)
@@ -253,22 +282,7 @@ def generate_nexmark(
             tail_late += [("auctions", rec), ("auction_table", dict(rec))]
         else:
             tail_late.append(("bids", _bid(n, at, rng, f"L{i}")))
-    clock: list[tuple[str, dict]] = []
-    if close:
-        end = max(t for t, _, _ in timed) + lateness_ms + 11_000
-        rec = {
-            "id": _CLOCK,
-            "itemName": "clock",
-            "description": "moves every watermark past every event",
-            "initialBid": 0,
-            "reserve": 0,
-            "dateTime": end,
-            "expires": end,
-            "seller": _CLOCK,
-            "category": 0,
-        }
-        clock = [("auctions", rec), ("auction_table", dict(rec))]
-        clock.append(("side_input", {"key": -1, "value": "clock", "ts": end}))
+    clock = _clock(max(t for t, _, _ in timed), lateness_ms) if close and timed else []
     feed = arrange(
         timed,
         topics=topics,
@@ -279,9 +293,55 @@ def generate_nexmark(
         bad=bad,
         late=tail_late,
         clock=clock,
+        delays=random.Random(f"arrival-{seed}"),
     )
-    feed.counts.update(events=events, span_ms=last - T0)
+    feed.counts.update(events=events, span_ms=(events - 1) * 1000 // rate if events else 0)
     return feed
+
+
+def write_nexmark(
+    directory: str | Path,
+    *,
+    events: int,
+    seed: int,
+    rate: int = 10_000,
+    iso_ratio: float = 0.3,
+    moves: float = 0.0,
+    lateness_ms: int = 600_000,
+    side_rows: int = 10_000,
+    close: bool = True,
+) -> dict:
+    """Write what `generate_nexmark(...).write(directory)` writes for the same arguments (no faults, one file per
+    topic), byte for byte, in constant memory: the records are made in event order and leave a heap once no later
+    record can arrive before them. For millions of events (the benchmarks). Returns the files and counts."""
+    rng, delays = random.Random(seed), random.Random(f"arrival-{seed}")
+    names = tuple(load_pipeline(PIPELINE).topics)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    files = {t: d / f"{t}.jsonl" for t in names}
+    out = {t: open(files[t], "wb") for t in names}  # closed below
+    heap: list = []
+    made, newest = 0, None
+    try:
+        for seq, (t, topic, rec, bound) in enumerate(_timed(rng, events, rate, iso_ratio, moves, side_rows)):
+            heapq.heappush(heap, (t + delay(delays, _DELAY_PROB, _DELAY_MS), seq, topic, rec))
+            newest = t if newest is None else max(newest, t)
+            made += 1
+            while heap and heap[0][0] < bound:
+                _, _, top, r = heapq.heappop(heap)
+                out[top].write(orjson.dumps(r) + b"\n")
+        while heap:
+            _, _, top, r = heapq.heappop(heap)
+            out[top].write(orjson.dumps(r) + b"\n")
+        clock = _clock(newest, lateness_ms) if close and newest is not None else []
+        for top, r in clock:
+            out[top].write(orjson.dumps(r) + b"\n")
+    finally:
+        for fh in out.values():
+            fh.close()
+    counts = {"records": made, "duplicates": 0, "bad": 0, "late": 0, "clock": len(clock), "events": events}
+    counts["span_ms"] = (events - 1) * 1000 // rate if events else 0
+    return {"files": {t: [str(p)] for t, p in files.items()}, "counts": counts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.chunks < 1 or a.events < 0:
         p.error("--chunks must be >= 1 and --events >= 0")
+    if a.chunks == 1 and not (a.duplicates or a.bad or a.late):  # the same files, in constant memory
+        kw = {
+            "rate": a.rate,
+            "iso_ratio": a.iso,
+            "moves": a.moves,
+            "side_rows": a.side_rows,
+            "close": not a.no_close,
+        }
+        kw["lateness_ms"] = parse_duration_ms(a.lateness)
+        print(json.dumps(write_nexmark(a.out, events=a.events, seed=a.seed, **kw)))
+        return 0
     feed = generate_nexmark(
         events=a.events,
         seed=a.seed,

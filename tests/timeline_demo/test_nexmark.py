@@ -192,3 +192,14 @@ def test_cli_summary(tmp_path, capsys):
     assert sorted(out["files"]) == sorted(load_pipeline(PIPELINE).topics)
     assert out["counts"]["events"] == 500 and out["counts"]["clock"] == 0
     assert (tmp_path / "bids.jsonl").stat().st_size > 0
+
+
+def test_the_streaming_writer_writes_the_same_files(tmp_path):
+    from timeline_demo.nexmark import write_nexmark
+
+    kw = {"events": 4_000, "seed": 2, "rate": 2_000, "moves": 0.3, "side_rows": 20}
+    generate_nexmark(**kw).write(tmp_path / "memory")
+    summary = write_nexmark(tmp_path / "stream", **kw)
+    for topic, (path,) in summary["files"].items():
+        assert (tmp_path / "memory" / f"{topic}.jsonl").read_bytes() == open(path, "rb").read(), topic
+    assert summary["counts"] == generate_nexmark(**kw).counts
