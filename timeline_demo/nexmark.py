@@ -18,8 +18,8 @@ The events follow Nexmark's generator (Beam's and Flink's `NexmarkGenerator`, de
 - a bid is on a *hot auction* with probability 1/2 (the first auction of the newest block of 100 auctions), else
   on one of the 100 newest auctions (or up to 10 ahead: an auction not created yet); its bidder is a *hot bidder*
   with probability 3/4 (the second person of the newest block of 100), else one of the 1,000 newest persons; its
-  price is a Nexmark price; its channel and url as in Flink's Nexmark; `extra` is present on about half of the
-  events (an optional field).
+  price is a Nexmark price; it has a channel and a url (the bid fields q20 selects in Flink's and RisingWave's
+  Nexmark); `extra` is present on about half of the events (an optional field).
 Additions for the pipeline (see the file's comments): every person and auction record is also written, the same
 JSON, to `person_table` and `auction_table`; a bid carries `bid_id` (its event number); `side_input` holds q13's
 side table (key k -> value "k" for k < `side_rows`, one day before the first event) and a heartbeat (key -1) every
