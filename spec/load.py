@@ -319,22 +319,20 @@ def _side(
     return t
 
 
-def _field_expr(expr: str, known: Mapping[str, Topic] | set, path: tuple, out: _Problems) -> None:
+def _field_expr(expr: str, known: Mapping[str, Topic] | None, path: tuple, out: _Problems) -> None:
     """When `expr` is a plain name (`f` or `topic.f`), check that the side(s) have it. Other expressions are
     Spark's to check (when the job starts)."""
     m = _IDENT.match(expr.strip())
     if not m or known is None:  # (None: the job's sides are unknown, said elsewhere)
         return
     a, b = m.groups()
-    if isinstance(known, set):
-        if b is None and a not in known and a.lower() not in ("true", "false", "null"):
-            out.add(path, f"{a!r} is not a field here (known: {', '.join(sorted(known))})")
-        return
     if b is None:
         names = {n for t in known.values() for n in t.names}
         if a not in names and a.lower() not in ("true", "false", "null"):
             out.add(path, f"{a!r} is not a field of {' or '.join(known)}")
-    elif a in known and b not in known[a].names:
+    elif a not in known:
+        out.add(path, f"{a!r} is not a topic whose fields are seen here ({', '.join(known)})")
+    elif b not in known[a].names:
         out.add(path, f"{b!r} is not a field of {a!r}")
 
 
@@ -411,11 +409,12 @@ def _join(name: str, j: _Job, topics: dict[str, Topic], out: _Problems):
     return kind, Join(left.name, right.name, match)
 
 
-def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic] | set:
-    """What a view's plain names may be: the sides' topics, or (interval) the left side's fields and matches."""
+def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic]:
+    """What a view's names may be, by topic: the sides' topics (interval: the left side only) and the job's own
+    name (`matches`, `version`) as a topic of one field."""
     left, right = sides
     if job_kind == "interval":
-        return {*left.names, MATCHES}
+        return {left.name: left, MATCHES: Topic(MATCHES, ((MATCHES, "long"),), MATCHES, id=(MATCHES,))}
     names = {left.name: left, right.name: right}
     if job_kind == "asof":
         return {**names, VERSION: Topic(VERSION, ((VERSION, "string"),), VERSION, id=(VERSION,))}
@@ -585,6 +584,14 @@ def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -
         if not j.views:
             out.add(("jobs", name, "views"), "a job needs at least one view")
         seen = _seen_names(kind, tuple(topics[t] for t in spec.topics)) if spec else None
+        if seen is not None:
+            fields = {n for t in seen.values() for n in t.names}
+            for t in spec.topics:
+                if t in fields:
+                    out.add(
+                        ("jobs", name, kind),
+                        f"the topic {t!r} has the name of a field this job's views see: rename one",
+                    )
         views = []
         for vname, v in j.views.items():
             if vname in views_seen:

@@ -228,6 +228,27 @@ BROKEN = [
         "jobs.paid.views.v.cap",
         "not a key of a row view",
     ),
+    (
+        "the right side in an interval view",
+        _job(PAID + "    views: {v: {row: {k: payments.payment_id}}}\n"),
+        12,
+        "jobs.paid.views.v.row.k",
+        "not a topic whose fields",
+    ),
+    (
+        "a topic named like a field",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n    views: {v: {row: {k: order_id}}}\n"
+        )
+        .replace("open_orders", "tier")
+        .replace(
+            "customers: {fields: {customer_id: id, tier: string",
+            "customers: {fields: {customer_id: id, tier: string",
+        ),
+        11,
+        "jobs.j.join",
+        "name of a field",
+    ),
     ("not YAML", "topics: [\n", 2, "", "not valid YAML"),
     ("no topics", "jobs: {}\n", 1, "topics", "missing"),
 ]

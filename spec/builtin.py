@@ -1,0 +1,47 @@
+"""Which pipeline a command uses: the file `MVIEW_PIPELINE` names, or the built-in pipeline shipped with the project
+(`timeline_demo/pipelines/builtin.yml`). Loaded once per file, its modification time and the environment it reads
+(`${VAR}` in the file), so a long-running process sees an edited file on its next call."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from spec.load import load_pipeline
+from spec.model import Pipeline
+
+__all__ = ["BUILTIN_FILE", "pipeline_file", "builtin_pipeline", "default_pipeline"]
+
+BUILTIN_FILE = Path(__file__).resolve().parents[1] / "timeline_demo" / "pipelines" / "builtin.yml"
+
+
+def pipeline_file(env: Mapping[str, str] | None = None) -> str:
+    """The pipeline file of `env` (default: the process environment): `MVIEW_PIPELINE`, else the built-in one."""
+    env = os.environ if env is None else env
+    return env.get("MVIEW_PIPELINE", "").strip() or str(BUILTIN_FILE)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int, env: frozenset) -> Pipeline:
+    return load_pipeline(path, dict(env))
+
+
+def _cached(path: str, env: Mapping[str, str] | None) -> Pipeline:
+    env = os.environ if env is None else env
+    try:
+        mtime = Path(path).stat().st_mtime_ns
+    except OSError:
+        mtime = -1  # the loader says what is wrong with the file
+    return _load(path, mtime, frozenset(env.items()))
+
+
+def builtin_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
+    """The built-in pipeline (the contract's six topics and three jobs), `${VAR}` taken from `env`."""
+    return _cached(str(BUILTIN_FILE), env)
+
+
+def default_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline of `pipeline_file(env)`; raises `spec.errors.PipelineError` when it is not a valid one."""
+    return _cached(pipeline_file(env), env)
