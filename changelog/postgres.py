@@ -472,6 +472,7 @@ def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder, state_dir: Path)
         _name, point_text, snapshot, _plugin = rcur.fetchone()
         point = _lsn(point_text)
         state_dir.mkdir(parents=True, exist_ok=True)
+        marker.touch(mode=0o600)  # owner-only, as everything in the job's directory (removed above)
         marker.write_text(point_text + "\n")
         conn.autocommit = False
         conn.set_session(isolation_level="REPEATABLE READ", readonly=True)

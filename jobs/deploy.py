@@ -2,8 +2,9 @@
 
 Layout under `LAKE_DIR/jobs/<job>/`: `pid` (the driver's pid, which is also its process group), `job.log`
 (stdout and stderr of the driver, the Spark JVM and local executors, appended across runs), `status.json`
-(written by the job), `lock` (held by the running job, see `jobs.service`). The job runs with umask 077: its
-log, status and other files are readable by their owner only.
+(written by the job), `lock` (held by the running job, see `jobs.service`), `deploy.lock` (held while a deploy
+starts it). The directory is its owner's only (0700) and so is every file in it (0600, `runtime.job_dir`,
+`runtime.open_private`); the job itself runs with umask 077, so what Spark writes in the lake is owner-only too.
 
 - deploy: if Redis answers but cannot be used (refused credentials, TLS mismatch), a one-line error, exit 1,
   nothing started; a job with its own check (`JobSpec.probe`: `cdc` checks PG_DSN, which must parse and whose
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from changelog.errors import PostgresUnavailable
 from jobs.registry import job_spec
-from jobs.runtime import job_dir
+from jobs.runtime import job_dir, open_private
 from jobs.settings import Settings
 from views.errors import RedisMisconfigured, redact
 from views.redis_io import probe
@@ -131,7 +132,7 @@ def deploy(settings: Settings, job: str) -> int:
         if isinstance(problem, RedisMisconfigured):
             raise problem
     d = job_dir(settings, job)
-    with open(d / "deploy.lock", "w") as guard:
+    with os.fdopen(open_private(d / "deploy.lock"), "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys at once: the second sees the first's process
         pid = pid_of(settings, spec.name)
         if pid is not None:
@@ -160,7 +161,8 @@ def deploy(settings: Settings, job: str) -> int:
                 umask=0o077,  # the job's files (status, logs, checkpoints) are readable by their owner only
             )
         tmp = _pid_file(settings, spec.name).with_suffix(".tmp")
-        tmp.write_text(f"{proc.pid}\n")
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "w") as fh:
+            fh.write(f"{proc.pid}\n")
         tmp.replace(_pid_file(settings, spec.name))
     time.sleep(1.0)
     if proc.poll() is not None:

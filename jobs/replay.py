@@ -34,7 +34,7 @@ from changelog.topics import latest_version
 from jobs import runtime
 from jobs.generations import drop_generation, lake_generation, serving_copy_lost
 from jobs.registry import job_spec
-from jobs.runtime import checkpoint_dir, job_dir, log, read_status, status_file, write_status
+from jobs.runtime import checkpoint_dir, job_dir, log, open_private, read_status, status_file, write_status
 from jobs.settings import Settings
 from jobs.status import processed_versions
 from views.keys import gen_key
@@ -119,7 +119,7 @@ def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: f
 
 def _lock(settings: Settings, job: str, *, wait: bool):
     """The open lock file `replay.lock` of `job`, locked exclusively; None if `wait` is False and it is held."""
-    guard = open(job_dir(settings, job) / "replay.lock", "w")  # noqa: SIM115 - held until the caller closes it
+    guard = os.fdopen(open_private(job_dir(settings, job) / "replay.lock"), "w")  # the caller closes it
     try:
         fcntl.flock(guard, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:

@@ -30,6 +30,7 @@ __all__ = [
     "REDIS_DOWN",
     "status_file",
     "process_cpu",
+    "open_private",
 ]
 
 # Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`). It is
@@ -99,9 +100,29 @@ def log_sources(settings: Settings, job: str, generation: int, topics) -> None:
 
 
 def job_dir(settings: Settings, job: str) -> Path:
+    """`LAKE_DIR/jobs/<job>`, made if missing: its owner's only (0700, also where an older version made it 0755),
+    as is every file in it (`open_private`, `joins.state.write_json`), whichever process writes it: the deploying
+    command, the job, a foreground run, a replay, each with its own umask."""
     d = settings.lake_dir / "jobs" / job
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if d.stat().st_mode & 0o077:
+        try:
+            d.chmod(0o700)
+        except PermissionError:  # another user's directory (a shared lake): its files are 0600 all the same
+            pass
     return d
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY) -> int:
+    """A descriptor of `path` opened with `flags`, the file created if missing, readable and writable by its owner
+    only (0600) whatever the umask, and made so if it exists with a wider mode (an older version's)."""
+    fd = os.open(path, flags | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def checkpoint_dir(settings: Settings, job: str, generation: int) -> Path:

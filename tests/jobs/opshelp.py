@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -150,6 +151,17 @@ def write_jsonl(path: Path, records) -> str:
 
 def status_of(settings: Settings, job: str) -> dict:
     return job_status(settings)[job]
+
+
+def not_owner_only(root: Path) -> list[str]:
+    """The directories (root included) not 0700 and the files not 0600 under `root`, each with its mode: what a job's
+    directory must never hold (README, "Credentials and Redis errors")."""
+    out = []
+    for path in [root, *sorted(root.rglob("*"))]:
+        mode, want = stat.S_IMODE(path.stat().st_mode), 0o700 if path.is_dir() else 0o600
+        if mode != want:
+            out.append(f"{path.relative_to(root.parent)} {mode:04o}")
+    return out
 
 
 def wait_for(predicate, what: str, timeout_s: float = 1200.0, every_s: float = 0.2):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import threading
 import time
 import urllib.request
@@ -43,18 +44,20 @@ import pytest
 import redis
 
 from changelog.ingest import ingest
-from jobs.deploy import deploy, log_path, stop
+from jobs.deploy import deploy, log_path, settings_env, stop
 from jobs.devredis import free_port
 from jobs.replay import replay
-from jobs.runtime import checkpoint_dir
+from jobs.runtime import checkpoint_dir, read_status
 from jobs.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
 from tests.jobs.opshelp import (
+    MVIEW,
     OwnRedis,
     batch_in_flight,
     metric_samples,
     mview,
+    not_owner_only,
     one_line_error,
     redis_content,
     status_of,
@@ -453,3 +456,38 @@ def _rate_max(web) -> float:
         ".map(e => e.textContent).find(t => t.startsWith('input rate')) || ''"
     )
     return float(title.split("(max ")[1].rstrip(")")) if "(max " in title else 0.0
+
+
+def test_the_job_directory_is_its_owners_only(tmp_path, redis_url):
+    """From a shell with umask 022: `mview deploy` (the job running), `mview stop`, `mview replay`. The job's
+    directory is 0700 and every file in it 0600 at each step (`pid` and `deploy.lock` were 0644, written by the
+    deploying command), also where an older version left the directory 0755 and its `pid` 0644."""
+    settings = make_settings(
+        tmp_path / "lake", redis_url, SPARK_MASTER="local[1]", SPARK_DRIVER_MEMORY="1g", METRICS_PORT="off"
+    )
+    d = settings.lake_dir / "jobs" / JOB
+    d.mkdir(parents=True)
+    d.chmod(0o755)
+    (d / "pid").write_text("999999\n")
+    (d / "pid").chmod(0o644)
+    env = {**os.environ, **settings_env(settings)}
+
+    def cli(*args: str) -> None:
+        r = subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=600, umask=0o022)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+    follow = {"op": "follow", "follower_id": "a", "followee_id": "b", "ts": T0}
+    cli("ingest", "follows", write_jsonl(tmp_path / "f.jsonl", [follow]))
+    tweet = {"op": "post", "tweet_id": "t1", "user_id": "b", "text": "hi", "ts": T0 + 1}
+    cli("ingest", "tweets", write_jsonl(tmp_path / "t.jsonl", [tweet]))
+    cli("deploy", JOB)
+    try:
+        wait_for(
+            lambda: read_status(settings, JOB).get("state") == "running", "the job to run", timeout_s=600
+        )
+        assert {"pid", "deploy.lock", "lock", "job.log", "status.json"} <= {p.name for p in d.iterdir()}
+        assert not_owner_only(d) == [], not_owner_only(d)
+    finally:
+        cli("stop", JOB)
+    cli("replay", JOB)
+    assert not_owner_only(d) == [], not_owner_only(d)
