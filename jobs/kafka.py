@@ -11,7 +11,9 @@ the same offsets, so each message reaches the Delta log exactly once across cras
 - `--once` copies what the broker holds when it starts (availableNow) and returns per topic
   {"accepted": n, "rejected": m} of that run.
 - Broker unreachable: `KafkaUnavailable` (one line naming KAFKA_BOOTSTRAP); a deployed job restarts its query
-  with backoff and writes `kafka: "ok"` / `"waiting for Kafka at ... since ..."` into its status.
+  with backoff and writes `kafka: "ok"` / `"waiting for Kafka at ... since ..."` into its status (`mview status`
+  then shows `state: "waiting"`); the failure is `last_error` until the restarted query completes a trigger (or a
+  micro-batch).
   KAFKA_BOOTSTRAP empty: `SourceNotConfigured`.
 - Lag (`kafka_lag`, `mview status`'s `lag_versions`): messages the broker holds that the checkpoint has not
   committed, summed over partitions; None when the broker does not answer or Kafka is not configured.
@@ -27,7 +29,7 @@ from changelog.kafka import broker_watch, copy_batch, ensure_kafka_topics, kafka
 from changelog.topics import TOPICS, ensure_topic
 from jobs import runtime
 from jobs.errors import SourceNotConfigured
-from jobs.runtime import checkpoint_dir, log, write_status
+from jobs.runtime import checkpoint_dir, log, read_status, write_status
 from jobs.service import _Restarts
 from jobs.settings import Settings
 from jobs.skeleton import Batch, JobRun, Wiring, run_job
@@ -117,6 +119,17 @@ def _wire(run: JobRun) -> Wiring:
     return Wiring(_source(run, names), process, idle=broker_watch(s.kafka_bootstrap, say))
 
 
+def _waiting(settings: Settings, e: KafkaUnavailable) -> None:
+    """Say in the status that the job waits for the broker (`kafka`), keeping since when if it already did."""
+    if not str(read_status(settings, "kafka").get("kafka", "")).startswith("waiting"):
+        write_status(
+            settings,
+            "kafka",
+            kafka=f"waiting for Kafka at KAFKA_BOOTSTRAP={e.bootstrap} since {time.strftime('%H:%M:%S')} "
+            f"({e.cause})",
+        )
+
+
 def _per_topic(totals: dict) -> dict:
     return {t: {k: totals.get(f"{t}.{k}", 0) for k in ("accepted", "rejected")} for t in TOPICS}
 
@@ -141,5 +154,7 @@ def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) 
         except Exception as e:  # noqa: BLE001 - restart from the checkpoint, saying why in the status
             if runtime.STOP.is_set():
                 break
+            if isinstance(e, KafkaUnavailable):  # the broker is away: the job waits for it (state "waiting")
+                _waiting(settings, e)
             restarts.after(e, started)
     return {}

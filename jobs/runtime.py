@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from jobs.errors import QueryFailed
@@ -22,6 +24,10 @@ __all__ = [
     "state_dir",
     "write_status",
     "read_status",
+    "error_line",
+    "record_error",
+    "recovered",
+    "clear_error",
     "run_stream",
     "moved_sources",
     "log",
@@ -133,10 +139,65 @@ def state_dir(settings: Settings, job: str, generation: int) -> Path:
     return settings.lake_dir / "state" / job / f"g{generation}"
 
 
+# The longest error line a status holds (an error class and message fit; a stack trace never does).
+ERROR_LINE_MAX = 600
+# Status fields that hold a message about a problem: always stored as `error_line` makes them.
+_MESSAGE_FIELDS = ("error", "last_error", "redis", "kafka")
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_PY4J_PROXY = re.compile(r"An exception was raised by the Python Proxy\. Return Message:\s*$")
+_QUERY_IDS = re.compile(r"Query \[id = [^,\]]*, runId = [^\]]*\]")
+_IDENTIFIER = re.compile(r"^Identifier: (\S+)", re.M)
+_LIBPQ_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.I)
+
+
+def error_line(error, *urls: str | None) -> str:
+    """`error` (an exception or a text) as one line a status can show: its first non-blank line, never a stack
+    trace, credentials masked, at most ERROR_LINE_MAX characters.
+
+    A Spark query failure keeps its error class and message (`[STREAM_FAILED] Query timeline_g1 terminated with
+    exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] ...`, the query's name for its ids); where that line ends in a
+    Python traceback (an error raised in a micro-batch's function), the traceback is replaced by its last line, the
+    exception that was raised (`views.errors.RedisCommandFailed: ...`). Java frames, Spark's plan dump and
+    SQLSTATE lines are dropped. The passwords of `urls` (URLs or DSNs) and of REDIS_URL and PG_DSN in the
+    environment, any `scheme://user:password@` and any `password=...` are shown as `***` (`views.errors.redact`)."""
+    text = str(error).replace("\r", "")
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        return type(error).__name__ if isinstance(error, BaseException) else ""
+    head = lines[first].strip()
+    if _TRACEBACK in head or (first + 1 < len(lines) and lines[first + 1].startswith(_TRACEBACK)):
+        head = head.split(_TRACEBACK, 1)[0].rstrip()
+        raised = None
+        for line in lines[first + 1 :]:
+            if line.startswith(("===", " SQLSTATE", "SQLSTATE")):
+                break
+            if line.strip() and not line[0].isspace() and not line.startswith((_TRACEBACK, *_CHAINED)):
+                raised = line.strip()
+        head = _PY4J_PROXY.sub("", head).rstrip()
+        head = f"{head} {raised}" if head and raised else head or raised or type(error).__name__
+    ident = _IDENTIFIER.search(text)
+    if ident is not None:
+        head = _QUERY_IDS.sub(f"Query {ident[1]}", head)
+    head = re.sub(r"\s+", " ", head)
+    head = redact(head)
+    for url in {*urls, os.environ.get("REDIS_URL"), os.environ.get("PG_DSN")} - {None, ""}:
+        head = redact(head, url)
+    head = _LIBPQ_PASSWORD.sub(r"\1***", head)
+    return head if len(head) <= ERROR_LINE_MAX else head[: ERROR_LINE_MAX - 3] + "..."
+
+
 def write_status(settings: Settings, job: str, *, file: str | None = None, **fields) -> None:
     """Merge `fields` into the job's status file (atomic replace, readable by its owner only), read by
     `mview status`. `file`: that file of the job's directory rather than the one `status_file` routes to (what the
-    deployed process itself reports, e.g. Redis's state, belongs in `status.json` even while it rebuilds)."""
+    deployed process itself reports, e.g. Redis's state, belongs in `status.json` even while it rebuilds).
+
+    The messages (`error`, `last_error`, `redis`, `kafka`) are stored as `error_line` makes them, one line with
+    credentials masked, whatever the caller passes; None removes nothing but says "no problem"."""
+    for key in _MESSAGE_FIELDS:
+        if fields.get(key) is not None:
+            fields[key] = error_line(fields[key], settings.redis_url, settings.pg_dsn)
     name = file or _STATUS_FILE[0]
     path = job_dir(settings, job) / name
     # the batch loop, the Redis watcher and a replay's progress each merge their own fields
@@ -144,6 +205,50 @@ def write_status(settings: Settings, job: str, *, file: str | None = None, **fie
         current = read_status(settings, job, name)
         current.update(fields)
         write_json(path, current)
+
+
+_FAILING: set[str] = set()  # jobs whose `last_error` this process recorded and has not cleared
+
+
+def record_error(settings: Settings, job: str, error, **fields) -> str:
+    """Record `error` as the job's current problem in `status.json`: `last_error` (one line, `error_line`) and
+    `last_error_ms` (when), with `fields`; returns the line. It stays until the job recovered (`recovered`)."""
+    line = error_line(error, settings.redis_url, settings.pg_dsn)
+    write_status(
+        settings, job, file="status.json", last_error=line, last_error_ms=int(time.time() * 1000), **fields
+    )
+    _FAILING.add(job)
+    return line
+
+
+def recovered(settings: Settings, job: str) -> None:
+    """`job` works again (a micro-batch applied, or its restarted query completed a trigger): if this process
+    recorded an error for it (`record_error`), `clear_error`, and say so in the log. Costs nothing otherwise, so the
+    batch loop calls it every batch."""
+    if job in _FAILING:
+        _FAILING.discard(job)
+        line = read_status(settings, job, "status.json").get("last_error")
+        clear_error(settings, job)
+        log(f"{job}: recovered from: {line}")
+
+
+def clear_error(settings: Settings, job: str) -> None:
+    """The job recovered (`recovered`: it applied a micro-batch, or its restarted query completed a trigger), or
+    starts afresh: the current problem (`last_error`, else `error`), if any, moves to `previous_error` ({"error",
+    "at_ms", "cleared_ms"}) and both fields become null, so `mview status` no longer shows it as current. Always
+    in `status.json` (what the deployed process reports), even while a rebuild routes its status elsewhere."""
+    with _STATUS_LOCK:
+        current = read_status(settings, job, "status.json")
+        line = current.get("last_error") or current.get("error")
+        if line is None:
+            return
+        current["previous_error"] = {
+            "error": line,
+            "at_ms": current.get("last_error_ms") if current.get("last_error") else current.get("stopped_ms"),
+            "cleared_ms": int(time.time() * 1000),
+        }
+        current["last_error"] = current["last_error_ms"] = current["error"] = None
+        write_json(job_dir(settings, job) / "status.json", current)
 
 
 class status_file:
@@ -220,7 +325,16 @@ def moved_sources(checkpoint: Path, batch_id: int) -> list[dict] | None:
     return [a for b, a in zip(before, after, strict=True) if a != b]
 
 
-def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Settings, name: str):
+def run_stream(
+    stream_df,
+    process,
+    *,
+    checkpoint: Path,
+    once: bool,
+    settings: Settings,
+    name: str,
+    healthy: Callable[[], None] | None = None,
+):
     """Run `process(batch_df, batch_id)` over `stream_df` with exactly-once checkpointing; the query is `name`.
 
     once: process everything available now (possibly several micro-batches, availableNow) and return.
@@ -228,6 +342,8 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
     is planned at the next trigger, i.e. within one interval after the batch in flight. It runs until
     SIGTERM/SIGINT (`STOP`), then stops after the micro-batch in flight, or until another thread stops it (the
     deployed job's guard on a generation switch); both return normally. A failed query raises QueryFailed.
+    `healthy` (continuous runs) is called once, when the query completed its first trigger (Spark reported
+    progress: its sources answered and the micro-batch it ran, if any, succeeded).
     """
     writer = (
         stream_df.writeStream.queryName(name)
@@ -251,6 +367,9 @@ def run_stream(stream_df, process, *, checkpoint: Path, once: bool, settings: Se
         signal.signal(signal.SIGINT, _stop)
     while q.isActive and not stopping.is_set():
         q.awaitTermination(0.5)
+        if healthy is not None and q.isActive and q.lastProgress is not None:
+            healthy()
+            healthy = None
     if q.isActive:
         _stop_between_batches(q)
     if q.exception() is not None:

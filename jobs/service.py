@@ -12,10 +12,12 @@
 - A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
   after a backoff (2, 4, ... 60 s; back to 2 s once a query has run for 5 minutes); the batch is replayed and,
   every sink write being idempotent or fenced, has the effect of one application. Restarts are counted in the
-  status.
+  status, the failure is `last_error` (one line, `jobs.runtime.error_line`) until the job works again (a
+  micro-batch applied, or the restarted query's first trigger completed), then `previous_error`.
 - Redis unreachable: every Redis call waits with backoff (`views.redis_io.WaitingRetry`), the log says
   `waiting for Redis at URL (attempt n)`, and a watcher thread records it in the status (`redis`:
-  `"waiting since ..."`) until Redis answers again; then the job catches up from its checkpoint.
+  `"waiting since ..."`, which `mview status` shows as `state: "waiting"`) until Redis answers again; then the
+  job catches up from its checkpoint.
   A stop while Redis is down does not wait for it: the waiting calls give up, the query stops at once, and the
   interrupted micro-batch is replayed at the next start. URLs in the log and the status show no password.
 - Redis refuses the credentials or TLS is on one side only (`views.errors.RedisMisconfigured`, permanent): no
@@ -45,7 +47,7 @@ import redis
 from jobs import runtime
 from jobs.generations import serving_copy_lost
 from jobs.registry import job_spec
-from jobs.runtime import job_dir, log, read_status, write_status
+from jobs.runtime import clear_error, job_dir, log, read_status, record_error, write_status
 from jobs.settings import Settings
 from views.errors import RedisMisconfigured, redact
 from views.keys import gen_key
@@ -195,8 +197,7 @@ def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
 
 def _single_instance(settings: Settings, job: str):
     """The job's lock file, held (flock) for the life of the process; None if another process holds it."""
-    # held for the life of the process
-    lock = os.fdopen(runtime.open_private(job_dir(settings, job) / "lock"), "w")
+    lock = open(job_dir(settings, job) / "lock", "w")  # noqa: SIM115 - held for the life of the process
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -231,9 +232,7 @@ class _Restarts:
         log(
             f"{self.job}: query failed, restarting from its checkpoint in {delay}s (failure {self.failures}): {e}"
         )
-        write_status(
-            self.settings, self.job, restarts=self.total, last_error=str(e)[:1000], state="restarting"
-        )
+        record_error(self.settings, self.job, e, restarts=self.total, state="restarting")
         runtime.STOP.wait(delay)
         if not runtime.STOP.is_set():
             write_status(self.settings, self.job, state="running")
@@ -282,6 +281,7 @@ def serve(spark, settings: Settings, job: str) -> int:
     if lock is None:
         return 1
     _stop_on_signals(job)
+    clear_error(settings, job)  # why an earlier run failed or restarted: history now
     watch = _RedisWatch(settings, job)
     watch.start()
     scheduler = None

@@ -11,6 +11,10 @@ records its id. Steps of one run (micro-batches and idle ticks) never overlap: t
 A source job (`JobSpec.source`: it copies an outside system into the topics' logs) has no views and no
 generations: it runs without Redis, always as generation 0 (its checkpoint `checkpoints/<job>/g0`), and records
 nothing in Redis; status file, log line, metrics and lock are as above.
+
+A micro-batch applied, or a continuous run's first trigger completed (the query answered: sources read), means the
+job recovered from whatever made an earlier query of the process fail: the status's `last_error` becomes
+`previous_error` (`jobs.runtime.recovered`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from jobs.runtime import (
     log_sources,
     moved_sources,
     read_status,
+    recovered,
     run_stream,
     state_dir,
     write_status,
@@ -172,6 +177,7 @@ def run_job(
             if b is None:
                 if client is not None:
                     record_batch(client, job, gen, batch_id)
+                recovered(settings, job)
                 return
             took = time.monotonic() - started
             run.totals["batches"] += 1
@@ -180,6 +186,7 @@ def run_job(
             for k, v in b.totals.items():
                 run.totals[k] = run.totals.get(k, 0) + v
             _record(run, batch_id, b, took)
+            recovered(settings, job)
             if metrics is not None:
                 metrics.observe(b, took)
 
@@ -189,7 +196,13 @@ def run_job(
     ticker = _ticker(run, w.idle, stop) if w.idle is not None and not once else None
     try:
         run_stream(
-            w.source, each, checkpoint=run.checkpoint, once=once, settings=settings, name=f"{job}_g{gen}"
+            w.source,
+            each,
+            checkpoint=run.checkpoint,
+            once=once,
+            settings=settings,
+            name=f"{job}_g{gen}",
+            healthy=None if once else lambda: recovered(settings, job),  # from a failure, if there was one
         )
     finally:
         stop.set()

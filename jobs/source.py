@@ -3,7 +3,8 @@ Redis, no generations): `python -m jobs run JOB` without `--once`.
 
 Holds the job's lock for its lifetime (two copies never run at once), records its pid and state in the status
 file, and runs the job's runner with `once=False` until SIGTERM/SIGINT (`runtime.STOP`); the runner retries
-failures of its outside system itself. A runner that raises ends the process with exit 1 and `state: "failed"`.
+failures of its outside system itself. A runner that raises ends the process with exit 1 and `state: "failed"`,
+its error in `error` (one line); the next start moves it to `previous_error`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import time
 
 from jobs.registry import job_spec
-from jobs.runtime import log, write_status
+from jobs.runtime import clear_error, log, write_status
 from jobs.service import _single_instance, _stop_on_signals
 from jobs.settings import Settings
 
@@ -25,6 +26,7 @@ def serve_source(settings: Settings, job: str) -> int:
     if lock is None:
         return 1
     _stop_on_signals(spec.name)
+    clear_error(settings, spec.name)  # why an earlier run failed: history now
     write_status(settings, spec.name, pid=os.getpid(), state="starting", started_ms=int(time.time() * 1000))
     state = "stopped"
     try:
@@ -32,7 +34,7 @@ def serve_source(settings: Settings, job: str) -> int:
     except Exception as e:
         state = "failed"
         log(f"{spec.name}: {e}")
-        write_status(settings, spec.name, error=str(e)[:1000])
+        write_status(settings, spec.name, error=e)  # one line, credentials masked (`write_status`)
         raise
     finally:
         write_status(settings, spec.name, state=state, stopped_ms=int(time.time() * 1000))

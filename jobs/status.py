@@ -9,6 +9,13 @@ Redis lost, "lost the serving copy ..." with what to run),
 `replay` (progress of a replay in flight), and whatever the job writes: counters (late, held ...), `state`
 ("rebuilding" while a deployed job rebuilds a serving copy Redis lost, with `rebuilding`: the reason and since
 when), `rebuilds` (how many times it did) and `last_rebuild` (reason, generation, seconds).
+
+`state` of a running job is "waiting" while it waits for a dependency: its `redis` or `kafka` field says
+"waiting for ..." (the `cdc` job writes "waiting" itself while PostgreSQL does not answer, with `error`). Errors
+are one line each, credentials masked (`jobs.runtime.error_line`): `last_error` (with `last_error_ms`) is why the
+query last failed, null again once the job works again (a micro-batch applied, or the restarted query's first
+trigger completed; it is then `previous_error`, with `at_ms` and `cleared_ms`); `error` is why the job failed or,
+for `cdc`, waits.
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ from jobs.settings import Settings
 from views.errors import ViewError
 from views.keys import gen_key
 from views.redis_io import classify, connect, is_cluster, quick_client
+
+# What a running job's `state` may say while it waits for a dependency, and the fields that say it waits.
+_ACTIVE = ("starting", "running", "restarting")
+_DEPENDENCIES = ("redis", "kafka")
 
 __all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "rejected", "rejected_per_topic"]
 
@@ -160,6 +171,12 @@ def job_status(settings: Settings) -> dict:
             row.pop("kafka", None)  # the broker as a running kafka job last saw it: stale once it stopped
         if pid is None and row.get("state") in ("running", "starting", "restarting", "rebuilding"):
             row["state"] = "dead (killed or crashed: `mview deploy` resumes from the checkpoint)"
+        if (
+            pid is not None
+            and row.get("state") in _ACTIVE
+            and any(str(row.get(dependency, "")).startswith("waiting") for dependency in _DEPENDENCIES)
+        ):
+            row["state"] = "waiting"  # for Redis or Kafka: `redis` / `kafka` says which, since when
         replay = read_status(settings, name, "replay.json")
         if replay_in_progress(settings, name) is not None:
             row["replay"] = {k: replay.get(k) for k in ("building", "processed_versions", "total_versions")}

@@ -25,12 +25,17 @@ ingested so far. Every test checks its own guarantee:
    every timeline equals the reference again, the log and status say a rebuild happened. A reader polls all
    along; the longest time a reader got an empty timeline that the logs say is not empty is measured and printed
    (readers follow the pointer, which is gone until the rebuilt generation is switched in);
-7. the password changes under the running job: it stops retrying, says why in its status and log (which show no
+7. `mview status` (plain and --json) of a query that fails (a stray key of the wrong type where the sink
+   writes): `last_error` is one line (Spark's error class, the Python exception's last line, no traceback) and
+   each job one line of plain output; once the key is gone and the restarted query ran, `last_error` is null and
+   the error is `previous_error`; Redis stopped: `state: waiting`, then `running` again;
+8. the password changes under the running job: it stops retrying, says why in its status and log (which show no
    password), and exits; a deploy with the old password is refused in one line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -66,6 +71,7 @@ from tests.jobs.opshelp import (
 )
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import T0, generate
+from views.keys import timeline_key
 from views.redis_io import connect
 from views.timeline import export_timeline, query_timeline
 
@@ -423,6 +429,55 @@ def test_redis_restarted_empty_is_rebuilt_without_a_manual_step(service, capsys)
         for t in threads:
             if t.is_alive():
                 t.join()
+
+
+def test_status_errors_are_one_line_and_not_stale_and_state_says_waiting(service):
+    settings = service.settings
+    gen = service.up()["generation"]
+    ts = T0 + 7 * 3_600_000
+    service.feed("follows", [{"op": "follow", "follower_id": "s1", "followee_id": "sa", "ts": ts}])
+    service.feed("tweets", [{"op": "post", "tweet_id": "st1", "user_id": "sa", "text": "a", "ts": ts + 1}])
+    wait_for(lambda: service.caught_up(gen) and "st1" in service.timelines().get("s1", []), "the tweet")
+
+    # A stray key of the wrong type where the next batch writes: the sink fails, the query fails and restarts.
+    client, key = service.client(), timeline_key(gen, "s1")
+    kept = client.zrange(key, 0, -1, withscores=True)
+    client.set(key, "not a sorted set")
+    service.feed("tweets", [{"op": "post", "tweet_id": "st2", "user_id": "sa", "text": "b", "ts": ts + 2}])
+    wait_for(lambda: status_of(settings, JOB).get("last_error"), "the failed query in the status")
+
+    def both() -> tuple[list[str], dict]:
+        plain, js = mview(settings, "status"), mview(settings, "status", "--json")
+        assert plain.returncode == 0 and js.returncode == 0, plain.stderr + js.stderr
+        assert SECRET not in plain.stdout + js.stdout
+        rows = json.loads(js.stdout.splitlines()[-1])
+        lines = plain.stdout.splitlines()
+        assert len(lines) == len(rows), plain.stdout  # one line per job
+        return [line for line in lines if line.startswith(f"{JOB}: ")], rows[JOB]
+
+    [line], row = both()
+    error = row["last_error"]
+    assert error.startswith(f"[STREAM_FAILED] Query {JOB}_g{gen} terminated with exception: "), error
+    assert "WRONGTYPE" in error and "Traceback" not in error and "\n" not in error, error
+    assert f"last_error={error}," in line and row["restarts"] >= 1
+
+    client.delete(key)  # the operator removes the stray key (and puts the timeline back)
+    client.zadd(key, dict(kept))
+    wait_for(lambda: service.caught_up(gen) and service.timelines() == service.expected(), "recovery")
+    [line], row = both()
+    assert row["last_error"] is None and "last_error=None" in line, line
+    assert row["previous_error"]["error"] == error and row["state"] == "running"
+
+    # Redis away: the job waits for it, and its state says so.
+    service.own.stop()
+    wait_for(lambda: status_of(settings, JOB)["state"] == "waiting", "state: waiting")
+    [line], row = both()
+    assert row["state"] == "waiting" and "state=waiting" in line
+    assert row["redis"].startswith("waiting for Redis at redis://:***@"), row
+    service.own.start()
+    wait_for(lambda: service.caught_up(gen, redis_ok=True), "the job to run again")
+    [line], row = both()
+    assert row["state"] == "running" and row["redis"] == "ok" and row["last_error"] is None
 
 
 def test_credentials_that_stop_working_fail_the_job(service):

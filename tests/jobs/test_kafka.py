@@ -8,8 +8,8 @@ of its own):
    the three jobs over those logs equals the one over the ingested logs. Without a
    broker, or without KAFKA_BOOTSTRAP, `--once` is one line saying what to do.
 2. deployed: input keeps arriving; kill -9 of the driver with a micro-batch in flight, deploy again; then the
-   broker stopped under the job (status says it waits) and started again: every produced record is in the Delta
-   log exactly once (counted), and the lag returns to 0.
+   broker stopped under the job (status says it waits, `state: waiting`) and started again: every produced record
+   is in the Delta log exactly once (counted), the lag returns to 0, and the status shows no stale error.
 3. half a workload through Kafka, deleted there (as retention does), then the other half: the timeline view equals the
    view of the same records through `mview ingest`, and `replay` rebuilds it exactly.
 """
@@ -259,10 +259,16 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
         wait_for(
             lambda: "waiting for Kafka" in str(status_of(settings, JOB).get("kafka")), "status to say so"
         )
+        assert status_of(settings, JOB)["state"] == "waiting"
         kafka_broker.start()
         producer.produce()
         wait_for(exactly_once, "every record once after the broker came back", timeout_s=600)
         assert status_of(settings, JOB)["kafka"] == "ok"
+        wait_for(
+            lambda: (s := status_of(settings, JOB))["state"] == "running" and s.get("last_error") is None,
+            "no stale state or error once the broker answers",
+            timeout_s=30,
+        )
         stop(settings, JOB)
         assert "kafka" not in status_of(settings, JOB)  # what a running job saw, gone once it stopped
     finally:

@@ -8,7 +8,15 @@ import sys
 import threading
 import time
 
-from jobs.runtime import process_cpu, read_status, status_file, write_status
+from jobs.runtime import (
+    clear_error,
+    error_line,
+    process_cpu,
+    read_status,
+    record_error,
+    status_file,
+    write_status,
+)
 from jobs.settings import Settings
 
 _BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
@@ -40,6 +48,60 @@ def test_a_write_to_the_service_status_file_is_not_routed_to_a_rebuilds_file(tmp
         write_status(settings, "timeline", state="rebuilding")
     assert read_status(settings, "timeline") == {"redis": "ok"}
     assert read_status(settings, "timeline", "replay.json") == {"state": "rebuilding"}
+
+
+# What a query whose micro-batch raised in an executor says (Spark 4, abridged: frames, nested traceback, plan).
+_STREAM_FAILED = """[STREAM_FAILED] Query [id = 9e74, runId = 8131] terminated with exception: \
+[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch sink. \
+Reason: An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):
+  File "/venv/py4j/clientserver.py", line 644, in _call_proxy
+    return_value = getattr(self.pool[obj_id], method)(*params)
+  File "/venv/pyspark/errors/exceptions/captured.py", line 257, in deco
+    raise converted from None
+pyspark.errors.exceptions.captured.PythonException: An exception was thrown from the Python worker:
+Traceback (most recent call last):
+  File "/venv/pyspark/worker.py", line 3622, in main
+    process()
+views.errors.RedisCommandFailed: timeline sink: a command failed in Redis at redis://:pw-1@h:6379/0: WRONGTYPE x
+ SQLSTATE: 39000 SQLSTATE: XXKST
+=== Streaming Query ===
+Identifier: timeline_g3 [id = 9e74, runId = 8131]
+Current State: ACTIVE
+"""
+
+
+def test_an_error_in_the_status_is_one_line_without_trace_or_password(tmp_path):
+    """A Spark query failure keeps its error class and the exception its batch raised, on one line, the query named,
+    no frame, no plan, no password; Java frames and chained tracebacks are dropped the same way."""
+    line = error_line(_STREAM_FAILED)
+    assert line == (
+        "[STREAM_FAILED] Query timeline_g3 terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] An error "
+        "occurred in the user provided function in foreach batch sink. Reason: views.errors.RedisCommandFailed: "
+        "timeline sink: a command failed in Redis at redis://:***@h:6379/0: WRONGTYPE x"
+    )
+    java = "org.apache.kafka.common.errors.TimeoutException: Timeout of 15000ms expired\n\tat org.a.B.c(B.java:1)"
+    assert error_line(java) == "org.apache.kafka.common.errors.TimeoutException: Timeout of 15000ms expired"
+    chained = (
+        "Traceback (most recent call last):\n  f()\nKeyError: 1\n\nDuring handling of the above exception, "
+    )
+    chained += "another exception occurred:\n\nTraceback (most recent call last):\n  g()\nValueError: 2\n"
+    assert error_line(chained) == "ValueError: 2"
+    assert (
+        error_line("host=h password='a b' port=5", "postgresql://u:Secret@[::1:5433/x")
+        == "host=h password=*** port=5"
+    )
+    assert error_line("auth Secret refused", "postgresql://u:Secret@[::1:5433/x") == "auth *** refused"
+    assert len(error_line("x" * 5000)) <= 600
+
+    # In the status: written as one line; a recovery makes it history.
+    settings = Settings.from_env({"LAKE_DIR": str(tmp_path), "REDIS_URL": "redis://:pw-1@h:6379/0"})
+    record_error(settings, "timeline", _STREAM_FAILED, state="restarting")
+    assert read_status(settings, "timeline")["last_error"] == line
+    clear_error(settings, "timeline")
+    s = read_status(settings, "timeline")
+    assert s["last_error"] is None and s["previous_error"]["error"] == line
+    write_status(settings, "timeline", error="first pw-1\nsecond")
+    assert read_status(settings, "timeline")["error"] == "first ***"
 
 
 def test_threads_writing_one_status_file_keep_every_field_and_never_fail(tmp_path):
