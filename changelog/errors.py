@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRecord",
     "RecordTooLarge",
     "NotStored",
+    "IngestFailed",
     "UnknownTopic",
     "KafkaUnavailable",
     "NotProduced",
@@ -117,14 +118,71 @@ class RecordTooLarge(InvalidRecord):
 
 
 class NotStored(ChangelogError):
-    """The validated records of `file` could not be stored exactly as validated; none of them was committed."""
+    """The validated records of `file` could not be stored exactly as validated; none of them was committed.
+    `committed`: the lines of the file before them that are committed (the pieces of a file over ingest's commit
+    bound, each committed in turn), 0 when none."""
 
-    def __init__(self, topic: str, file: str, accepted: int, cause: str):
+    def __init__(self, topic: str, file: str, accepted: int, cause: str, committed: int = 0):
+        if committed:
+            held = f"lines 1-{committed:,} are committed, nothing after them: {accepted:,} validated record(s) after"
+        else:
+            held = f"nothing was committed: the file's {accepted:,} validated record(s)"
         super().__init__(
-            f"{topic}: {file}: nothing was committed: the file's {accepted:,} validated record(s) do not fit the"
-            f" topic's schema exactly ({cause}); this is a bug in mview's validation, please report it with the file"
+            f"{topic}: {file}: {held} do not fit the topic's schema exactly ({cause}); this is a bug in mview's"
+            " validation, please report it with the file"
         )
         self.topic, self.file, self.accepted, self.cause = topic, file, accepted, cause
+        self.committed = committed
+
+
+_NO_SPACE = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+class IngestFailed(ChangelogError):
+    """`mview ingest` of `file` into `topic` stopped at a failure it cannot go past (a full or unwritable
+    `LAKE_DIR`, ...); `cause` says why, in one line. What the topic holds of the file is exact: lines 1 to
+    `committed` (0: none) are committed, each record once, with every dead letter of those lines except those of
+    lines `dead_letters_missing` (a (first, last) range, or None); nothing after them is. `resumable`: the same
+    command goes on after line `committed` and writes the missing dead letters (a regular file); otherwise (stdin, a
+    pipe) the input must be fed again from line `committed` + 1. `not_read`: the files named after it, not read."""
+
+    def __init__(
+        self,
+        topic: str,
+        file: str,
+        cause: str,
+        *,
+        committed: int = 0,
+        dead_letters_missing: tuple[int, int] | None = None,
+        resumable: bool = True,
+        not_read: int = 0,
+        lake_dir: str | None = None,
+    ):
+        self.topic, self.file, self.cause, self.committed = topic, file, cause, committed
+        self.dead_letters_missing, self.resumable, self.not_read = dead_letters_missing, resumable, not_read
+        if any(s in cause for s in _NO_SPACE):
+            fix = f"free space in LAKE_DIR ({lake_dir})" if lake_dir else "free space in LAKE_DIR"
+        else:
+            fix = "remove the cause"
+        if committed == 0:
+            held = "nothing of it was committed"
+            again = "run the same command again" if resumable else "feed the same input again"
+        else:
+            held = f"lines 1-{committed:,} are committed, nothing after them"
+            if dead_letters_missing:
+                a, b = dead_letters_missing
+                held += f", but the dead letters of lines {a:,}-{b:,} are not written"
+                held += "" if resumable else " (they cannot be: stdin is read once)"
+            if resumable:
+                again = f"run the same command again: it goes on after line {committed:,}"
+                again += " and writes those dead letters" if dead_letters_missing else ""
+            else:
+                again = (
+                    f"feed the input again from line {committed + 1:,} on (`tail -n +{committed + 1} FILE |"
+                    f" mview ingest {topic} -`)"
+                )
+        rest = f"; the {not_read} file(s) named after it were not read" if not_read else ""
+        super().__init__(f"{topic}: {file}: {cause}: {held}; {fix} and {again}{rest}")
 
 
 class UnknownTopic(ChangelogError):

@@ -1,28 +1,61 @@
-"""Validated ingest: JSON lines -> the topic's Delta log, one commit per file; bad lines -> dead letters.
+"""Validated ingest: JSON lines -> the topic's Delta log, one commit per file (per piece of a large file); bad
+lines -> dead letters, written only after the commit of their piece.
 
 Every line is decoded with orjson and validated (`changelog.records`). Valid records are appended to the topic's
 table in one Delta commit per input file (a file with no valid line makes no commit), written without Spark by
 delta-rs (the `deltalake` package) as an Arrow table of the topic's schema (`topic_arrow_schema`), built from the
 validated records themselves: each value is stored exactly as validated (a string as its UTF-8 text, `ts` as a
 64-bit integer), and if a validated record does not fit the schema exactly (a value of another type, a field the
-topic does not have) nothing of the file is committed and `NotStored` is raised. The commit's `userMetadata` is
+topic does not have) nothing of the piece is committed and `NotStored` is raised. The commit's `userMetadata` is
 `ingest <file>`. Concurrent appenders (other `mview ingest` processes, Spark writers) are safe: a commit that
 finds its version taken is retried on the next one; every record is committed once.
+
+**The commit bound.** What a file's commit holds is kept in memory until it is committed, so a large file is
+committed in pieces: a piece ends after `COMMIT_RECORDS` valid records or once its records' lines and its dead
+letters hold `COMMIT_BYTES` bytes, whichever comes first, and it is committed before the next line is read. Memory
+is then bounded whatever the file's size (a piece, plus at most one line of `MAX_RECORD_BYTES`); a file below the
+bound is one commit. A piece with only dead letters is committed too (an empty commit that records its position),
+except when it is the whole file: a file with no valid line makes no commit.
+
+**Dead letters** of a piece are appended after its commit, all of them or none (`_append_whole`), so a commit
+that fails leaves no dead letter of its lines behind.
+
+**Positions: a retry is exact.** Each commit records in its `commitInfo` (`mview.ingest`, JSON) the file, the
+piece's first and last line and byte range, its dead letters and the dead-letter log's size before them; for a
+regular file also the SHA-256 of the file's bytes up to the piece's end and a Delta transaction
+(`mview.ingest:<real path>`, that end), atomic with the commit. Ingesting a regular file whose real path has such a
+transaction and whose first bytes up to it still hash to the recorded digest (the same file, or the same file
+grown at its end) goes on after the last line committed: nothing of it is committed twice, and dead letters of
+its last committed piece that the earlier run could not write are written then, once each. A file that differs
+in those bytes is a new file and is ingested whole. Stdin (and any input that is not a regular file) is read once
+and never resumed: a failure says which line to feed again from (`IngestFailed`).
+
+A failure to commit or to write dead letters (a full disk) raises `IngestFailed` with exactly what the log holds
+of the file; delta-rs's report of a Rust panic on the way is not shown, since the failure is reported as one
+line.
 
 A rejected line is appended to `LAKE_DIR/deadletter/<topic>.jsonl` as
 `{"file","line","reason","raw","raw_bytes","at"}` and never reaches a view; ingestion goes on with the next line.
 `raw` is the line as text (without its terminator), or for a line over `MAX_RECORD_BYTES` only its first
 `DEADLETTER_RAW_CHARS` characters; `raw_bytes` is the line's whole size in bytes. A line over the maximum is never
 held in memory whole. Blank (whitespace-only) lines are skipped, not rejected. A UTF-8 byte order mark at the
-start of a file is dropped (anywhere else it makes the line invalid JSON).
+start of a file is dropped (anywhere else it makes the line invalid JSON). Lines are numbered from 1, blank ones
+included.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
+import stat
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -30,31 +63,48 @@ from typing import BinaryIO
 import orjson
 
 from changelog import records
-from changelog.errors import InvalidRecord, NotStored
+from changelog.errors import IngestFailed, InvalidRecord, NotStored
 from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, parse_line
-from changelog.topics import RecordTable, append_table, ensure_topic
+from changelog.topics import RecordTable, append_table, ensure_topic, table_version
 
-__all__ = ["IngestResult", "ingest", "deadletter_path", "append_dead_letters", "DEADLETTER_RAW_CHARS"]
+__all__ = [
+    "IngestResult",
+    "ingest",
+    "deadletter_path",
+    "append_dead_letters",
+    "DEADLETTER_RAW_CHARS",
+    "COMMIT_RECORDS",
+    "COMMIT_BYTES",
+]
 
 _BOM = b"\xef\xbb\xbf"
 
-# Validated records are turned into Arrow record batches of this many rows (one commit holds them all).
+# The commit bound (module docstring): a piece of a file is committed after this many valid records, or once its
+# records' lines and dead letters hold this many bytes. A file below both is one commit.
+COMMIT_RECORDS = 500_000
+COMMIT_BYTES = 128 << 20
+
+_APP = "mview.ingest:"  # + a file's real path: the Delta transaction of its position (bytes committed)
+_META = "mview.ingest"  # the commitInfo field that describes the piece a commit holds (JSON)
+_BLOCK = 1 << 20  # bytes read at a time to hash a file
 
 
 @dataclass
 class IngestResult:
+    """Per topic, the records committed and the lines dead-lettered by this run; `already_committed`: the lines of
+    files committed by an earlier run, skipped (a file ingested again goes on after them)."""
+
     topic: str
     accepted: int = 0
     rejected: int = 0
+    already_committed: int = 0
     files: list[dict] = field(default_factory=list)
 
     def summary(self) -> dict:
-        return {"topic": self.topic, "accepted": self.accepted, "rejected": self.rejected}
-
-
-def _owner_only(path, flags):
-    """Open (and create) a file readable and writable by its owner only: dead letters hold raw input."""
-    return os.open(path, flags, 0o600)
+        out = {"topic": self.topic, "accepted": self.accepted, "rejected": self.rejected}
+        if self.already_committed:
+            out["already_committed"] = self.already_committed
+        return out
 
 
 def deadletter_path(lake_dir: Path, topic: str) -> Path:
@@ -77,11 +127,31 @@ def append_dead_letters(path: Path, entries: list[dict], key: Callable[[dict], t
     seen = _written_since(path, key, first)
     new = [e for e in entries if key(e) not in seen]
     if new:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # raw input: owner only
-        with os.fdopen(fd, "ab") as out:
-            out.write(b"".join(orjson.dumps(e) + b"\n" for e in new))
+        _append_whole(path, b"".join(orjson.dumps(e) + b"\n" for e in new))
     return len(new)
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append `data` (whole lines) to the dead-letter log `path` (created owner-only: raw input), all of it or none:
+    under the log's exclusive lock (`flock`, which every dead-letter writer takes), a write that fails part way (a
+    full disk) is cut off again before the error is raised. A last line left without its newline by a process
+    killed while writing is ended first, so it never swallows the next entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _written_since(path: Path, key: Callable[[dict], tuple | None], first: dict) -> set[tuple]:
@@ -119,31 +189,41 @@ def _terminator(chunk: bytes) -> int:
     return 2 if chunk.endswith(b"\r\n") else 1 if chunk.endswith(b"\n") else 0
 
 
-def _read_lines(fh: BinaryIO) -> Iterator[tuple[bytes, int]]:
-    """(line, size) per line of `fh`; size is the line's length in bytes without its terminator. A line over
-    `MAX_RECORD_BYTES` is read in bounded chunks: only its first chunk is yielded, with the whole line's size.
-    A UTF-8 byte order mark at the start of the first line is dropped."""
-    limit = records.MAX_RECORD_BYTES + 2  # a line at the maximum, and its "\r\n"
-    first = True
-    while line := fh.readline(limit + len(_BOM) if first else limit):
-        whole = len(line) < limit or line.endswith(b"\n")
-        size, rest = len(line), line
-        while not whole and not rest.endswith(b"\n") and (rest := fh.readline(1 << 20)):
-            size += len(rest)
-        size -= _terminator(rest)
-        if first:
-            first = False
-            if line.startswith(_BOM):
-                line, size = line[len(_BOM) :], size - len(_BOM)
-        yield line, size
+def _read_lines(
+    fh: BinaryIO, max_bytes: int | None = None, *, at_start: bool = True
+) -> Iterator[tuple[bytes, int, int]]:
+    """(line, size, consumed) per line of `fh`: size is the line's length in bytes without its terminator, consumed
+    the bytes read for it (terminator and byte order mark included). A line over `max_bytes` (default
+    `MAX_RECORD_BYTES`) is read in bounded chunks: only its first chunk is yielded, with the whole line's size.
+    `at_start`: `fh` is at the start of its input, where a UTF-8 byte order mark is dropped."""
+    limit = 2 + (
+        records.MAX_RECORD_BYTES if max_bytes is None else max_bytes
+    )  # a line at the maximum, "\r\n"
+    readline = fh.readline
+    if at_start:  # the first line, which may start with a byte order mark
+        line = readline(limit + len(_BOM))
+        if not line:
+            return
+        bom = len(_BOM) if line.startswith(_BOM) else 0
+        size, consumed = _rest_of_line(fh, line, limit + bom)
+        yield line[bom:], size - bom, consumed
+    while line := readline(limit):
+        if line[-1:] == b"\n":  # a whole line: the common case
+            consumed = len(line)
+            yield line, consumed - (2 if line[-2:-1] == b"\r" else 1), consumed
+        else:  # the last line without a terminator, or a line over the limit
+            size, consumed = _rest_of_line(fh, line, limit)
+            yield line, size, consumed
 
 
-def _lines(source: str) -> Iterator[tuple[bytes, int]]:
-    if source == "-":
-        yield from _read_lines(sys.stdin.buffer)
-    else:
-        with open(source, "rb") as fh:
-            yield from _read_lines(fh)
+def _rest_of_line(fh: BinaryIO, line: bytes, limit: int) -> tuple[int, int]:
+    """(size without terminator, bytes consumed) of the line that starts with `line` (read with `limit`): the rest
+    of a line over the limit is read in bounded chunks and dropped."""
+    rest, consumed = line, len(line)
+    if len(line) >= limit and not line.endswith(b"\n"):
+        while not rest.endswith(b"\n") and (rest := fh.readline(1 << 20)):
+            consumed += len(rest)
+    return consumed - _terminator(rest), consumed
 
 
 def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> bytes:
@@ -153,56 +233,402 @@ def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> 
     return orjson.dumps(entry) + b"\n"
 
 
-def _commit(path: str, topic: str, name: str, batches: RecordTable, accepted: int) -> None:
-    """Append the file's records to the topic's table in one commit; `NotStored` if they do not fit exactly."""
-    table = batches.table()
-    if batches.unfit is not None:
-        raise NotStored(topic, name, accepted, batches.unfit)
-    append_table(path, table, note=f"ingest {name}")
+def _verdict(topic: str, raw: bytes, size: int) -> dict | str | None:
+    """A line's fate: its record, the reason it is rejected, or None for a blank line."""
+    try:
+        check_record_size(size)
+        if not raw.strip():
+            return None
+        return parse_line(topic, raw)
+    except InvalidRecord as e:
+        return e.reason
+
+
+def _cause(e: BaseException) -> str:
+    """An exception as one short line: the OS's reason for an OSError, else its text."""
+    if isinstance(e, OSError) and e.strerror:
+        text = e.strerror
+    else:
+        text = str(e) or type(e).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _failure(e: BaseException) -> bool:
+    """Whether `e` is a failure to report (anything but an interrupt or an exit): delta-rs raises its errors as
+    exceptions, and a Rust panic as pyo3's PanicException, which derives from BaseException."""
+    return not isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+_STDERR = threading.Lock()  # one capture of file descriptor 2 at a time
+
+
+@contextmanager
+def _rust_report_hidden(hide: bool = True) -> Iterator[None]:
+    """Run the block with file descriptor 2 captured, then write what was captured to it, except a Rust panic's
+    report when the block failed: delta-rs's worker threads print a panic there (e.g. on a full disk) before the
+    error reaches Python, and the failure is reported as one line instead. Captures run one at a time (the
+    descriptor is the process's). With `hide` false, or without memfd (not Linux), nothing is captured."""
+    try:
+        capture = os.memfd_create("mview-stderr") if hide else None
+    except (AttributeError, OSError):
+        capture = None
+    if capture is None:
+        yield
+        return
+    with _STDERR:
+        yield from _captured(capture)
+
+
+def _captured(capture: int) -> Iterator[None]:
+    """The body of `_rust_report_hidden`: file descriptor 2 onto the memfd `capture` for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(capture, 2)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.lseek(capture, 0, os.SEEK_SET)
+        with os.fdopen(capture, "rb") as f:
+            text = f.read()
+        if text and not (failed and b"panicked at" in text):
+            os.write(2, text)
+
+
+def _commit_infos(path: str, since: int = -1) -> Iterator[tuple[int, dict]]:
+    """(version, the `mview.ingest` description of its piece) of the ingest commits of the Delta log at `path`,
+    newest first, down to the version after `since`; stops at a commit file that is gone (log cleanup)."""
+    log = Path(path) / "_delta_log"
+    for version in range(table_version(path), since, -1):
+        try:
+            with open(log / f"{version:020d}.json", "rb") as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            if line.startswith(b'{"commitInfo"'):
+                meta = orjson.loads(line)["commitInfo"].get(_META)
+                if isinstance(meta, str):
+                    try:
+                        yield version, json.loads(meta)
+                    except ValueError:
+                        pass
+                break
+
+
+class _File:
+    """The ingest of one source into a topic (see the module docstring): read, validate, commit piece by piece,
+    dead letters after each commit; resumed after what an earlier run committed of the same regular file."""
+
+    def __init__(self, ctx: _Context, source: str, not_read: int = 0):
+        self.ctx, self.source, self.not_read = ctx, source, not_read
+        self.name = "<stdin>" if source == "-" else str(source)
+        self.run = uuid.uuid4().hex
+        self.committed = 0  # lines of the file committed so far (this run or earlier ones)
+        self.commits = 0
+        self.accepted = self.rejected = self.already = 0
+        self.real: str | None = None  # the real path of a regular file: its position is recorded and resumed
+        self.hasher = hashlib.sha256()
+        self.hashed = 0  # bytes of the file in `hasher`
+        self.fd: int | None = None  # the file, to hash it beside the reading
+
+    def failed(self, cause: str, *, dead_letters_missing: tuple[int, int] | None = None) -> IngestFailed:
+        return IngestFailed(
+            self.ctx.topic,
+            self.name,
+            cause,
+            committed=self.committed,
+            dead_letters_missing=dead_letters_missing,
+            resumable=self.real is not None,
+            not_read=self.not_read,
+            lake_dir=str(self.ctx.lake_dir),
+        )
+
+    def ingest(self) -> None:
+        if self.source == "-":
+            self._read(sys.stdin.buffer, 0, 0)
+            return
+        with open(self.source, "rb") as fh:
+            if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                self.real, self.fd = os.path.realpath(self.source), os.open(self.source, os.O_RDONLY)
+            try:
+                done = self._resume() if self.real else None
+                if done is None:
+                    self._read(fh, 0, 0)
+                else:
+                    fh.seek(done["bytes"][1])
+                    self._read(fh, done["lines"][1], done["bytes"][1])
+            finally:
+                if self.fd is not None:
+                    os.close(self.fd)
+
+    def _read(self, fh: BinaryIO, lineno: int, offset: int) -> None:
+        """Read from line `lineno` + 1 (at byte `offset`) to the end, committing piece by piece."""
+        ctx, topic, name = self.ctx, self.ctx.topic, self.name
+        max_records, max_bytes, progress = ctx.commit_records, ctx.commit_bytes, ctx.progress
+        good, dead = RecordTable(topic), []
+        first, start = lineno + 1, offset
+        accepted = held = 0
+        for raw, size, consumed in _read_lines(fh, at_start=offset == 0):
+            lineno += 1
+            offset += consumed
+            try:
+                check_record_size(size)
+                if not raw.strip():
+                    continue
+                record = parse_line(topic, raw)
+            except InvalidRecord as e:
+                entry = _dead_letter(name, lineno, raw, size, e.reason)
+                dead.append(entry)
+                held += len(entry)
+            else:
+                good.add(record)
+                accepted += 1
+                held += size
+            if progress and lineno % 200_000 == 0:
+                progress(f"{topic}: {name}: {lineno:,} lines read")
+            if accepted >= max_records or held >= max_bytes:
+                self._commit(good, accepted, dead, first, lineno, start, offset)
+                good, dead = RecordTable(topic), []
+                first, start = lineno + 1, offset
+                accepted = held = 0
+        if accepted or (dead and (self.commits or self.committed)):
+            self._commit(good, accepted, dead, first, lineno, start, offset)
+        elif dead:  # the whole file, without a valid line: no commit, its dead letters alone
+            self._write_dead_letters(dead, None)
+            self.rejected += len(dead)
+
+    def _digest(self, end: int) -> str:
+        """The SHA-256 of the file's first `end` bytes (read beside the reading, from where it was hashed to)."""
+        while self.hashed < end:
+            block = os.pread(self.fd, min(_BLOCK, end - self.hashed), self.hashed)
+            if not block:
+                break
+            self.hasher.update(block)
+            self.hashed += len(block)
+        return self.hasher.copy().hexdigest()
+
+    def _commit(
+        self, good: RecordTable, accepted: int, dead: list[bytes], first: int, last: int, start: int, end: int
+    ) -> None:
+        """Commit one piece (lines `first`-`last`, bytes [`start`, `end`)), then write its dead letters."""
+        ctx = self.ctx
+        table = good.table()
+        if good.unfit is not None:
+            raise NotStored(ctx.topic, self.name, accepted, good.unfit, self.committed)
+        piece = {
+            "file": self.name,
+            "lines": [first, last],
+            "bytes": [start, end],
+            "dead_letters": len(dead),
+            "dead_letter_offset": _size(ctx.dl_path),
+            "run": self.run,
+        }
+        transactions: tuple = ()
+        if self.real is not None:
+            piece.update(path=self.real, sha256=self._digest(end))
+            transactions = ((_APP + self.real, end),)
+        before = -1
+        try:
+            with _rust_report_hidden(ctx.quiet):
+                ctx.refresh()
+                before = ctx.table.version()
+                append_table(
+                    ctx.path,
+                    table,
+                    note=f"ingest {self.name}",
+                    transactions=transactions,
+                    metadata={_META: json.dumps(piece)},
+                    delta_table=ctx.table,
+                )
+        except BaseException as e:
+            if not _failure(e) or self._landed(before, last):
+                raise
+            raise self.failed(f"committing lines {first:,}-{last:,} failed ({_cause(e)})") from None
+        self.committed, self.commits = last, self.commits + 1
+        self.accepted += accepted
+        self._write_dead_letters(dead, (first, last))
+        self.rejected += len(dead)
+
+    def _landed(self, before: int, last: int) -> bool:
+        """Whether the commit of this run's piece ending at line `last` is in the log after all (an error raised
+        after the commit itself, e.g. by the checksum that follows it)."""
+        if before < 0:
+            return False
+        return any(
+            p.get("run") == self.run and p["lines"][1] == last
+            for _v, p in _commit_infos(self.ctx.path, before)
+        )
+
+    def _write_dead_letters(self, dead: list[bytes], lines: tuple[int, int] | None) -> None:
+        if not dead:
+            return
+        try:
+            _append_whole(self.ctx.dl_path, b"".join(dead))
+        except OSError as e:
+            what = f"lines {lines[0]:,}-{lines[1]:,}" if lines else "the file"
+            raise self.failed(
+                f"writing the dead letters of {what} failed ({_cause(e)})", dead_letters_missing=lines
+            ) from None
+
+    def _resume(self) -> dict | None:
+        """The description of the last piece an earlier run committed of this file, when its bytes up to that
+        piece's end are still those committed (the hash is then at that end); else None: a new file. Dead letters of
+        that piece the earlier run did not write are written now."""
+        ctx = self.ctx
+        ctx.refresh()
+        end = ctx.table.transaction_version(_APP + self.real)
+        if end is None:
+            return None
+        done = next(
+            (p for _v, p in _commit_infos(ctx.path) if p.get("path") == self.real and p["bytes"][1] == end),
+            None,
+        )
+        if done is None or os.fstat(self.fd).st_size < end or self._digest(end) != done.get("sha256"):
+            self.hasher, self.hashed = hashlib.sha256(), 0
+            return None
+        self.committed = self.already = done["lines"][1]
+        self._complete_dead_letters(done)
+        return done
+
+    def _complete_dead_letters(self, done: dict) -> None:
+        """Write the dead letters of the committed piece `done` that the dead-letter log does not hold (its run
+        stopped between the commit and them): they come after the log's size at that commit."""
+        want = done.get("dead_letters", 0)
+        if not want:
+            return
+        first, last = done["lines"]
+        seen = set()
+        try:
+            log = open(self.ctx.dl_path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:  # none of them is there
+            log = None
+        if log is not None:
+            with log:
+                offset = done.get("dead_letter_offset", 0)
+                log.seek(offset if offset <= log.seek(0, os.SEEK_END) else 0)  # a log cut shorter: all of it
+                for line in log:
+                    try:
+                        e = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    n = e.get("line") if isinstance(e, dict) else None
+                    if isinstance(n, int) and e.get("file") == done["file"] and first <= n <= last:
+                        seen.add(n)
+        if len(seen) >= want:
+            return
+        missing, (start, _end) = [], done["bytes"]
+        with open(self.source, "rb") as fh:
+            fh.seek(start)
+            lines = _read_lines(fh, at_start=start == 0)
+            for lineno, (raw, size, _consumed) in zip(range(first, last + 1), lines, strict=False):
+                verdict = _verdict(self.ctx.topic, raw, size)
+                if isinstance(verdict, str) and lineno not in seen:
+                    missing.append(_dead_letter(done["file"], lineno, raw, size, verdict))
+        self._write_dead_letters(missing, (first, last))
+        self.rejected += len(missing)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+@dataclass
+class _Context:
+    """What the files of one `ingest` call share: the topic's log (path and loaded table), the dead-letter log,
+    the commit bound."""
+
+    topic: str
+    lake_dir: Path
+    path: str
+    table: object
+    dl_path: Path
+    commit_records: int
+    commit_bytes: int
+    progress: Callable[[str], None] | None
+    quiet: bool
+    loaded: float = field(default_factory=time.monotonic)
+
+    def refresh(self) -> None:
+        """Bring the loaded table up to the log's latest version, unless it was loaded within the last second
+        (what others committed since then only makes a commit retry on the next version)."""
+        if time.monotonic() - self.loaded > 1.0:
+            self.table.update_incremental()
+            self.loaded = time.monotonic()
 
 
 def ingest(
-    spark, lake_dir: Path, topic: str, sources: list[str], *, progress: Callable[[str], None] | None = None
+    spark,
+    lake_dir: Path,
+    topic: str,
+    sources: list[str],
+    *,
+    progress: Callable[[str], None] | None = None,
+    commit_records: int = COMMIT_RECORDS,
+    commit_bytes: int = COMMIT_BYTES,
+    quiet: bool = False,
 ) -> IngestResult:
-    """Append the valid records of each source file (`-` = stdin) to `topic`; return the counts.
+    """Append the valid records of each source file (`-` = stdin) to `topic`; return the counts of this run.
+
+    Each file is committed in one commit, or in pieces of at most `commit_records` records / `commit_bytes` bytes
+    (module docstring); a file an earlier run committed (in part) goes on after its last committed line. Raises
+    `IngestFailed` when a commit or the dead letters cannot be written (its `result`: the files done before it).
+    `quiet` (the command line's): delta-rs's report of a Rust panic on such a failure is not shown on stderr, which
+    is captured around each commit (`_rust_report_hidden`).
 
     Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
     change."""
+    from deltalake import DeltaTable
+
     lake_dir = Path(lake_dir)
-    path = ensure_topic(None, lake_dir, topic)
-    dl_path = deadletter_path(lake_dir, topic)
-    dl_path.parent.mkdir(parents=True, exist_ok=True)
     result = IngestResult(topic)
-    for source in sources:
-        name = "<stdin>" if source == "-" else str(source)
-        accepted = rejected = 0
+    try:
+        with _rust_report_hidden(quiet):
+            path = ensure_topic(None, lake_dir, topic)
+            table = DeltaTable(path)
+        dl_path = deadletter_path(lake_dir, topic)
+        dl_path.parent.mkdir(parents=True, exist_ok=True)
+    except BaseException as e:
+        if not _failure(e) or not sources:
+            raise
+        name = "<stdin>" if sources[0] == "-" else str(sources[0])
+        raise IngestFailed(
+            topic,
+            name,
+            f"preparing the topic's log failed ({_cause(e)})",
+            resumable=sources[0] != "-",
+            not_read=len(sources) - 1,
+            lake_dir=str(lake_dir),
+        ) from None
+    ctx = _Context(topic, lake_dir, path, table, dl_path, commit_records, commit_bytes, progress, quiet)
+    for i, source in enumerate(sources):
         started = time.monotonic()
-        good = RecordTable(topic)
-        with open(dl_path, "ab", opener=_owner_only) as dead:
-            for lineno, (raw, size) in enumerate(_lines(source), start=1):
-                try:
-                    check_record_size(size)
-                    if not raw.strip():
-                        continue
-                    record = parse_line(topic, raw)
-                except InvalidRecord as e:
-                    rejected += 1
-                    dead.write(_dead_letter(name, lineno, raw, size, e.reason))
-                    continue
-                good.add(record)
-                accepted += 1
-                if progress and lineno % 200_000 == 0:
-                    progress(f"{topic}: {name}: {lineno:,} lines read")
-        if accepted:
-            _commit(path, topic, name, good, accepted)
-        result.accepted += accepted
-        result.rejected += rejected
-        result.files.append(
-            {
-                "file": name,
-                "accepted": accepted,
-                "rejected": rejected,
-                "seconds": round(time.monotonic() - started, 3),
-            }
-        )
+        f = _File(ctx, source, not_read=len(sources) - i - 1)
+        try:
+            f.ingest()
+        except (IngestFailed, NotStored) as e:
+            e.result = result  # the files before it, ingested whole
+            raise
+        result.accepted += f.accepted
+        result.rejected += f.rejected
+        result.already_committed += f.already
+        entry = {
+            "file": f.name,
+            "accepted": f.accepted,
+            "rejected": f.rejected,
+            "commits": f.commits,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        if f.already:
+            entry["already_committed"] = f.already
+        result.files.append(entry)
     return result

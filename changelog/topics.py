@@ -145,21 +145,33 @@ def topic_lock(path: Path | str, *, exclusive: bool) -> Iterator[None]:
 
 
 def append_table(
-    path: Path | str, table, *, note: str, transactions: tuple[tuple[str, int], ...] = ()
+    path: Path | str,
+    table,
+    *,
+    note: str,
+    transactions: tuple[tuple[str, int], ...] = (),
+    metadata: dict[str, str] | None = None,
+    delta_table=None,
 ) -> None:
     """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `path` in one delta-rs
-    commit with `userMetadata` `note`, recording each Delta transaction `(app_id, version)` of `transactions`
-    (the idempotent writes of the kafka and cdc jobs), under the shared writers' lock; then the commit's version
-    checksum (`changelog.checksums`), which spares every streaming reader a Spark job per new version."""
+    commit with `userMetadata` `note` and the string fields of `metadata` in its `commitInfo`, recording each Delta
+    transaction `(app_id, version)` of `transactions` (the idempotent writes of the kafka and cdc jobs, the
+    positions of `mview ingest`), under the shared writers' lock; then the commit's version checksum
+    (`changelog.checksums`), which spares every streaming reader a Spark job per new version. `delta_table`, a
+    `deltalake.DeltaTable` of `path` already loaded, is written through instead of loading the log again (a
+    commit that finds its version taken is retried on the next one either way). An empty `table` makes a commit
+    too, holding only its transactions and metadata."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     props = CommitProperties(
-        custom_metadata={"userMetadata": note},
+        custom_metadata={**(metadata or {}), "userMetadata": note},
         app_transactions=[Transaction(app, version) for app, version in transactions] or None,
         max_commit_retries=100,
     )
     with topic_lock(path, exclusive=False):
-        write_deltalake(str(path), table, mode="append", commit_properties=props)
+        write_deltalake(
+            str(path) if delta_table is None else delta_table, table, mode="append", commit_properties=props
+        )
         write_checksums(path, table_version(path))
 
 

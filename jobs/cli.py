@@ -43,14 +43,46 @@ def _redis(settings):
         raise SystemExit(f"mview: {e}") from None
 
 
+def _commit_bound() -> dict:
+    """`mview ingest`'s commit bound: INGEST_COMMIT_RECORDS and INGEST_COMMIT_BYTES (positive integers), each
+    defaulting to `changelog.ingest`'s."""
+    from changelog import ingest as module
+
+    bound = {}
+    for var, key, default in (
+        ("INGEST_COMMIT_RECORDS", "commit_records", module.COMMIT_RECORDS),
+        ("INGEST_COMMIT_BYTES", "commit_bytes", module.COMMIT_BYTES),
+    ):
+        text = os.environ.get(var, "").strip().replace("_", "")
+        if not text:
+            bound[key] = default
+        elif text.isdigit() and int(text) > 0:
+            bound[key] = int(text)
+        else:
+            raise SystemExit(f"mview: bad configuration: {var} must be a positive integer, not {text!r}")
+    return bound
+
+
+def _ingested(topic: str, files: list[dict]) -> None:
+    """One line per file ingested: its counts, and the lines an earlier run had committed."""
+    for f in files:
+        before = f.get("already_committed")
+        earlier = f"; lines 1-{before:,} were committed before" if before else ""
+        print(
+            f"{topic}: {f['file']}: accepted {f['accepted']:,}, rejected {f['rejected']:,}{earlier}"
+            f" ({f['seconds']}s)"
+        )
+
+
 def cmd_ingest(args) -> int:
-    from changelog.errors import UnknownTopic
+    from changelog.errors import IngestFailed, NotStored, UnknownTopic
     from changelog.ingest import deadletter_path, ingest
     from changelog.topics import TOPICS
 
     settings = _settings()
     if args.topic not in TOPICS:
         raise SystemExit(f"mview: {UnknownTopic(args.topic, TOPICS)}")
+    bound = _commit_bound()
     _lake(settings, write=True)
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:
@@ -62,13 +94,18 @@ def cmd_ingest(args) -> int:
             args.topic,
             args.files,
             progress=lambda m: print(m, file=sys.stderr, flush=True),
+            quiet=True,  # a failure is one line: delta-rs's Rust panic report is not shown
+            **bound,
         )
     except FileNotFoundError as e:
         raise SystemExit(f"mview: no such file: {e.filename}") from None
-    for f in result.files:
-        print(
-            f"{args.topic}: {f['file']}: accepted {f['accepted']:,}, rejected {f['rejected']:,} ({f['seconds']}s)"
-        )
+    except (IngestFailed, NotStored) as e:  # the files before it are ingested whole: say so first
+        done = getattr(e, "result", None)
+        if done is not None:
+            _ingested(args.topic, done.files)
+            sys.stdout.flush()
+        raise
+    _ingested(args.topic, result.files)
     if result.rejected:
         print(
             f"{args.topic}: rejected lines and reasons are in {deadletter_path(settings.lake_dir, args.topic)}"

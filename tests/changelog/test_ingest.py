@@ -1,8 +1,11 @@
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -270,3 +273,265 @@ def test_append_dead_letters_adds_only_what_the_log_does_not_hold_of_each_group(
         ("b", 6),
     ]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+# --- Retries, a full disk and the commit bound (#36 D6, D8): through the command line, as a user meets them. ---
+
+
+def _ingest_cli(env: dict, *args, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MVIEW, "ingest", "tweets", *map(str, args)],
+        env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", **env},
+        input=stdin,
+        capture_output=True,
+        timeout=600,
+    )
+
+
+def _summary(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _log_ids(lake: Path) -> list[str]:
+    """Every tweet_id the tweets log holds, one per record (read with delta-rs, no Spark)."""
+    from deltalake import QueryBuilder
+
+    table = DeltaTable(str(topic_path(lake, "tweets")))
+    got = QueryBuilder().register("t", table).execute("SELECT tweet_id FROM t").read_all()
+    return sorted(got.column("tweet_id").to_pylist()) if got.num_rows else []
+
+
+def _dead_lines(lake: Path, src) -> list[int]:
+    """The lines of `src` the tweets dead-letter log holds, one per entry."""
+    path = deadletter_path(lake, "tweets")
+    if not path.exists():
+        return []
+    entries = [json.loads(x) for x in path.read_text().splitlines()]
+    return sorted(e["line"] for e in entries if e["file"] == str(src))
+
+
+def _one_error_line(done: subprocess.CompletedProcess) -> str:
+    """The failure's one `mview:` line (no traceback, no Rust panic report)."""
+    err = done.stderr.decode()
+    lines = err.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("mview: "), err[-3000:]
+    assert "Traceback" not in err and "panicked" not in err
+    return lines[0]
+
+
+def _write_tweets(
+    path: Path, n: int, *, text=lambda i: "hi", bad_every: int = 100
+) -> tuple[list[str], list[int]]:
+    """`n` lines: tweets t<i>, and every `bad_every`-th line (the 8th of each hundred...) not JSON. Returns the
+    ids of the valid ones and the line numbers of the invalid ones."""
+    ids, bad = [], []
+    with open(path, "wb") as f:
+        for i in range(1, n + 1):
+            if i % bad_every == 8:
+                f.write(b"not json %d\n" % i)
+                bad.append(i)
+            else:
+                f.write(_post(f"t{i}", text(i)) + b"\n")
+                ids.append(f"t{i}")
+    return ids, bad
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A filesystem of 8 MB mounted at `tmp_path/small`: a tmpfs, or else an ext4 image on a loop device. Mounting
+    needs root (as here and in CI); skipped, with the reason, where neither can be mounted."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    image = tmp_path / "small.img"
+    attempts = [
+        [["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)]],
+        [
+            ["truncate", "-s", "8M", str(image)],
+            ["mkfs.ext4", "-q", "-F", str(image)],
+            ["mount", "-o", "loop", str(image), str(mnt)],
+        ],
+    ]
+    why = []
+    for steps in attempts:
+        for step in steps:
+            try:
+                done = subprocess.run(step, capture_output=True, text=True, timeout=60)
+            except OSError as e:
+                why.append(f"{step[0]}: {e}")
+                break
+            if done.returncode != 0:
+                why.append(f"{' '.join(step[:3])}: {done.stderr.strip()}")
+                break
+        else:
+            break
+    else:
+        pytest.skip(f"cannot mount a small filesystem to fill (needs root): {'; '.join(why)}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+
+
+def _fill(mnt: Path, leave: int) -> Path:
+    """Fill the filesystem at `mnt` until about `leave` bytes are free; the filler's path (delete it to free)."""
+    filler = mnt / "filler"
+    st = os.statvfs(mnt)
+    free = st.f_bavail * st.f_frsize
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+def test_a_full_disk_fails_a_file_with_one_line_and_running_it_again_is_exact(tmp_path, small_fs):
+    """LAKE_DIR runs full in the middle of a file committed in pieces (#36 D6): one `mview:` line naming the file,
+    what it holds (lines 1-L committed) and what to do, no traceback, no Rust panic; the log holds exactly the
+    records of lines 1-L and the dead-letter log exactly their dead letters (none of a piece whose commit
+    failed). With room again, the same command goes on after line L: every record and every dead letter once."""
+    lake = small_fs / "lake"
+    src = tmp_path / "tweets.jsonl"
+    rng = random.Random(5)  # text that does not compress: each piece takes its size on disk
+    ids, bad = _write_tweets(src, 3000, text=lambda i: rng.randbytes(500).hex())
+    env = {"LAKE_DIR": str(lake), "INGEST_COMMIT_RECORDS": "500"}
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    _summary(_ingest_cli(env, empty, "--json"))  # the topic exists; nothing committed
+    filler = _fill(small_fs, 1_300_000)  # room for a piece or two of the file's 3 MB
+
+    err = _one_error_line(_ingest_cli(env, src, "--json"))
+    assert f"mview: tweets: {src}: committing lines " in err and "No space left on device" in err, err
+    assert f"free space in LAKE_DIR ({lake})" in err and "run the same command again" in err, err
+    committed = int(re.search(r"lines 1-([\d,]+) are committed", err)[1].replace(",", ""))
+    assert 0 < committed < 3000 and f"it goes on after line {committed:,}" in err
+    assert _log_ids(lake) == sorted(i for i in ids if int(i[1:]) <= committed)
+    assert _dead_lines(lake, src) == [n for n in bad if n <= committed]
+
+    filler.unlink()
+    out = _summary(_ingest_cli(env, src, "--json"))
+    assert out == {
+        "topic": "tweets",
+        "accepted": sum(1 for i in ids if int(i[1:]) > committed),
+        "rejected": sum(1 for n in bad if n > committed),
+        "already_committed": committed,
+    }
+    assert _log_ids(lake) == sorted(ids)
+    assert _dead_lines(lake, src) == bad
+
+
+def test_dead_letters_that_a_full_disk_kept_out_are_written_by_the_next_run_once(tmp_path, small_fs):
+    """The commit of a file succeeds and its dead letters (a 900 KB line) find the disk full: they are written
+    all or none, the one `mview:` line says which are missing, and the same command writes them once, committing
+    nothing twice; a third run adds nothing."""
+    lake = small_fs / "lake"
+    src = tmp_path / "tweets.jsonl"
+    src.write_bytes(_post("a") + b"\n{" + b"z" * 900_000 + b"\n" + _post("b") + b"\n")
+    env = {"LAKE_DIR": str(lake)}
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    _summary(_ingest_cli(env, empty, "--json"))
+    filler = _fill(small_fs, 300_000)
+
+    err = _one_error_line(_ingest_cli(env, src, "--json"))
+    assert "the dead letters of lines 1-3 are not written" in err and "lines 1-3 are committed" in err, err
+    assert "run the same command again: it goes on after line 3 and writes those dead letters" in err, err
+    assert _log_ids(lake) == ["a", "b"] and _dead_lines(lake, src) == []
+
+    filler.unlink()
+    out = _summary(_ingest_cli(env, src, "--json"))
+    assert out == {"topic": "tweets", "accepted": 0, "rejected": 1, "already_committed": 3}
+    again = _summary(_ingest_cli(env, src, "--json"))
+    assert again == {"topic": "tweets", "accepted": 0, "rejected": 0, "already_committed": 3}
+    assert _log_ids(lake) == ["a", "b"] and _dead_lines(lake, src) == [2]
+    (dead,) = [json.loads(x) for x in deadletter_path(lake, "tweets").read_text().splitlines()]
+    assert dead["raw_bytes"] == 900_001 and "not valid JSON" in dead["reason"]
+
+
+def _peak_rss_mb(env: dict, *args) -> tuple[int, subprocess.CompletedProcess]:
+    """The peak resident memory (MB) of one `mview ingest` process, and how it ended."""
+    proc = subprocess.Popen(
+        [MVIEW, "ingest", "tweets", *map(str, args)],
+        env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = proc.stdout.read(), proc.stderr.read()  # small: the summary, and nothing
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_maxrss // 1024, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ingest_memory_is_bounded_by_the_commit_bound_not_the_file(tmp_path):
+    """A 160 MB file with an 8 MiB commit bound (INGEST_COMMIT_BYTES) is committed in about 20 pieces, and the
+    command's peak memory stays within 120 MB of ingesting one line, less than the file (#36 D8: the whole file
+    was held until its one commit, 1.77 GB for 2.32 GB)."""
+    src, one = tmp_path / "big.jsonl", tmp_path / "one.jsonl"
+    rng = random.Random(3)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8000))
+    ids, bad = _write_tweets(src, 40_000, text=lambda i: noise[i % 4000 :][:4000], bad_every=1000)
+    assert src.stat().st_size > 160_000_000
+    one.write_bytes(_post("x") + b"\n")
+    env = {"INGEST_COMMIT_BYTES": str(8 << 20)}
+
+    base, done = _peak_rss_mb({**env, "LAKE_DIR": str(tmp_path / "lake0")}, one, "--json")
+    assert _summary(done)["accepted"] == 1
+    peak, done = _peak_rss_mb({**env, "LAKE_DIR": str(tmp_path / "lake")}, src, "--json")
+    assert _summary(done) == {"topic": "tweets", "accepted": len(ids), "rejected": len(bad)}
+    assert peak - base < 120, f"peak {peak} MB, {peak - base} MB over one line's {base} MB"
+    assert latest_version(tmp_path / "lake", "tweets") >= 18  # committed in pieces of 8 MiB
+    assert len(_log_ids(tmp_path / "lake")) == len(ids)
+
+
+def test_ingest_killed_in_the_middle_of_a_file_then_run_again_stores_each_record_once(tmp_path):
+    """`mview ingest` killed (SIGKILL) in the middle of a file, once some of it is stored (a few pieces committed,
+    at whatever point of the next: its commit, its dead letters), then the same command: every record and every
+    dead letter of the file exactly once, and the second run says which lines the first had committed (#36 D8)."""
+    src = tmp_path / "tweets.jsonl"
+    ids, bad = _write_tweets(src, 400_000, bad_every=1000)
+    lake = tmp_path / "lake"
+    env = {"LAKE_DIR": str(lake), "INGEST_COMMIT_RECORDS": "20000"}
+    proc = subprocess.Popen(
+        [MVIEW, "ingest", "tweets", str(src), "--json"],
+        env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", **env},
+        stdout=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if latest_version(lake, "tweets") >= 4 or len(_dead_lines(lake, src)) >= 60:
+            break
+        time.sleep(0.005)
+    proc.kill()
+    proc.communicate()
+    assert proc.returncode == -9, "the first run ended before it could be killed in the middle of the file"
+
+    out = _summary(_ingest_cli(env, src, "--json"))
+    assert _log_ids(lake) == sorted(ids)
+    assert _dead_lines(lake, src) == bad
+    assert 0 < out.get("already_committed", 0) < 400_000 and out["accepted"] < len(ids), out
+
+
+def test_a_file_ingested_again_goes_on_after_what_is_committed_and_a_changed_one_is_new(tmp_path):
+    """The same file (real path, and its bytes up to what was committed) is ingested once: again, it commits
+    nothing; grown at its end, only the new lines; changed in its committed part, it is a new file, ingested whole.
+    Stdin is read once and never taken for an earlier input: each `-` is ingested whole."""
+    lake = tmp_path / "lake"
+    env = {"LAKE_DIR": str(lake)}
+    src = tmp_path / "t.jsonl"
+    src.write_bytes(b"".join(_post(f"t{i}") + b"\n" for i in range(8)) + b"bad\n\nbad too\n")
+    assert _summary(_ingest_cli(env, src, "--json")) == {"topic": "tweets", "accepted": 8, "rejected": 2}
+    again = _summary(_ingest_cli(env, src, "--json"))
+    assert again == {"topic": "tweets", "accepted": 0, "rejected": 0, "already_committed": 11}
+    text = _ingest_cli(env, src).stdout.decode()
+    assert "accepted 0, rejected 0; lines 1-11 were committed before" in text
+    with open(src, "ab") as f:
+        f.write(_post("t8") + b"\nbad again\n")
+    grown = _summary(_ingest_cli(env, src, "--json"))
+    assert grown == {"topic": "tweets", "accepted": 1, "rejected": 1, "already_committed": 11}
+    assert _log_ids(lake) == [f"t{i}" for i in range(9)] and len(_dead_lines(lake, src)) == 3
+
+    src.write_bytes(src.read_bytes().replace(b'"t0"', b'"u0"'))  # same size, another file
+    changed = _summary(_ingest_cli(env, src, "--json"))
+    assert changed == {"topic": "tweets", "accepted": 9, "rejected": 3}
+    for _ in range(2):
+        piped = _summary(_ingest_cli(env, "-", "--json", stdin=_post("s1") + b"\n"))
+        assert piped == {"topic": "tweets", "accepted": 1, "rejected": 0}
+    assert _log_ids(lake).count("s1") == 2
