@@ -22,6 +22,7 @@ __all__ = [
     "UnknownTopic",
     "KafkaUnavailable",
     "NotProduced",
+    "line_ranges",
     "PostgresUnavailable",
     "PostgresMisconfigured",
     "PgDsnInvalid",
@@ -204,14 +205,39 @@ class KafkaUnavailable(ChangelogError):
 
 
 class NotProduced(ChangelogError):
-    """Messages to Kafka topic `topic` were not all acknowledged: `acknowledged` were, `cause` says why not."""
+    """Not every line published to Kafka topic `topic` was acknowledged by the broker. `acknowledged` messages
+    were, each there once; the lines of `not_acknowledged` ((file, (first, last) line ranges) in the order of the
+    sources, `last` None for "to the end of the file") were not: `cause` says why (the first failure; after it no
+    further line is sent). A line the broker did not acknowledge is not in the topic, except one that timed out
+    on its way, which it may hold: sent again, that one is there twice (the same record twice, which has the
+    effect of one)."""
 
-    def __init__(self, topic: str, acknowledged: int, cause: str):
-        super().__init__(
-            f"{topic}: only {acknowledged:,} message(s) were acknowledged ({cause}): produce the input again "
-            "(the `kafka` job copies a message produced twice twice)"
-        )
+    _SHOWN = 10  # ranges named in the message; all of them are in `not_acknowledged`
+
+    def __init__(
+        self,
+        topic: str,
+        acknowledged: int,
+        cause: str,
+        not_acknowledged: list[tuple[str, list]] | None = None,
+    ):
         self.topic, self.acknowledged, self.cause = topic, acknowledged, cause
+        self.not_acknowledged = not_acknowledged or []
+        shown, left = [], self._SHOWN
+        for file, ranges in self.not_acknowledged:
+            if left > 0:
+                shown.append(f"{file} {line_ranges(ranges[:left])}")
+            left -= len(ranges)
+        more = f" and {-left:,} more range(s)" if left < 0 else ""
+        super().__init__(
+            f"{topic}: {acknowledged:,} message(s) acknowledged; not acknowledged ({cause}): line(s)"
+            f" {'; '.join(shown)}{more}; send exactly those lines again"
+        )
+
+
+def line_ranges(ranges) -> str:
+    """(first, last) line ranges for people: `1-3, 7, 20-end` (`last` None: to the end of the file)."""
+    return ", ".join(f"{a:,}" + ("-end" if b is None else f"-{b:,}" if b > a else "") for a, b in ranges)
 
 
 class PostgresUnavailable(ChangelogError):

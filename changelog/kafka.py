@@ -2,11 +2,18 @@
 
 - Topic `T` of the lake is the Kafka topic `<KAFKA_TOPIC_PREFIX>T` (`kafka_topic`); a message's value is one
   record, exactly as a line of a JSON-lines file, and its key only places it in a partition.
-- `produce` publishes every non-blank line of its sources as one message, unvalidated. The key is the record's
-  entity key (`entity_key`: tweets by tweet_id, follows by the follower/followee pair, searches and clicks by
-  session_id, activity and profiles by user_id) when the line is a JSON object that holds it, else no key: one
-  entity's records stay in one partition, in the order they were produced. It returns once the broker has
-  acknowledged every message (idempotent producer, acks from all in-sync replicas), or raises.
+- `publish` (and `produce`, its count) publishes every non-blank line of its sources as one message,
+  unvalidated. The key is the record's entity key (`entity_key`: tweets by tweet_id, follows by the
+  follower/followee pair, searches and clicks by session_id, activity and profiles by user_id) when the line is a
+  JSON object that holds it, else no key: one entity's records stay in one partition, in the order they were
+  produced. A line over `MAX_MESSAGE_BYTES` is no message: it is skipped and reported with its file, line and size
+  (it could never be a record: the maximum record size is half of it), and the lines after it are sent. A line
+  over the maximum record size but within `MAX_MESSAGE_BYTES` is sent, without a key, and the `kafka` job
+  dead-letters it with its size, as `mview ingest` would. It returns once the broker has acknowledged every
+  message (idempotent producer, acks from all in-sync replicas); after the first message the broker does not
+  acknowledge, no further line is sent, every message already handed to the client is waited for until the
+  broker acknowledges or refuses it, and `NotProduced` says exactly which lines are not acknowledged. Lines are
+  numbered as `mview ingest` numbers them: from 1, blank lines included.
 - `ensure_kafka_topics` creates missing Kafka topics with `PARTITIONS` partitions; an existing one is left as is.
 - `end_offsets` (per partition, the offset the next message will get) and `committed_offsets` (where a Spark
   Kafka source's checkpoint has committed to) give the `kafka` job's lag (`lag`).
@@ -24,12 +31,19 @@
 
 from __future__ import annotations
 
+import functools
+import gc
+import itertools
 import json
 import logging
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -49,6 +63,8 @@ __all__ = [
     "end_offsets",
     "committed_offsets",
     "lag",
+    "ProduceResult",
+    "publish",
     "produce",
     "dead_letter",
     "copy_batch",
@@ -87,7 +103,11 @@ def entity_key(topic: str, line: bytes) -> bytes | None:
         return None
     if not isinstance(obj, dict):
         return None
-    parts = [obj.get(f) for f in ENTITY_KEYS[topic]]
+    fields = ENTITY_KEYS[topic]
+    if len(fields) == 1:  # most topics: one id, no join
+        part = obj.get(fields[0])
+        return part.encode() if isinstance(part, str) and part else None
+    parts = [obj.get(f) for f in fields]
     if not all(isinstance(p, str) and p for p in parts):
         return None
     return "\x00".join(parts).encode()  # ids hold no control character: the separator is unambiguous
@@ -230,38 +250,110 @@ def lag(bootstrap: str, names: Iterable[str], checkpoint: Path, *, timeout: floa
     return total
 
 
-def _lines(source: str) -> Iterator[bytes]:
-    """The non-blank lines of `source` (`-` = stdin) without terminators; a byte order mark that starts the
-    source is dropped (as `mview ingest` does)."""
-    fh = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115 - closed below
+@dataclass
+class ProduceResult:
+    """What `publish` did. `produced`: messages the broker acknowledged, each there once. `skipped`: lines over
+    `MAX_MESSAGE_BYTES`, never sent, as (file, line, bytes). `not_acknowledged`: per file, the (first, last) line
+    ranges the broker did not acknowledge, `last` None for "to the end of the file" (the lines not sent after the
+    first failure), in the order of the sources (a file named twice is there twice); empty when every message was
+    acknowledged. `cause`: that first failure."""
+
+    topic: str
+    produced: int = 0
+    skipped: list[tuple[str, int, int]] = field(default_factory=list)
+    not_acknowledged: list[tuple[str, list[tuple[int, int | None]]]] = field(default_factory=list)
+    cause: str | None = None
+
+    def summary(self) -> dict:
+        """The `--json` line: `topic` and `produced`; `skipped` (with `skipped_lines`) and `not_acknowledged` (with
+        `not_acknowledged_lines`, `[first, last]` ranges, `last` null for the end of the file) when not zero."""
+        out: dict = {"topic": self.topic, "produced": self.produced}
+        if self.skipped:
+            out["skipped"] = len(self.skipped)
+            out["skipped_lines"] = [{"file": f, "line": n, "bytes": b} for f, n, b in self.skipped]
+        if self.not_acknowledged:
+            out["not_acknowledged"] = True
+            out["not_acknowledged_lines"] = [
+                {"file": f, "lines": [list(r) for r in ranges]} for f, ranges in self.not_acknowledged
+            ]
+        return out
+
+
+def _ranges(lines: list[int]) -> list[tuple[int, int]]:
+    """Line numbers as (first, last) ranges of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for n in sorted(set(lines)):
+        if out and out[-1][1] == n - 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return out
+
+
+_LINE_MASK = (1 << 40) - 1
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """The block without the cyclic garbage collector: `publish` holds a small callback object per message in
+    flight (up to the client's queue, 100,000), which no cycle holds, and collecting them cost a tenth of its
+    CPU time."""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        first = True
-        for line in fh:
-            if first:
-                first = False
-                if line.startswith(_BOM):
-                    line = line[len(_BOM) :]
-            line = line.rstrip(b"\n")
-            line = line[:-1] if line.endswith(b"\r") else line
-            if line.strip():
-                yield line
+        yield
     finally:
-        if fh is not sys.stdin.buffer:
-            fh.close()
+        if enabled:
+            gc.enable()
 
 
-def produce(bootstrap: str, prefix: str, topic: str, sources: list[str], *, timeout: float = 10.0) -> int:
-    """Publish every non-blank line of `sources` to the Kafka topic of `topic` (created if missing); return how
-    many messages the broker acknowledged (all of them, or NotProduced / KafkaUnavailable is raised)."""
-    from confluent_kafka import KafkaError, Producer
+@contextmanager
+def _interrupt_stops(stop: list[str]) -> Iterator[None]:
+    """In the main thread with Python's own SIGINT handler: within the block, a first Ctrl-C only appends
+    "interrupted" to `stop` (the producer then stops before its next line, so what was sent is known exactly); a
+    second one raises KeyboardInterrupt as usual. Elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    pressed = []
+
+    def interrupted(signum, frame) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        stop.append("interrupted")
+
+    signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def publish(
+    bootstrap: str, prefix: str, topic: str, sources: list[str], *, timeout: float = 10.0
+) -> ProduceResult:
+    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (created if
+    missing) and report exactly what the broker acknowledged (module docstring). Raises `NotProduced`, its
+    `result` the report, when a line was not acknowledged; `KafkaUnavailable` when no broker answers at the start.
+    """
+    from confluent_kafka import KafkaError, KafkaException, Producer
+
+    from changelog.ingest import _rest_of_line
 
     name = kafka_topic(prefix, topic)
     ensure_kafka_topics(bootstrap, [name], timeout=timeout)
-    failed: list[str] = []
+    result = ProduceResult(name)
+    failed: list[tuple[int, int]] = []  # (source index, line) of each message the broker did not acknowledge
+    stop: list[str] = []  # why no further line is sent: the first failure, or Ctrl-C
 
-    def delivered(err, _msg) -> None:
+    def delivered(where: int, err, _msg) -> None:  # where: source index << 40 | line
         if err is not None:
-            failed.append(err.str())
+            failed.append((where >> 40, where & _LINE_MASK))
+            if not stop:
+                stop.append(err.str())
 
     producer = Producer(
         _config(
@@ -272,32 +364,93 @@ def produce(bootstrap: str, prefix: str, topic: str, sources: list[str], *, time
                 "compression.type": "lz4",
                 "message.max.bytes": MAX_MESSAGE_BYTES + 4096,
                 "message.timeout.ms": int(max(timeout, 30) * 1000),
+                # a message's callback runs only when it fails (and is dropped unrun when it is acknowledged):
+                # acknowledged = handed to the client - failed, once every verdict is in
+                "delivery.report.only.error": True,
             },
         )
     )
-    sent = 0
-    for source in sources:
-        for line in _lines(source):
-            key = entity_key(topic, line)
-            while True:
-                try:
-                    producer.produce(name, line, key, on_delivery=delivered)
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain it
-                    producer.poll(0.1)
-                except Exception as e:  # noqa: BLE001 - e.g. MSG_SIZE_TOO_LARGE: say which line
-                    code = e.args[0].code() if e.args and hasattr(e.args[0], "code") else None
-                    if code == KafkaError.MSG_SIZE_TOO_LARGE:
-                        raise NotProduced(name, sent, f"a line of {len(line):,} bytes in {source}") from None
-                    raise
-            sent += 1
-            if sent % 10_000 == 0:
-                producer.poll(0)
-    remaining = producer.flush(max(timeout, 30) * 3)
-    if remaining or failed:
-        cause = failed[0] if failed else f"{remaining:,} messages unacknowledged"
-        raise NotProduced(name, sent - len(failed) - remaining, cause)
-    return sent
+    names = ["<stdin>" if s == "-" else str(s) for s in sources]
+    handed = 0  # messages the client took: each gets exactly one verdict
+
+    def send_source(i: int, fh) -> int | None:
+        """Send the lines of source `i`; the line from which nothing was sent (after a failure), or None."""
+        nonlocal handed
+        readline, limit = fh.readline, MAX_MESSAGE_BYTES + 2  # a line at the maximum and its "\r\n"
+        first = readline(limit + len(_BOM))
+        if first.startswith(_BOM):
+            first = first[len(_BOM) :]
+        lines = itertools.chain((first,) if first else (), iter(functools.partial(readline, limit), b""))
+        produce_one, poll, base = producer.produce, producer.poll, i << 40
+        for lineno, line in enumerate(lines, start=1):
+            if stop:
+                return lineno
+            if line[-1:] == b"\n":  # a whole line: the common case
+                line = line[:-2] if line[-2:-1] == b"\r" else line[:-1]
+                size = len(line)
+            else:  # the last line, without a terminator, or a line over the maximum (its rest is dropped)
+                size, _consumed = _rest_of_line(fh, line, limit)
+            if size > MAX_MESSAGE_BYTES:  # never a record: skipped, and the lines after it are sent
+                result.skipped.append((names[i], lineno, size))
+                continue
+            if not line.strip():
+                continue
+            key = entity_key(topic, line) if size <= MAX_RECORD_BYTES else None
+            try:
+                while True:
+                    try:
+                        produce_one(name, line, key, on_delivery=functools.partial(delivered, base | lineno))
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        poll(0.1)
+            except KafkaException as e:
+                if e.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:  # refused before sending it
+                    result.skipped.append((names[i], lineno, size))
+                    continue
+                stop.append(e.args[0].str())  # not taken: it and the lines after it are not sent
+                return lineno
+            handed += 1
+            if handed % 10_000 == 0:
+                poll(0)
+        return None
+
+    unsent: tuple[int, int] | None = None  # (source index, line): from there on nothing was sent
+    with _interrupt_stops(stop), _no_gc():  # a callback per message, held until its verdict: nothing cyclic
+        for i, source in enumerate(sources):
+            fh = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115 - closed below
+            try:
+                stopped = send_source(i, fh)
+            finally:
+                if fh is not sys.stdin.buffer:
+                    fh.close()
+            if stopped is not None:
+                unsent = (i, stopped)
+                break
+        while producer.flush(1.0) > 0:  # every message gets its verdict within message.timeout.ms
+            pass
+    result.cause = stop[0] if stop else None
+    acked = handed - len(failed)
+    result.produced = acked
+    per_source: dict[int, list] = {}
+    for i, line in failed:
+        per_source.setdefault(i, []).append(line)
+    ranges: dict[int, list] = {i: _ranges(lines) for i, lines in per_source.items()}
+    if unsent is not None:
+        i, line = unsent
+        ranges.setdefault(i, []).append((line, None))
+        for later in range(i + 1, len(sources)):
+            ranges[later] = [(1, None)]
+    result.not_acknowledged = [(names[i], ranges[i]) for i in sorted(ranges)]
+    if result.not_acknowledged:
+        err = NotProduced(name, acked, result.cause or "not acknowledged", result.not_acknowledged)
+        err.result = result
+        raise err
+    return result
+
+
+def produce(bootstrap: str, prefix: str, topic: str, sources: list[str], *, timeout: float = 10.0) -> int:
+    """`publish`, returning how many messages the broker acknowledged (all of them, or NotProduced is raised)."""
+    return publish(bootstrap, prefix, topic, sources, timeout=timeout).produced
 
 
 def dead_letter(kafka_topic_name: str, partition: int, offset: int, raw: bytes, reason: str) -> dict:

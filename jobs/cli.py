@@ -116,8 +116,8 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_produce(args) -> int:
-    from changelog.errors import UnknownTopic
-    from changelog.kafka import kafka_topic, produce
+    from changelog.errors import NotProduced, UnknownTopic
+    from changelog.kafka import publish
     from changelog.topics import TOPICS
 
     settings = _settings()
@@ -130,10 +130,33 @@ def cmd_produce(args) -> int:
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:
         raise SystemExit(f"mview: no such file: {missing[0]}")
-    n = produce(settings.kafka_bootstrap, settings.kafka_topic_prefix, args.topic, args.files)
-    name = kafka_topic(settings.kafka_topic_prefix, args.topic)
-    print(json.dumps({"topic": name, "produced": n}) if args.json else f"{name}: produced {n:,} messages")
+    try:
+        result = publish(settings.kafka_bootstrap, settings.kafka_topic_prefix, args.topic, args.files)
+    except NotProduced as e:  # what did reach the broker, then the one line of the failure
+        _published(e.result, args.json)
+        sys.stdout.flush()
+        raise
+    _published(result, args.json)
     return 0
+
+
+def _published(result, as_json: bool) -> None:
+    """`mview produce`'s report: the messages acknowledged, each line skipped (over the maximum message size) and
+    the lines not acknowledged, as a line of JSON or for people."""
+    from changelog.errors import line_ranges
+    from changelog.kafka import MAX_MESSAGE_BYTES
+
+    if as_json:
+        print(json.dumps(result.summary()))
+        return
+    print(f"{result.topic}: produced {result.produced:,} messages")
+    for file, line, size in result.skipped:
+        print(
+            f"{result.topic}: {file}: line {line:,} skipped: {size:,} bytes, over the maximum message size of"
+            f" {MAX_MESSAGE_BYTES:,} bytes (and the maximum record size)"
+        )
+    for file, ranges in result.not_acknowledged:
+        print(f"{result.topic}: {file}: not acknowledged: line(s) {line_ranges(ranges)}")
 
 
 def cmd_run(args) -> int:

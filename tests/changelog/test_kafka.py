@@ -130,3 +130,96 @@ def test_copy_batch_replayed_after_a_crash_adds_nothing(tmp_path):
     )
     assert DeltaTable(str(topic_path(tmp_path, "tweets"))).version() == 2
     assert len(deadletter_path(tmp_path, "tweets").read_bytes().splitlines()) == 2
+
+
+def _tweet_line(i: int, text: str = "hi") -> bytes:
+    return orjson.dumps({"op": "post", "tweet_id": f"t{i}", "user_id": f"u{i % 50}", "text": text, "ts": i})
+
+
+def _sent(bootstrap: str, name: str) -> int:
+    """Messages the broker holds in Kafka topic `name`: its end offsets summed over partitions."""
+    return sum(end_offsets(bootstrap, [name])[name].values())
+
+
+def test_produce_skips_a_line_over_the_maximum_message_size_and_sends_every_other(tmp_path, kafka):
+    """50,000 valid lines, a 3 MB line, a 1.5 MB line, 5,000 more (#36 D2): the 3 MB line can never be a message
+    nor a record, so it is skipped and reported with its file, line and size; every other line reaches the broker
+    (the 1.5 MB one too: the `kafka` job dead-letters it with its size, as `mview ingest` does), exit 0. The broker's
+    end offsets count exactly the messages reported."""
+    from changelog.kafka import MAX_MESSAGE_BYTES
+    from changelog.records import MAX_RECORD_BYTES
+
+    big = _tweet_line(0, "x" * 3_000_000)
+    over_record = _tweet_line(1, "y" * 1_500_000)
+    assert MAX_RECORD_BYTES < len(over_record) <= MAX_MESSAGE_BYTES < len(big)
+    src = tmp_path / "tweets.jsonl"
+    with open(src, "wb") as f:
+        f.write(b"".join(_tweet_line(i) + b"\n" for i in range(10, 50_010)))
+        f.write(big + b"\n" + over_record + b"\r\n")
+        f.write(b"".join(_tweet_line(i) + b"\n" for i in range(60_000, 65_000)))
+    env = {**os.environ, **kafka, "LAKE_DIR": str(tmp_path / "lake")}
+    done = _mview("produce", "tweets", str(src), "--json", env=env)
+    name = kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], "tweets")
+    assert _sent(kafka["KAFKA_BOOTSTRAP"], name) == 55_001, done.stderr.decode()[-2000:]
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "topic": name,
+        "produced": 55_001,
+        "skipped": 1,
+        "skipped_lines": [{"file": str(src), "line": 50_001, "bytes": len(big)}],
+    }
+
+    again = {**env, "KAFKA_TOPIC_PREFIX": kafka["KAFKA_TOPIC_PREFIX"] + "h."}  # the summary for people
+    done = _mview("produce", "tweets", str(src), env=again)
+    out = done.stdout.decode()
+    assert done.returncode == 0 and done.stderr == b"", done.stderr.decode()[-2000:]
+    assert "produced 55,001 messages" in out
+    assert f"{src}: line 50,001 skipped: {len(big):,} bytes, over the maximum message size" in out
+
+
+def test_produce_says_exactly_which_lines_the_broker_did_not_acknowledge(tmp_path, kafka):
+    """A topic whose broker limit refuses some messages (`max.message.bytes` 2,000: a batch holding a 3,000-byte
+    record is refused whole): `mview produce` waits for every verdict, exits 1 with one `mview:` line, and its
+    report (`--json`: `not_acknowledged_lines`) names exactly the lines the broker does not hold. Once the limit
+    is raised, sending exactly those lines again leaves every line in the topic exactly once."""
+    import random
+    import string
+
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+    bootstrap, name = kafka["KAFKA_BOOTSTRAP"], kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], "tweets")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics(
+        [NewTopic(name, PARTITIONS, 1, config={"max.message.bytes": "2000"})]
+    ).values():
+        fut.result(30)
+    rng = random.Random(7)  # incompressible text: lz4 does not shrink it under the limit
+    lines = [
+        _tweet_line(
+            i, "".join(rng.choice(string.ascii_letters) for _ in range(3000)) if i in (7, 8, 20) else "ok"
+        )
+        for i in range(1, 41)
+    ]
+    src = tmp_path / "tweets.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    env = {**os.environ, **kafka, "LAKE_DIR": str(tmp_path / "lake")}
+    done = _mview("produce", "tweets", str(src), "--json", env=env)
+    err = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1 and len(err) == 1 and err[0].startswith("mview: "), err
+    assert "Message size too large" in err[0] and "Traceback" not in done.stderr.decode()
+    report = json.loads(done.stdout.splitlines()[-1])
+    missing = [n for f in report["not_acknowledged_lines"] for a, b in f["lines"] for n in range(a, b + 1)]
+    assert {f["file"] for f in report["not_acknowledged_lines"]} == {str(src)}
+    assert {7, 8, 20} <= set(missing) and report["produced"] == len(lines) - len(missing)
+    assert _sent(bootstrap, name) == report["produced"]  # exactly what the report says arrived
+
+    limit = ConfigEntry("max.message.bytes", "3000000", incremental_operation=AlterConfigOpType.SET)
+    config = ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[limit])
+    for fut in admin.incremental_alter_configs([config]).values():
+        fut.result(30)
+    rest = tmp_path / "rest.jsonl"
+    rest.write_bytes(b"".join(lines[n - 1] + b"\n" for n in missing))
+    done = _mview("produce", "tweets", str(rest), "--json", env=env)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert sorted(m.value() for m in _consume(bootstrap, name, len(lines))) == sorted(lines)
+    assert _sent(bootstrap, name) == len(lines)  # each line once: none lost, none doubled
