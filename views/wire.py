@@ -3,13 +3,23 @@ operation: the executors only forward the text (`views.redis_io.send_packed`). L
 (`octet_length`), and the text is sent UTF-8 encoded.
 
 Every function takes and returns the SQL text of an expression (`F.expr` or `selectExpr` turns it into a column):
-a whole command is one expression to parse (why: docs/architecture.md, "Building a micro-batch's plans")."""
+a whole command is one expression to parse (why: docs/architecture.md, "Building a micro-batch's plans").
+`payload_rows` and `forward` send a DataFrame of such commands to Redis from the executors."""
 
 from __future__ import annotations
 
 from views.keys import _ESCAPES, view_key
 
-__all__ = ["lit", "bulk", "command", "array_command", "view_key_column", "hash_tag_column"]
+__all__ = [
+    "lit",
+    "bulk",
+    "command",
+    "array_command",
+    "view_key_column",
+    "hash_tag_column",
+    "payload_rows",
+    "forward",
+]
 
 
 def lit(value: str) -> str:
@@ -55,3 +65,34 @@ def hash_tag_column(ident: str) -> str:
     """The hash tag `{<ident>}` of every key of the entity `<ident>` (encoded as in `view_key_column`): what a
     Redis Cluster hashes to place them (`views.redis_io.Forwarder` routes by it)."""
     return f"concat('{{', {_encoded(ident)}, '}}')"
+
+
+def payload_rows(commands, *, cluster: bool, chunk: int = 1000):
+    """`commands` (`cmd`: one command's wire text; `tag`: the hash tag of its key) as rows to forward (`payload`,
+    `n` commands, `tag`): on one server `chunk` consecutive commands of a partition concatenated into one row (the
+    commands of one key stay in their order), on a Redis Cluster one command per row with its tag, for
+    `views.redis_io.Forwarder` to route. Python only forwards these strings, it never builds a single command."""
+    from pyspark.sql import functions as F
+
+    if cluster:
+        return commands.select(F.col("cmd").alias("payload"), F.lit(1).alias("n"), "tag")
+    return (
+        commands.select("cmd", F.floor(F.monotonically_increasing_id() / chunk).alias("chunk"))
+        .groupBy("chunk")
+        .agg(F.concat_ws("", F.collect_list("cmd")).alias("payload"), F.count("*").alias("n"))
+        .select("payload", "n", F.lit(None).cast("string").alias("tag"))
+    )
+
+
+def _forward_partition(rows, url: str, what: str, scripts: tuple[str, ...]) -> None:
+    from views.redis_io import Forwarder, sink_client
+
+    with Forwarder(sink_client(url), what=what, scripts=scripts) as out:
+        for payload, n, tag in rows:
+            out.add(payload.encode(), n, tag)
+
+
+def forward(payloads, url: str, *, what: str, scripts: tuple[str, ...] = ()) -> None:
+    """Send `payload_rows` to the Redis at `url` from the executors (one `Forwarder` per partition, `scripts`
+    loaded first), one Spark job; returns once every command is acknowledged (a failed one raises)."""
+    payloads.foreachPartition(lambda rows: _forward_partition(rows, url, what, scripts))

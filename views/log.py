@@ -1,0 +1,93 @@
+"""The `log` view kind (asof jobs): a Delta output log of the emitted rows.
+
+A Delta table per generation, `LAKE_DIR/outputs/<view>/g<g>` (`log_path`), one row per emitted event that
+satisfies the view's `where`: the view's fields in declared order, plus `_id` (the stream event's identity).
+Other jobs can read it as a stream. Each micro-batch appends with Delta's idempotent-write options (`txnAppId`
+`<job>-g<g>-<view>`, `txnVersion` the batch id), so a batch Spark replays after a crash is not written twice
+(`LogSink`). `export_log` reads a generation's log: the fields of every row, ordered by `_id`.
+
+A log without `where` holds every event the job emitted: the job reads it back to drop an event delivered again
+after it was emitted (`LogSink.ids`, only the rows whose time lies in a range when the log has the stream's time
+among its fields, `time_field`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from changelog.current import quoted
+from changelog.topics import ensure_delta_table, table_version
+from spec.model import Pipeline, View
+from views.frame import select_view
+
+__all__ = ["log_path", "log_rows", "log_schema", "time_field", "LogSink", "export_log"]
+
+
+def log_path(lake_dir: Path, view: str, generation: int) -> Path:
+    """The Delta output log of view `view` for one generation."""
+    return Path(lake_dir) / "outputs" / view / f"g{generation}"
+
+
+def log_rows(frame: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
+    """The rows of `frame` (`views.frame.view_rows` of emitted rows) the log view `view` keeps: its fields and
+    `_id`, where its `where` holds."""
+    sel = select_view(frame, view, pipeline, parts=("where", "fields"), keep=("_id",))
+    return sel.where("_where").select(*[F.col(quoted(n)) for n, _ in view.fields], "_id")
+
+
+def log_schema(rows: DataFrame) -> str:
+    """`rows`' columns (`log_rows`) as a SQL schema string, for the Delta table."""
+    return ", ".join(f"{quoted(f.name)} {f.dataType.simpleString()}" for f in rows.schema.fields)
+
+
+def time_field(view: View, time: str) -> str | None:
+    """The name of a field of `view` that is exactly the stream's time field `time` (its expression the bare name),
+    if it has one: a lookup by time range can read only that range of the log."""
+    bare = {time, quoted(time)}
+    return next((n for n, e in view.fields if e.strip() in bare), None)
+
+
+class LogSink:
+    """Appends a job's emitted rows (`log_rows`) to the output log at `path` (created with `schema` if missing),
+    idempotent per batch id (Delta `txnAppId` `app_id`, `txnVersion` the batch id)."""
+
+    def __init__(self, spark, path: Path, schema: str, app_id: str):
+        self.spark, self.app_id = spark, app_id
+        self.path = ensure_delta_table(spark, Path(path), schema)
+
+    def write(self, rows: DataFrame, batch_id: int) -> dict:
+        """Append `rows`; a batch id already appended adds nothing. Returns {}: the job counts its rows itself."""
+        (
+            rows.write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", batch_id)
+            .save(self.path)
+        )
+        return {}
+
+    def ids(self, time: str | None = None, lo: int | None = None, hi: int | None = None) -> DataFrame:
+        """`_id` of the log's rows, only those whose column `time` lies in [lo, hi] when given (Delta's file
+        statistics then skip the rest of the log)."""
+        log = self.spark.read.format("delta").load(self.path)
+        if time is not None:
+            log = log.where(F.col(quoted(time)).between(lo, hi))
+        return log.select("_id")
+
+
+def export_log(spark, lake_dir: Path, view: View, generation: int) -> Iterator[dict]:
+    """Every row of the generation's log of `view`, ordered by `_id`, as dicts of its fields in declared order.
+    Nothing if the job has not published that generation yet (no committed version: Spark makes `_delta_log`
+    before it writes version 0)."""
+    path = log_path(lake_dir, view.name, generation)
+    if table_version(path) < 0:
+        return
+    names = [n for n, _ in view.fields]
+    df = spark.read.format("delta").load(str(path)).orderBy("_id").select(*[F.col(quoted(n)) for n in names])
+    for row in df.toLocalIterator():
+        values = row.asDict(recursive=True)
+        yield {n: values[n] for n in names}
