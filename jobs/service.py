@@ -197,7 +197,8 @@ def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
 
 def _single_instance(settings: Settings, job: str):
     """The job's lock file, held (flock) for the life of the process; None if another process holds it."""
-    lock = open(job_dir(settings, job) / "lock", "w")  # noqa: SIM115 - held for the life of the process
+    # held for the life of the process
+    lock = os.fdopen(runtime.open_private(job_dir(settings, job) / "lock"), "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
