@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Settings", "parse_duration_ms"]
+from spec import Pipeline, load_pipeline
+
+__all__ = ["Settings", "parse_duration_ms", "BUILTIN_PIPELINE"]
+
+# The built-in pipeline, shipped as a pipeline file like any other (MVIEW_PIPELINE unset).
+BUILTIN_PIPELINE = Path(__file__).resolve().parents[1] / "timeline_demo" / "pipelines" / "builtin.yml"
+_PIPELINES: dict[tuple, Pipeline] = {}
 
 _UNITS_MS = {
     "ms": 1,
@@ -79,6 +86,10 @@ def _limit(text: str) -> int | None:
         ) from None
 
 
+def _pipeline_file(text: str) -> Path:
+    return Path(text).expanduser().resolve() if text.strip() else BUILTIN_PIPELINE
+
+
 def _jvm_cache(text: str) -> Path | None:
     if text.strip().lower() in ("off", "false", "no", "0"):
         return None
@@ -104,8 +115,10 @@ class Settings:
     maintenance_in_job: MAINTENANCE_IN_JOB, run the maintenance inside each deployed job too (default false).
     log_retention: LOG_RETENTION, VACUUM keeps files removed from logs and state for this long (default
         "7 days"); a consumer lagging further behind than this cannot resume (replay it).
-    compact_topics: COMPACT_TOPICS, topics whose logs maintenance compacts to the latest record per key
-        (default "tweets,follows"; empty = none).
+    compact_topics: COMPACT_TOPICS, table topics whose logs maintenance compacts to the deciding record per key
+        (default "auto": every table topic no asof job reads, since an asof job needs every version; empty = none).
+    pipeline_file: MVIEW_PIPELINE, the pipeline file (default: the built-in pipeline, `BUILTIN_PIPELINE`).
+        `pipeline()` loads it, with `${VAR}` taken from the environment the settings were read from.
     replay_grace: REPLAY_GRACE, how long a replay waits after the switch before deleting the old generation's
         keys, so reads that resolved the old pointer finish (default "2 s").
     stop_timeout: STOP_TIMEOUT, how long `mview stop` waits for the batch in flight before SIGKILL (default
@@ -140,10 +153,13 @@ class Settings:
     maintenance_interval: str = "1 hour"
     maintenance_in_job: bool = False
     log_retention: str = "7 days"
-    compact_topics: tuple[str, ...] = ("tweets", "follows")
+    compact_topics: tuple[str, ...] = ("auto",)
     replay_grace: str = "2 s"
     stop_timeout: str = "10 minutes"
     jvm_cache: Path | None = None
+    pipeline_file: Path = BUILTIN_PIPELINE
+    # the environment the settings were read from (a pipeline file's ${VAR}); may hold secrets: never shown
+    env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     metrics_port: int | None = 9464
     spark_ui: bool = False
     kafka_bootstrap: str = ""
@@ -190,9 +206,7 @@ class Settings:
             maintenance_interval=e.get("MAINTENANCE_INTERVAL", "1 hour"),
             maintenance_in_job=_flag(e.get("MAINTENANCE_IN_JOB", "false")),
             log_retention=e.get("LOG_RETENTION", "7 days"),
-            compact_topics=tuple(
-                t.strip() for t in e.get("COMPACT_TOPICS", "tweets,follows").split(",") if t.strip()
-            ),
+            compact_topics=tuple(t.strip() for t in e.get("COMPACT_TOPICS", "auto").split(",") if t.strip()),
             replay_grace=e.get("REPLAY_GRACE", "2 s"),
             stop_timeout=e.get("STOP_TIMEOUT", "10 minutes"),
             jvm_cache=_jvm_cache(e.get("JVM_CACHE", "")),
@@ -206,4 +220,19 @@ class Settings:
             redis_cluster=_flag(e.get("REDIS_CLUSTER", "false")),
             fanout_limit=_limit(e.get("FANOUT_LIMIT", "")),
         )
+        object.__setattr__(s, "pipeline_file", _pipeline_file(e.get("MVIEW_PIPELINE", "")))
+        object.__setattr__(s, "env", dict(e))
         return s
+
+    def pipeline(self) -> Pipeline:
+        """The pipeline of `pipeline_file` (loaded once per file content and environment; `spec.PipelineError`
+        with every problem, one line each, when it is not valid)."""
+        path = self.pipeline_file
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        key = (str(path), stamp, tuple(sorted(self.env.items())))
+        if key not in _PIPELINES:
+            _PIPELINES[key] = load_pipeline(path, self.env)
+        return _PIPELINES[key]
