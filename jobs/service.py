@@ -6,7 +6,11 @@
   micro-batch in flight, if any). Idle, each trigger only reads the topics' `_delta_log` listings.
 - Follows replays: a guard thread checks the pointer every half second; when it moves, the query stops between
   micro-batches (the batch in flight finishes on the old generation) and a new query starts on the new
-  generation's checkpoint and state.
+  generation's checkpoint and state. The guard reads Redis with the cluster-aware client (`watch_client`: on a
+  Redis Cluster each key on the master of its slot) and takes any Redis error as "ask again"; it never hangs.
+- The threads that guard correctness (that guard and the Redis watcher) never die silently: one that stops on an
+  unexpected error fails the job (`state: "failed"`, `error` saying which thread and why, exit 1) rather than let
+  it run unguarded.
 - SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0. A batch that is
   planned in the instant the stop is decided is interrupted and replayed at the next start (idempotent).
 - A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
@@ -36,22 +40,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import threading
 import time
+import traceback
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from jobs import runtime
 from jobs.generations import serving_copy_lost
 from jobs.registry import job_spec
-from jobs.runtime import clear_error, job_dir, log, read_status, record_error, write_status
+from jobs.runtime import clear_error, error_line, job_dir, log, read_status, record_error, write_status
 from jobs.settings import Settings
-from views.errors import RedisMisconfigured, redact
+from views.errors import RedisMisconfigured, RedisUnavailable, ViewError
 from views.keys import gen_key
-from views.redis_io import connect, ensure_generation, probe, quick_client, redact_url
+from views.redis_io import connect, ensure_generation, probe, quick_client, redact_url, watch_client
 
 __all__ = ["serve"]
 
@@ -59,113 +66,191 @@ __all__ = ["serve"]
 _HEALTHY_S = 300.0
 
 
-class _RedisWatch(threading.Thread):
+# Whatever a Redis client may raise: a guard takes each as "Redis cannot tell now" and asks again.
+_REDIS_ERRORS = (redis.RedisError, RedisClusterException, ViewError, OSError)
+
+
+class _Failure:
+    """Why the deployed job must stop for good, the first reason wins: a permanent Redis problem, or a guarding
+    thread that died. `set` logs it, records `state: "failed"` with the reason (`error`) in `status.json` and stops
+    the process (`runtime.STOP`); `serve` then exits 1."""
+
+    def __init__(self, settings: Settings, job: str):
+        self.settings, self.job = settings, job
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+
+    def set(self, reason) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason = error_line(reason, self.settings.redis_url)
+                log(f"{self.job}: {self.reason}; not retrying: stopping")
+                write_status(self.settings, self.job, file="status.json", state="failed", error=self.reason)
+        runtime.STOP.set()
+
+
+class _Sentinel(threading.Thread):
+    """A thread that guards the deployed job's correctness: `check()` every `every_s` seconds until `done`. It
+    never dies silently: an error escaping `check` (each handles the Redis errors it expects) is logged with its
+    traceback and fails the job (`_Failure`), so the job never runs on without its guard."""
+
+    every_s = 1.0
+
+    def __init__(self, name: str, settings: Settings, job: str, failure: _Failure):
+        super().__init__(daemon=True, name=name)
+        self.settings, self.job, self.failure = settings, job, failure
+        self.done = threading.Event()
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(self.every_s):
+                self.check()
+        except BaseException as e:  # noqa: BLE001 - a guard that stops must stop the job, whatever the error
+            if self.done.is_set():  # the job is ending (its Spark session may be stopping under the check)
+                return
+            log(f"{self.job}: the {self.name} thread stopped:\n{traceback.format_exc()}")
+            self.failure.set(
+                f"the {self.name} thread stopped ({error_line(e)}): the job cannot run unguarded"
+            )
+
+
+class _RedisWatch(_Sentinel):
     """Checks Redis every second on a new connection (so changed credentials show at once) and records what it
     finds in the status file and the log, the URL always redacted:
 
-    - unreachable: `redis: "waiting for Redis at URL since ..."` and `runtime.REDIS_DOWN` set, until it answers
-      (always in the deployed job's `status.json`, also while a rebuild routes the process's status elsewhere);
+    - unreachable (any error of the check): `redis: "waiting for Redis at URL since ..."` (shown as `state:
+      "waiting"` by `mview status`) and `runtime.REDIS_DOWN` set, until it answers (always in the deployed job's
+      `status.json`, also while a rebuild routes the process's status elsewhere);
     - a permanent problem (`RedisMisconfigured`: refused credentials, TLS mismatch): `fail` - the job stops
       retrying, the status says `state: "failed"` with the reason (`error`), and the process exits 1.
     """
 
-    def __init__(self, settings: Settings, job: str):
-        super().__init__(daemon=True, name="redis-watch")
-        self.settings, self.job = settings, job
+    def __init__(self, settings: Settings, job: str, failure: _Failure):
+        super().__init__("redis-watch", settings, job, failure)
         self.client = quick_client(settings.redis_url)
-        self.done = threading.Event()
-        self.failed: str | None = None
+        self.down_since: float | None = None
+        self.attempt = 0
 
     def fail(self, problem) -> None:
         """Record a permanent Redis problem and stop the job (`serve` then exits 1 with `state: "failed"`)."""
-        if self.failed is None:
-            self.failed = redact(problem, self.settings.redis_url)
-            log(f"{self.job}: {self.failed}; not retrying: stopping")
-            write_status(self.settings, self.job, file="status.json", error=self.failed, redis=self.failed)
-        runtime.STOP.set()
+        self.failure.set(problem)
+        write_status(self.settings, self.job, file="status.json", redis=self.failure.reason)
 
-    def run(self) -> None:
-        down_since, attempt, url = None, 0, redact_url(self.settings.redis_url)
-        while not self.done.wait(1.0):
-            problem = probe(self.settings.redis_url, self.client)
+    def _probe(self) -> ViewError | None:
+        try:
+            return probe(self.settings.redis_url, self.client)
+        except _REDIS_ERRORS as e:  # a reply probe does not expect (e.g. a cluster node still loading)
+            return RedisUnavailable(self.settings.redis_url, e)
+        finally:
             self.client.connection_pool.disconnect()
-            if problem is None:
-                runtime.REDIS_DOWN.clear()
-                if down_since is not None:
-                    log(f"{self.job}: Redis at {url} answers again after {attempt} attempts")
-                    write_status(
-                        self.settings,
-                        self.job,
-                        file="status.json",
-                        redis="ok",
-                        redis_outages_s=round(time.time() - down_since, 1),
-                    )
-                    down_since, attempt = None, 0
-            elif isinstance(problem, RedisMisconfigured):
-                self.fail(problem)
-                return
-            else:
-                runtime.REDIS_DOWN.set()
-                attempt += 1
-                if down_since is None:
-                    down_since = time.time()
-                log(f"{self.job}: waiting for Redis at {url} (attempt {attempt}): {problem.cause}")
+
+    def check(self) -> None:
+        url = redact_url(self.settings.redis_url)
+        problem = self._probe()
+        if problem is None:
+            runtime.REDIS_DOWN.clear()
+            if self.down_since is not None:
+                log(f"{self.job}: Redis at {url} answers again after {self.attempt} attempts")
                 write_status(
                     self.settings,
                     self.job,
                     file="status.json",
-                    redis=f"waiting for Redis at {url} since "
-                    f"{time.strftime('%H:%M:%S', time.localtime(down_since))} (attempt {attempt})",
+                    redis="ok",
+                    redis_outages_s=round(time.time() - self.down_since, 1),
                 )
+                self.down_since, self.attempt = None, 0
+        elif isinstance(problem, RedisMisconfigured):
+            self.fail(problem)
+            self.done.set()
+        else:
+            runtime.REDIS_DOWN.set()
+            self.attempt += 1
+            if self.down_since is None:
+                self.down_since = time.time()
+            cause = getattr(problem, "cause", None) or problem
+            log(f"{self.job}: waiting for Redis at {url} (attempt {self.attempt}): {cause}")
+            write_status(
+                self.settings,
+                self.job,
+                file="status.json",
+                redis=f"waiting for Redis at {url} since "
+                f"{time.strftime('%H:%M:%S', time.localtime(self.down_since))} (attempt {self.attempt})",
+            )
 
 
-def _serving(client: redis.Redis, job: str) -> int | None:
-    """The serving generation, or None if Redis cannot tell right now (the sink waits for Redis anyway)."""
-    try:
-        value = client.get(gen_key(job))
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return None
+def _serving(client, job: str) -> int | None:
+    """The serving generation (`mv:gen:<job>`), None if there is none. Raises what the client raises."""
+    value = client.get(gen_key(job))
     return None if value is None else int(value)
 
 
-class _Guard(threading.Thread):
+class _Guard(_Sentinel):
     """Stops the job's query between micro-batches when SIGTERM arrives, the generation pointer moves, or Redis
     lost the serving copy (`jobs.generations.serving_copy_lost`), so a stop waits only for the batch in flight and
     nothing is written to a generation that is no longer current. On a loss the query is stopped at once, its
     batch in flight interrupted (it writes into a copy that is being replaced anyway), and `lost` names why.
+
+    Redis is read every half second with `views.redis_io.watch_client` (a Redis Cluster client on a cluster: the
+    pointer and the meta hash live on whichever masters own their slots). Any error reading it means "Redis cannot
+    tell now": the check is skipped, the client is dropped and made again (a cluster's layout read anew) at the
+    next one, and the log says once that the guard cannot read Redis and once that it can again. Any other error
+    ends the thread and fails the job (`_Sentinel`).
 
     Queries are named `<job>_g<generation>` (`run_stream`'s name). Only the supervisor's own query, on
     `self.generation`, is stopped on a pointer move or a loss (never the query of a rebuild in the same
     process), so the query the supervisor starts on the new generation is never hit by a stale check.
     """
 
-    def __init__(self, spark, job: str, fast: redis.Redis, settings: Settings):
-        super().__init__(daemon=True, name="query-guard")
-        self.spark, self.job, self.fast, self.settings = spark, job, fast, settings
-        self.done = threading.Event()
+    every_s = 0.5
+
+    def __init__(self, spark, job: str, settings: Settings, failure: _Failure):
+        super().__init__("query-guard", settings, job, failure)
+        self.spark = spark
         self.generation: int | None = None  # what the supervisor's query serves; None between queries
         self.lost: str | None = None
+        self.client = None
+        self.blind_since: float | None = None  # when reading Redis started failing
 
-    def _lost(self) -> str | None:
+    def _read(self) -> tuple[int | None, str | None]:
+        """(the serving generation, why the serving copy is lost or None); (None, None) if Redis cannot tell."""
         try:
-            return serving_copy_lost(self.settings, self.fast, job_spec(self.job))
-        except (redis.RedisError, OSError):
-            return None  # Redis does not answer: the sink waits for it, and the check runs again after
+            if self.client is None:
+                self.client = watch_client(self.settings.redis_url, cluster=self.settings.redis_cluster)
+            serving = _serving(self.client, self.job)
+            lost = serving_copy_lost(self.settings, self.client, job_spec(self.job))
+        except _REDIS_ERRORS as e:
+            client, self.client = self.client, None
+            if client is not None:
+                with contextlib.suppress(Exception):  # its connections may be broken already
+                    client.close()
+            if self.blind_since is None:
+                self.blind_since = time.monotonic()
+                log(
+                    f"{self.job}: the query guard cannot read {gen_key(self.job)} now ({error_line(e)}); retrying"
+                )
+            return None, None
+        if self.blind_since is not None:
+            log(
+                f"{self.job}: the query guard reads Redis again after {time.monotonic() - self.blind_since:.1f}s"
+            )
+            self.blind_since = None
+        return serving, lost
 
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            stopping = runtime.STOP.is_set()
-            own = self.generation
-            serving = lost = None
-            if not stopping and own is not None:
-                serving = _serving(self.fast, self.job)
-                lost = self._lost()
-            for q in self.spark.streams.active:
-                if q.name == f"{self.job}_g{own}" and lost is not None and not stopping:
-                    self.lost = lost
-                    q.stop()
-                elif stopping or (q.name == f"{self.job}_g{own}" and serving not in (None, own)):
-                    runtime._stop_between_batches(q)
+    def check(self) -> None:
+        stopping = runtime.STOP.is_set()
+        own = self.generation
+        serving = lost = None
+        if not stopping and own is not None:
+            serving, lost = self._read()
+        for q in self.spark.streams.active:
+            if q.name == f"{self.job}_g{own}" and lost is not None and not stopping:
+                self.lost = lost
+                q.stop()
+            elif stopping or (q.name == f"{self.job}_g{own}" and serving not in (None, own)):
+                runtime._stop_between_batches(q)
 
 
 def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
@@ -277,13 +362,15 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
 
 
 def serve(spark, settings: Settings, job: str) -> int:
-    """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code."""
+    """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code: 0 after
+    a stop, 1 when the job failed (`_Failure`: a permanent Redis problem, a guarding thread that died)."""
     lock = _single_instance(settings, job)  # held until this function returns
     if lock is None:
         return 1
     _stop_on_signals(job)
     clear_error(settings, job)  # why an earlier run failed or restarted: history now
-    watch = _RedisWatch(settings, job)
+    failure = _Failure(settings, job)
+    watch = _RedisWatch(settings, job, failure)
     watch.start()
     scheduler = None
     if settings.maintenance_in_job:
@@ -293,7 +380,7 @@ def serve(spark, settings: Settings, job: str) -> int:
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
     )
-    guard = _Guard(spark, job, quick_client(settings.redis_url), settings)
+    guard = _Guard(spark, job, settings, failure)
     guard.start()
     try:
         _follow_generations(spark, settings, job, guard, watch)
@@ -302,8 +389,8 @@ def serve(spark, settings: Settings, job: str) -> int:
         watch.done.set()
         if scheduler is not None:
             scheduler.shutdown(wait=True)
-        state = "failed" if watch.failed else "stopped"
+        state = "failed" if failure.reason else "stopped"
         write_status(settings, job, state=state, stopped_ms=int(time.time() * 1000))
         log(f"{job}: {state}")
         lock.close()
-    return 1 if watch.failed else 0
+    return 1 if failure.reason else 0

@@ -46,6 +46,7 @@ __all__ = [
     "sink_client",
     "is_cluster",
     "quick_client",
+    "watch_client",
     "probe",
     "classify",
     "redact_url",
@@ -278,6 +279,24 @@ def quick_client(url: str) -> redis.Redis:
     """A client of the server at `url` that fails at once (no retry, 1 s to connect, 2 s per reply): for
     watchers and probes. On a Redis Cluster it talks to that one node."""
     return redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2, retry=None, **_options(url))
+
+
+def watch_client(url: str, *, cluster: bool | None = None):
+    """A client for a thread that watches Redis (a deployed job's guard): like `connect(url, wait=False,
+    check=False, cluster=cluster)`, a Redis Cluster client when the server is a cluster node (every key read on the
+    master of its slot), but it never waits and never hangs: 1 s to connect, 2 s per reply, no waiting retry (a
+    cluster client only makes redis-py's few attempts after reading the layout again). Raises at once what
+    `connect` raises (`RedisUnavailable` when nothing answers). The caller retries on any error, with a new client:
+    a cluster's layout is read again when it is built."""
+    common = {"socket_connect_timeout": 1, "socket_timeout": 2}
+    plain = redis.Redis.from_url(url, retry=None, **common, **_options(url))
+    try:
+        clustered = is_cluster(url, plain)
+        if cluster and not clustered:
+            raise RedisNotCluster(url)
+        return _cluster_client(url, None, **common) if clustered else plain
+    except (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException) as e:
+        raise classify(url, e) from None
 
 
 def probe(url: str, client: redis.Redis | None = None) -> ViewError | None:

@@ -1,0 +1,148 @@
+"""The deployed job's guard (`jobs.service`) on a real three-master Redis Cluster (REDIS_CLUSTER=true, no
+persistence), driven as a user drives it: `mview ingest`, `mview deploy`, `mview replay`, `mview status`.
+
+One deployment serves the module (a deployed Spark driver costs tens of seconds here); each test starts from the
+running, caught-up job (a test run alone deploys it first) and feeds the next slice of one workload:
+
+1. the master that holds `mv:gen:timeline` is SIGKILLed and started again without its data while the job is idle:
+   the guard, reading the pointer on the master of its slot, sees the serving copy lost; the job rebuilds it into
+   the next generation without a manual step, as on one server, and new input goes into that generation;
+2. `mview replay timeline` while deployed: the deployed job moves to the new generation (the replay does not end
+   with "has not moved"), the replay removes the old generation from every master, and new input goes into the
+   new one.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from jobs.devredis import scratch_redis_cluster, start_cluster_node
+from tests.conftest import make_settings
+from tests.jobs.opshelp import mview, mview_here, status_of, wait_for, write_jsonl
+from timeline_demo.reference import expected_timelines
+from timeline_demo.timeline_view import export_timeline
+from timeline_demo.workload import generate
+from views.keys import gen_key
+from views.redis_io import connect
+
+JOB, CAP, PARTS = "timeline", 10, 3
+
+
+class _Deployment:
+    """The module's cluster, lake and deployed job; the workload's slices and how many were fed."""
+
+    def __init__(self, root):
+        self.root = root
+        self.workdir = root / "cluster"
+        self.workdir.mkdir()
+        self.procs, self.ports = scratch_redis_cluster(self.workdir)
+        self.url = f"redis://127.0.0.1:{self.ports[0]}/0"
+        self.settings = make_settings(
+            root / "lake",
+            self.url,
+            TIMELINE_CAP=CAP,
+            TRIGGER_INTERVAL="200 ms",
+            REPLAY_GRACE="200 ms",
+            REDIS_CLUSTER="true",
+        )
+        wl = generate(seed=31, users=30, celebrities=2, follows=50 * PARTS, tweets=50 * PARTS)
+        size = -(-len(wl.tweets) // PARTS), -(-len(wl.follows) // PARTS)
+        self.tw = [wl.tweets[i * size[0] : (i + 1) * size[0]] for i in range(PARTS)]
+        self.fo = [wl.follows[i * size[1] : (i + 1) * size[1]] for i in range(PARTS)]
+        self.fed = 0
+        self.truth: dict = {}
+
+    def feed_next(self) -> dict:
+        """`mview ingest` the next slice of tweets and follows; the reference timelines of all slices fed."""
+        i = self.fed
+        for topic, part in (("tweets", self.tw[i]), ("follows", self.fo[i])):
+            r = mview(self.settings, "ingest", topic, write_jsonl(self.root / f"{topic}{i}.jsonl", part))
+            assert r.returncode == 0, r.stderr
+        self.fed += 1
+        return expected_timelines(sum(self.tw[: self.fed], []), sum(self.fo[: self.fed], []), CAP)
+
+    def timelines(self) -> dict | None:
+        try:
+            return {r["user_id"]: r["tweet_ids"] for r in export_timeline(connect(self.url, wait=False))}
+        except Exception:  # noqa: BLE001 - the cluster is still coming back
+            return None
+
+    def caught_up(self, generation: int, truth: dict) -> bool:
+        s = status_of(self.settings, JOB)
+        return (
+            s["running"]
+            and s["generation"] == generation
+            and s["lag_versions"] == 0
+            and s.get("state") == "running"
+            and self.timelines() == truth
+        )
+
+    def up(self) -> dict:
+        """The job running and caught up on everything fed (the first slice at least); its status."""
+        if self.fed == 0:
+            self.truth = self.feed_next()
+            r = mview(self.settings, "deploy", JOB)
+            assert r.returncode == 0, r.stderr
+        wait_for(
+            lambda: self.caught_up(status_of(self.settings, JOB)["generation"], self.truth),
+            "the job to run and catch up",
+            timeout_s=600,
+        )
+        return status_of(self.settings, JOB)
+
+    def master_of(self, key: str) -> int:
+        """The index in `ports` (and `procs`) of the master that holds `key`."""
+        return self.ports.index(RedisCluster.from_url(self.url).get_node_from_key(key).port)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    d = _Deployment(tmp_path_factory.mktemp("service"))
+    try:
+        yield d
+    finally:
+        mview(d.settings, "stop", JOB)
+        for p in d.procs:
+            p.terminate()
+        for p in d.procs:
+            p.wait(10)
+
+
+def test_a_master_restarted_without_its_data_while_idle_is_rebuilt(deployment):
+    d = deployment
+    before = d.up()
+    gen, rebuilds = before["generation"], before.get("rebuilds") or 0
+
+    i = d.master_of(gen_key(JOB))
+    d.procs[i].send_signal(signal.SIGKILL)
+    d.procs[i].wait(10)
+    d.procs[i] = start_cluster_node(d.ports[i], d.workdir)  # same slots, no data: the pointer is gone
+
+    wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to rebuild the lost serving copy", timeout_s=600)
+    s = status_of(d.settings, JOB)
+    assert s["rebuilds"] == rebuilds + 1 and s["last_rebuild"]["generation"] == gen + 1, s
+    assert f"{gen_key(JOB)} is gone" in s["last_rebuild"]["reason"]
+
+    d.truth = d.feed_next()  # new input goes into the rebuilt generation
+    wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to go on in the new generation", timeout_s=600)
+
+
+def test_replay_while_deployed_moves_the_job_to_the_new_generation(spark, deployment):
+    d = deployment
+    gen = d.up()["generation"]
+
+    r = mview_here(d.settings, "replay", JOB)  # on the tests' Spark session: no JVM of its own
+    assert r.returncode == 0, r.stderr
+    assert "has not moved" not in r.stderr, r.stderr
+    assert f"replayed into generation {gen + 1}" in r.stdout, r.stdout
+    s = status_of(d.settings, JOB)
+    assert s["running"] and s["generation"] == gen + 1, s
+    for port in d.ports:  # the replay removed the old generation from every master once the job had moved
+        assert list(redis.Redis(port=port).scan_iter(match=f"mv:*:{gen}:*")) == [], port
+
+    d.truth = d.feed_next()  # the job writes the new generation
+    wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to go on in the new generation", timeout_s=600)
