@@ -139,7 +139,7 @@ def _sample(settings, client, work: Path, i: int, background: int, rng) -> dict:
     """One profile change and the event that uses it (see the module docstring): its latency and parts."""
     from changelog.ingest import ingest
     from changelog.topics import latest_version
-    from views.enrichment import query_activity_by_country
+    from views.read import query_view
 
     user, country, t = f"u{i % 1000}", f"Z{i}", int(time.time() * 1000)
     before = latest_version(settings.lake_dir, "profiles")
@@ -162,7 +162,7 @@ def _sample(settings, client, work: Path, i: int, background: int, rng) -> dict:
     while time.monotonic() - committed < 60:
         if out["captured_s"] is None and latest_version(settings.lake_dir, "profiles") > before:
             out["captured_s"] = round(time.monotonic() - committed, 3)
-        if query_activity_by_country(client, country)["events"] >= 1:
+        if query_view(client, "activity_by_country", country).get("events", 0) >= 1:
             out["latency_s"] = round(time.monotonic() - committed, 3)
             break
         time.sleep(0.01)

@@ -103,12 +103,17 @@ def _append(spark, lake, i: int, ts: int) -> str:
     return sid
 
 
-def _wait_clicked(client, key: str, started: float, timeout_s: float) -> float | None:
+def _wait_clicked(client, generation: int, sid: str, started: float, timeout_s: float) -> float | None:
+    """Seconds since `started` until the search `sid` is `clicked: true` in `search_clicks` (a row view: its key's
+    hash holds `[final, line]` under the search's id), None if not within `timeout_s`."""
     import orjson
 
+    from views.keys import view_key
+
+    key = view_key("search_clicks", generation, sid)
     while time.monotonic() - started < timeout_s:
-        v = client.hget(key, "v")
-        if v is not None and orjson.loads(v)["clicked"]:
+        v = client.hget(key, sid)
+        if v is not None and orjson.loads(v)[1]["clicked"]:
             return time.monotonic() - started
         time.sleep(0.01)
     return None
@@ -117,7 +122,6 @@ def _wait_clicked(client, key: str, started: float, timeout_s: float) -> float |
 def _latency_continuous(spark, settings, generation: int, samples: int, timeout_s: float, far: int) -> list:
     """Append -> `clicked: true` in Redis with the job running as a continuous query; None = not seen in time."""
     from jobs.clicks import run_clicks
-    from views.clicks import search_clicks_key
     from views.redis_io import connect
 
     client = connect(settings.redis_url)
@@ -142,7 +146,7 @@ def _latency_continuous(spark, settings, generation: int, samples: int, timeout_
     try:
         for i in range(samples):
             sid = _append(spark, settings.lake_dir, 100 + i, far + i * 60_000)
-            got = _wait_clicked(client, search_clicks_key(generation, sid), time.monotonic(), timeout_s)
+            got = _wait_clicked(client, generation, sid, time.monotonic(), timeout_s)
             out.append(got)
             if got is None:
                 break  # the query does not see new commits: do not wait again
@@ -159,7 +163,6 @@ def _latency_continuous(spark, settings, generation: int, samples: int, timeout_
 def _latency_once(spark, settings, generation: int, samples: int, far: int) -> list[float]:
     """Append -> `clicked: true` in Redis through `run_clicks(once=True)` started right after the append."""
     from jobs.clicks import run_clicks
-    from views.clicks import search_clicks_key
     from views.redis_io import connect
 
     client = connect(settings.redis_url)
@@ -168,9 +171,7 @@ def _latency_once(spark, settings, generation: int, samples: int, far: int) -> l
         started = time.monotonic()
         sid = _append(spark, settings.lake_dir, i, far + i * 60_000)
         run_clicks(spark, settings, once=True, generation=generation)
-        got = _wait_clicked(
-            client, search_clicks_key(generation, sid), started, time.monotonic() - started + 5
-        )
+        got = _wait_clicked(client, generation, sid, started, time.monotonic() - started + 5)
         out.append(got)
     return out
 
@@ -188,14 +189,14 @@ def _latencies(spark, settings, generation: int, samples: int, timeout_s: float)
 
 def _verify(spark, settings, client, generation: int) -> dict:
     """The clicks and clicked searches of the CTR view in Redis (`generation`) against `_reference`."""
-    from views.clicks import export_ctr
+    from views.read import export_view
     from views.redis_io import set_generation
 
     ref = _reference(spark, settings.lake_dir, settings.allowed_lateness_ms)
     real = client.get("mv:gen:clicks")
-    set_generation(client, "clicks", generation)  # export_ctr reads the pointed-to generation
+    set_generation(client, "clicks", generation)  # the export reads the pointed-to generation
     try:
-        rows = list(export_ctr(client))
+        rows = list(export_view(client, "ctr"))
     finally:
         if real is None:
             client.delete("mv:gen:clicks")
@@ -307,7 +308,7 @@ def run(
         "ratio_to_nexmark_q8": round(eps_core / NEXMARK_Q8_PER_CORE, 3),
         "late": status.get("late"),
         "duplicates": status.get("duplicates"),
-        "searches_final": status.get("searches_final"),
+        "searches_final": status.get("closed"),
         "state_rows_after_each_batch": totals["state_rows"],
         "verified": verified,
         "latency_once_s": [round(x, 3) if x is not None else None for x in once_lat],

@@ -128,9 +128,9 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
     `once`: a `run --once` started right after the append (query start-up included), for comparison and in
     case the continuous query does not pick the commit up within `timeout`."""
     from jobs.enrichment import run_enrichment
-    from views.enrichment import enriched_path
+    from views.log import log_path
 
-    out_log = enriched_path(lake, 1) / "_delta_log"
+    out_log = log_path(lake, "enriched_activity", 1) / "_delta_log"
     lateness = settings.allowed_lateness_ms
     res: dict = {"continuous": [], "once": None}
     runner = threading.Thread(target=lambda: run_enrichment(spark, settings, once=False), daemon=True)
@@ -156,7 +156,12 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
     run_enrichment(spark, settings, once=True)
     new = [p for p in out_log.glob("*.json") if p.name not in before]
     res["once"] = max(p.stat().st_mtime for p in new) - appended if new else None
-    row = spark.read.format("delta").load(str(enriched_path(lake, 1))).where("event_id = 'lat-once'").first()
+    row = (
+        spark.read.format("delta")
+        .load(str(log_path(lake, "enriched_activity", 1)))
+        .where("event_id = 'lat-once'")
+        .first()
+    )
     assert row is not None and row["profile_version"] == f"u1@{t}", row
     return res
 

@@ -108,7 +108,7 @@ class Settings:
     shuffle_partitions: SHUFFLE_PARTITIONS, spark.sql.shuffle.partitions (default 2; 200 is ~15x slower here), and the
         tasks that list a table's files (spark.sql.sources.parallelPartitionDiscovery.parallelism, at least 2).
     trigger_interval: TRIGGER_INTERVAL, micro-batch interval of deployed jobs (default "500 ms").
-    clicks_idle_timeout: CLICKS_IDLE_TIMEOUT, processing-time idle timeout after which the clicks watermark
+    idle_timeout: IDLE_TIMEOUT, processing-time idle timeout after which the watermark of every interval job
         may advance without new events (default empty = off).
     driver_memory: SPARK_DRIVER_MEMORY (default 4g).
     maintenance_interval: MAINTENANCE_INTERVAL, period of the scheduled maintenance (default "1 hour").
@@ -148,7 +148,7 @@ class Settings:
     allowed_lateness: str
     shuffle_partitions: int
     trigger_interval: str
-    clicks_idle_timeout: str
+    idle_timeout: str
     driver_memory: str
     maintenance_interval: str = "1 hour"
     maintenance_in_job: bool = False
@@ -172,7 +172,7 @@ class Settings:
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
     allowed_lateness_ms: int = field(init=False)
     trigger_interval_ms: int = field(init=False)
-    clicks_idle_timeout_ms: int | None = field(init=False)  # None: off
+    idle_timeout_ms: int | None = field(init=False)  # None: off
     maintenance_interval_ms: int = field(init=False)
     log_retention_ms: int = field(init=False)
     replay_grace_ms: int = field(init=False)
@@ -185,10 +185,8 @@ class Settings:
             raise ValueError(f"FANOUT_LIMIT must be >= 0 or empty (no limit), got {self.fanout_limit}")
         for name in _DURATIONS:
             object.__setattr__(self, f"{name}_ms", _duration(name, getattr(self, name)))
-        idle = self.clicks_idle_timeout
-        object.__setattr__(
-            self, "clicks_idle_timeout_ms", _duration("clicks_idle_timeout", idle) if idle.strip() else None
-        )
+        idle = self.idle_timeout
+        object.__setattr__(self, "idle_timeout_ms", _duration("idle_timeout", idle) if idle.strip() else None)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -201,7 +199,7 @@ class Settings:
             allowed_lateness=e.get("ALLOWED_LATENESS", "10 minutes"),
             shuffle_partitions=int(e.get("SHUFFLE_PARTITIONS", "2")),
             trigger_interval=e.get("TRIGGER_INTERVAL", "500 ms"),
-            clicks_idle_timeout=e.get("CLICKS_IDLE_TIMEOUT", ""),
+            idle_timeout=e.get("IDLE_TIMEOUT", ""),
             driver_memory=e.get("SPARK_DRIVER_MEMORY", "4g"),
             maintenance_interval=e.get("MAINTENANCE_INTERVAL", "1 hour"),
             maintenance_in_job=_flag(e.get("MAINTENANCE_IN_JOB", "false")),

@@ -1,31 +1,39 @@
-"""Stream-table join against a versioned dimension: each activity event gets exactly one profile version.
+"""Stream-table join against a versioned table: each stream event joined with exactly one version of its key.
 
-The dimension is kept as a local, versioned copy (SCD type 2): every change of every user is a version with the
-identifier `"<user_id>@<ts of the change, epoch ms>"`, valid from its `ts` to the next version's `ts`. A delete is
-a version too: profile fields null from its `ts` on. Two different changes with the same user and `ts` resolve
-so: a delete wins, then the greater `(name, country)`; a change delivered twice is one version. So
-the copy is a function of the *set* of changes only. `profile_versions` reduces raw change records to that copy
-(one row per version id); `asof_join` also accepts the raw, undeduplicated version rows (`VERSION_SCHEMA`, as the
-job stores them) and applies the same resolution itself.
+A pipeline's `asof` job (`spec.model.Asof`, laid out by `AsofSides`): `stream` an event topic, `table` a table
+topic (the changelog of a keyed table), `match` the stream's expressions giving the table's key, `pin` optionally
+a stream field naming a version. The table is kept as a local, versioned copy (SCD type 2): every change of every
+key is a version with the id `<key>@<time in epoch ms>` (`<key>`: the key fields' text joined by `|`,
+`joins.sides.key_text_sql`), valid from its time to the next version's. A remove is a version too: the table's
+fields are null from its time on. Two different changes of one key with the same time resolve by the
+current-table rule (`changelog.current`): a remove wins, then the change whose non-key fields, in declared order,
+are greatest (null smallest); a change delivered twice is one version. So the copy is a function of the *set* of
+changes only. `version_rows` makes the copy's rows of change records (`AsofSides.version_schema`; duplicates
+kept, resolved when read).
 
-`asof_join(events, versions, watermark_ms=...)` decides, for each candidate event (one row per `event_id`):
-- emitted only once the profiles watermark (max change `ts` minus the allowed lateness, computed by the caller)
-  is >= the event's `ts`; until then it is held (returned in `held`, for the caller to keep durably);
-- with `profile_version` set: exactly that version (`name`, `country` null if it is a delete). A reference to a
-  version never seen is emitted with null profile fields and the reference kept, once the watermark has also
-  passed the referenced `ts` (a later arrival could still bring it before that), and flagged `unknown_version`;
-  a reference that is not of the form `user@epoch_ms` cannot ever be seen and is emitted the same way at once;
-- without `profile_version`: the version in force at the event's `ts` (the latest version with `ts <=` the
-  event's `ts`); none, or a delete, gives `profile_version`, `name`, `country` = null.
-The decision depends only on the set of changes with `ts <=` the watermark, which are all known once the
+`asof_join(events, versions, sides, watermark_ms=...)` decides, for each candidate event (one row per identity
+`_id`, `dedupe_events`):
+- emitted only once the table's watermark (its greatest change time minus the allowed lateness, computed by the
+  caller) is >= the event's time; until then it is held (returned in `held`, for the caller to keep durably);
+- with its pin set: exactly that version (the table's fields null if it is a remove), `version` the pin. A pin to
+  a version never seen is emitted with null table fields and the pin kept, once the watermark has also passed the
+  pinned time (a later arrival could still bring it before that), and flagged `_unknown`; a pin that is not of the
+  form `<key>@<ms>` can never be seen and is emitted the same way at once;
+- without a pin: the version in force at the event's time (the latest version with time <= the event's); none,
+  or a remove, gives `version` and the table's fields null.
+The decision depends only on the set of changes with time <= the watermark, which are all known once the
 watermark has passed (changes later than the allowed lateness are the producer's error), so the output never
 depends on how the two logs interleave or on batch boundaries.
 
-How (all in the JVM, one shuffle): the events the watermark has reached and the versions are cut into one
-stream keyed by user (a pinned event by the user and `ts` of its reference, any other by its own), sorted by
-`ts` with versions before events at equal `ts` (and, among versions of equal `ts`, by the tie-break above), and
-a running `last(version, ignorenulls)` window carries the version in force to every event. A pinned event found
-its version iff the carried version's `ts` equals the referenced `ts`.
+Output (`AsofResult.decided`, the layout of `views.frame`): the stream's fields, `_id`, `_s1` (a struct of the
+table's fields of the version used, null when none), `_version`, `_unknown` and `_emit`.
+
+How (all in the JVM, one shuffle): the events the watermark has reached and the versions are cut into one stream
+keyed by the key text `_k` (a pinned event by its pin's key and time, any other by its match key and its own
+time), sorted by time with versions before events at equal times (and, among versions of one time, by the
+tie-break above, the winner last), and a running `last(version, ignorenulls)` window carries the version in force
+to every event. A pinned event found its version iff the carried version's time equals the pinned time.
+Limit: a composite key's text is ambiguous when a key value holds `|` (as the contract's version ids are).
 """
 
 from __future__ import annotations
@@ -35,194 +43,225 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-__all__ = [
-    "EVENT_COLUMNS",
-    "ENRICHED_COLUMNS",
-    "VERSION_SCHEMA",
-    "AsofResult",
-    "profile_versions",
-    "version_rows",
-    "dedupe_events",
-    "asof_join",
-]
+from changelog.current import is_remove, quoted
+from joins.sides import identity_sql, key_text_sql
+from spec.model import Asof, Pipeline, Topic
 
-EVENT_COLUMNS = ["event_id", "user_id", "action", "ts", "profile_version"]
-ENRICHED_COLUMNS = ["event_id", "user_id", "action", "ts", "profile_version", "name", "country"]
-# One row per change received (duplicates allowed: resolved by asof_join / profile_versions on read).
-VERSION_SCHEMA = "user_id string, ts bigint, deleted boolean, name string, country string"
-_VERSION_COLUMNS = ["user_id", "ts", "deleted", "name", "country"]
+__all__ = ["AsofSides", "AsofResult", "version_rows", "with_identity", "dedupe_events", "asof_join"]
+
+
+@dataclass(frozen=True)
+class AsofSides:
+    """An asof job's roles: the `stream` and `table` topics, `event_key` (SQL over the stream's columns: an event's
+    table key text) and `pin` (the stream's pin field, or None)."""
+
+    stream: Topic
+    table: Topic
+    event_key: str
+    pin: str | None = None
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, job: str) -> AsofSides:
+        spec: Asof = pipeline.jobs[job].spec
+        stream, table = pipeline.sides(job)
+        by_field = {b: a for a, b in spec.match}
+        return cls(stream, table, key_text_sql([by_field[k] for k in table.key]), spec.pin)
+
+    @property
+    def stream_fields(self) -> tuple[str, ...]:
+        return self.stream.names
+
+    @property
+    def table_fields(self) -> tuple[str, ...]:
+        return self.table.names
+
+    def version_schema(self) -> str:
+        """The copy's columns: `_k` (key text), `_r` (a remove), then the table's fields."""
+        own = ", ".join(f"{quoted(n)} {t}" for n, t in self.table.columns() if n != "op" or not self.table.op)
+        return f"_k string, _r boolean, {own}"
 
 
 @dataclass(frozen=True)
 class AsofResult:
-    """`decided`: every candidate once, ENRICHED_COLUMNS + `unknown_version` + `emit` (False: held, profile
-    fields null). Persist it once and take `emitted` and `held` from it."""
+    """`decided`: every candidate once (see the module docstring for its columns). Persist it once and take
+    `emitted` and `held` from it."""
 
     decided: DataFrame
+    stream_fields: tuple[str, ...]
 
     @property
-    def emitted(self) -> DataFrame:  # ENRICHED_COLUMNS + unknown_version (bool)
-        return self.decided.where(F.col("emit")).drop("emit")
+    def emitted(self) -> DataFrame:
+        return self.decided.where(F.col("_emit"))
 
     @property
-    def held(self) -> DataFrame:  # EVENT_COLUMNS: events the watermark has not reached yet
-        return self.decided.where(~F.col("emit")).select(*EVENT_COLUMNS)
+    def held(self) -> DataFrame:
+        """The stream's fields of the events the watermark has not reached yet (or whose pin may still come)."""
+        return self.decided.where(~F.col("_emit")).select(*[F.col(quoted(n)) for n in self.stream_fields])
 
 
-def version_rows(changes: DataFrame) -> DataFrame:
-    """Profile change records (`op, user_id, name, country, ts`) -> raw version rows (`VERSION_SCHEMA`): a
-    delete has null profile fields. No deduplication (see `profile_versions`)."""
-    deleted = F.col("op") == "delete"
-    return changes.select(
-        "user_id",
-        "ts",
-        deleted.alias("deleted"),
-        F.when(deleted, None).otherwise(F.col("name")).alias("name"),
-        F.when(deleted, None).otherwise(F.col("country")).alias("country"),
+def version_rows(changes: DataFrame, sides: AsofSides) -> DataFrame:
+    """Change records of the table (its log's columns) -> the copy's rows (`AsofSides.version_schema`): the key
+    text, whether it is a remove, and the table's fields, those other than the key and the time null for a remove.
+    No deduplication (the join resolves it)."""
+    t = sides.table
+    remove = is_remove(t)
+    fixed = {*t.key, t.time}
+    cols = [f"{key_text_sql([quoted(k) for k in t.key])} AS _k", f"{remove} AS _r"]
+    cols += [
+        quoted(n) if n in fixed else f"CASE WHEN {remove} THEN NULL ELSE {quoted(n)} END AS {quoted(n)}"
+        for n in t.names
+    ]
+    return changes.selectExpr(*cols)
+
+
+def with_identity(events: DataFrame, sides: AsofSides) -> DataFrame:
+    """Stream records (its log's columns) with `_id`, their identity (`joins.sides.identity_sql`)."""
+    return events.selectExpr(
+        *[quoted(n) for n in sides.stream_fields], f"{identity_sql(sides.stream)} AS _id"
     )
 
 
-def profile_versions(changes: DataFrame) -> DataFrame:
-    """Profile change records (`op, user_id, name, country, ts`) or version rows (`deleted` instead of `op`)
-    -> one row per version: `user_id, ts, deleted, name, country, version_id`."""
-    rows = version_rows(changes) if "op" in changes.columns else changes.select(*_VERSION_COLUMNS)
-    seq = F.struct("deleted", F.coalesce("name", F.lit("")), F.coalesce("country", F.lit("")))
+def dedupe_events(events: DataFrame, sides: AsofSides) -> DataFrame:
+    """One row per `_id` (a record delivered twice has the effect of one; if two records share an id with
+    different content, the smallest by (time, the other fields in declared order) is kept)."""
+    s = sides.stream
+    others = [n for n in s.names if n not in s.identity and n != s.time]
+    order = [s.time, *others, *s.identity]  # the id fields last: equal in every copy of one id
     return (
-        rows.groupBy("user_id", "ts")
-        .agg(F.max_by(F.struct("deleted", "name", "country"), seq).alias("v"))
-        .select(
-            "user_id",
-            "ts",
-            "v.deleted",
-            "v.name",
-            "v.country",
-            F.concat_ws("@", "user_id", F.col("ts").cast("string")).alias("version_id"),
-        )
+        events.groupBy("_id")
+        .agg(F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"))
+        .select(*[F.col("e")[n].alias(n) for n in s.names], "_id")
     )
 
 
-def dedupe_events(events: DataFrame) -> DataFrame:
-    """One row per `event_id` (a record delivered twice has the effect of one; if two records share an id
-    with different content, the smallest `(ts, user_id, action, profile_version)` is kept)."""
-    return (
-        events.groupBy("event_id")
-        .agg(F.min(F.struct("ts", "user_id", "action", "profile_version")).alias("e"))
-        .select("event_id", "e.user_id", "e.action", "e.ts", "e.profile_version")
-    )
-
-
-def _ref_ts(col):
-    digits = F.regexp_extract(col, r"@(-?\d{1,18})$", 1)
+def _pin_ms(pin):
+    digits = F.regexp_extract(pin, r"@(-?\d{1,18})$", 1)
     return F.when(digits != "", digits.cast("bigint"))
 
 
-def _ref_user(col):
-    return F.regexp_extract(col, r"^(.*)@-?\d{1,18}$", 1)
+def _pin_key(pin):
+    return F.regexp_extract(pin, r"^(.*)@-?\d{1,18}$", 1)
 
 
-def _held(events: DataFrame) -> DataFrame:
-    """`events` as undecided rows: profile fields null, `emit` False."""
+def _version_structs(sides: AsofSides):
+    """(`_q`, `_v`) of a version row: the tie-break (remove, then the non-key fields but the time) and the version
+    (remove, then every field of the table)."""
+    t = sides.table
+    values = [n for n in t.values if n != t.time]
+    q = F.struct(F.col("_r").alias("_r"), *[F.col(quoted(n)) for n in values])
+    v = F.struct(F.col("_r").alias("_r"), *[F.col(quoted(n)) for n in t.names])
+    return q, v
+
+
+def _event_keys(events: DataFrame, sides: AsofSides, q_type, v_type) -> DataFrame:
+    """Events as rows of the sorted stream (kind 1): keyed by (pin key, pin time) if pinned to a well-formed pin,
+    else by (match key, time)."""
+    key, at = F.expr(sides.event_key), F.col(quoted(sides.stream.time))
+    if sides.pin is not None:
+        pin = F.col(quoted(sides.pin))
+        lookup = pin.isNotNull() & _pin_ms(pin).isNotNull()
+        key, at = F.when(lookup, _pin_key(pin)).otherwise(key), F.when(lookup, _pin_ms(pin)).otherwise(at)
     return events.select(
-        *EVENT_COLUMNS,
-        F.lit(None).cast("string").alias("name"),
-        F.lit(None).cast("string").alias("country"),
-        F.lit(False).alias("unknown_version"),
-        F.lit(False).alias("emit"),
-    )
-
-
-def _event_keys(events: DataFrame) -> DataFrame:
-    """Events as rows of the sorted stream (kind 1): keyed by (reference user, reference ts) if pinned to a
-    well-formed reference, else by (user, ts)."""
-    pv = F.col("profile_version")
-    rts = _ref_ts(pv)
-    lookup = pv.isNotNull() & rts.isNotNull()
-    return events.select(
-        F.when(lookup, _ref_user(pv)).otherwise(F.col("user_id")).alias("_k"),
-        F.when(lookup, rts).otherwise(F.col("ts")).alias("_s"),
+        key.alias("_k"),
+        at.alias("_s"),
         F.lit(1).alias("_kind"),
-        F.lit(None).cast("struct<d:boolean,n:string,c:string>").alias("_q"),
-        F.lit(None).cast("struct<ts:bigint,deleted:boolean,name:string,country:string>").alias("_v"),
-        *EVENT_COLUMNS,
+        F.lit(None).cast(q_type).alias("_q"),
+        F.lit(None).cast(v_type).alias("_v"),
+        *[F.col(quoted(n)) for n in sides.stream_fields],
+        "_id",
     )
 
 
-def _version_keys(versions: DataFrame, erows: DataFrame, *, few_users: bool) -> DataFrame:
-    """Versions as rows of the sorted stream (kind 0) keyed by (user, ts), with the tie-break `_q` that orders
-    the winner of equal (user, ts) last. few_users: only the users of `erows` (a broadcast semi-join)."""
-    vers = versions.select(*_VERSION_COLUMNS)
-    if few_users:
-        keys = erows.select(F.col("_k").alias("user_id")).distinct()
-        vers = vers.join(F.broadcast(keys), "user_id", "left_semi")
-    none = F.lit(None).cast("string")
-    return vers.select(
-        F.col("user_id").alias("_k"),
-        F.col("ts").alias("_s"),
+def _version_keys(versions: DataFrame, erows: DataFrame, sides: AsofSides, *, few_keys: bool) -> DataFrame:
+    """Versions as rows of the sorted stream (kind 0) keyed by (key, time), with the tie-break `_q` that orders
+    the winner of equal (key, time) last. few_keys: only the keys of `erows` (a broadcast semi-join)."""
+    if few_keys:
+        keys = erows.select("_k").distinct()
+        versions = versions.join(F.broadcast(keys), "_k", "left_semi")
+    q, v = _version_structs(sides)
+    types = dict(sides.stream.columns())
+    return versions.select(
+        "_k",
+        F.col(quoted(sides.table.time)).alias("_s"),
         F.lit(0).alias("_kind"),
-        F.struct(
-            F.col("deleted").alias("d"),
-            F.coalesce("name", F.lit("")).alias("n"),
-            F.coalesce("country", F.lit("")).alias("c"),
-        ).alias("_q"),
-        F.struct("ts", "deleted", "name", "country").alias("_v"),
-        none.alias("event_id"),
-        none.alias("user_id"),
-        none.alias("action"),
-        F.lit(None).cast("bigint").alias("ts"),
-        none.alias("profile_version"),
+        q.alias("_q"),
+        v.alias("_v"),
+        *[F.lit(None).cast(types[n]).alias(n) for n in sides.stream_fields],
+        F.lit(None).cast("string").alias("_id"),
     )
 
 
-def _carry(erows: DataFrame, vrows: DataFrame, wm) -> DataFrame:
-    """Each event of the sorted stream with the version carried to it (`_cur`, the last version at or before
-    it), decided: ENRICHED_COLUMNS + `unknown_version` + `emit`."""
+def _carry(rows: DataFrame, sides: AsofSides, wm) -> DataFrame:
+    """Each event of the sorted stream `rows` with the version carried to it (`_cur`, the last version at or
+    before it), decided (see the module docstring for the columns)."""
     w = (
         Window.partitionBy("_k")
         .orderBy("_s", "_kind", "_q")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    pv, cur = F.col("profile_version"), F.col("_cur")
-    pinned = pv.isNotNull()
-    lookup = pinned & _ref_ts(pv).isNotNull()
-    found = lookup & F.coalesce(cur["ts"] == F.col("_s"), F.lit(False))
-    live = cur.isNotNull() & ~F.coalesce(cur["deleted"], F.lit(True))
-    use = F.when(pinned, found & ~cur["deleted"]).otherwise(live)
+    t, cur = sides.table, F.col("_cur")
+    pin = F.col(quoted(sides.pin)) if sides.pin is not None else F.lit(None).cast("string")
+    pinned = pin.isNotNull()
+    lookup = pinned & _pin_ms(pin).isNotNull()
+    found = lookup & F.coalesce(cur[t.time] == F.col("_s"), F.lit(False))
+    live = cur.isNotNull() & ~F.coalesce(cur["_r"], F.lit(True))
+    use = F.when(pinned, found & ~cur["_r"]).otherwise(live)
+    table = F.struct(*[cur[n].alias(n) for n in t.names])
     return (
-        erows.unionByName(vrows)
-        .withColumn("_cur", F.last("_v", ignorenulls=True).over(w))
+        rows.withColumn("_cur", F.last("_v", ignorenulls=True).over(w))
         .where(F.col("_kind") == 1)
         .select(
-            "event_id",
-            "user_id",
-            "action",
-            "ts",
-            F.when(pinned, pv)
-            .when(live, F.concat_ws("@", "user_id", cur["ts"].cast("string")))
-            .alias("profile_version"),
-            F.when(use, cur["name"]).alias("name"),
-            F.when(use, cur["country"]).alias("country"),
-            (pinned & ~found).alias("unknown_version"),
-            # a pinned reference not found waits until the watermark passes its ts (it may still arrive)
-            (~lookup | found | (wm >= F.col("_s"))).alias("emit"),
+            *[F.col(quoted(n)) for n in sides.stream_fields],
+            "_id",
+            F.when(use, table).alias("_s1"),
+            F.when(pinned, pin)
+            .when(live, F.concat(F.col("_k"), F.lit("@"), cur[t.time].cast("string")))
+            .alias("_version"),
+            (pinned & ~found).alias("_unknown"),
+            # a pin not found waits until the watermark passes its time (it may still arrive)
+            (~lookup | found | (wm >= F.col("_s"))).alias("_emit"),
         )
     )
 
 
-def asof_join(
-    events: DataFrame, versions: DataFrame, *, watermark_ms: int | None, few_users: bool = False
-) -> AsofResult:
-    """Enrich candidate `events` (EVENT_COLUMNS, one row per event_id) with `versions` (`profile_versions`
-    output or raw `VERSION_SCHEMA` rows) under the profiles watermark `watermark_ms` (None: no change seen yet,
-    everything is held). See the module docstring for semantics.
+def _waiting(events: DataFrame, sides: AsofSides, s1_type) -> DataFrame:
+    """`events` as undecided rows: no version, `_emit` false."""
+    return events.select(
+        *[F.col(quoted(n)) for n in sides.stream_fields],
+        "_id",
+        F.lit(None).cast(s1_type).alias("_s1"),
+        F.lit(None).cast("string").alias("_version"),
+        F.lit(False).alias("_unknown"),
+        F.lit(False).alias("_emit"),
+    )
 
-    few_users: the candidates are few (a small micro-batch): only the versions of their users are sorted,
-    selected by a broadcast semi-join. The results are lazy; the caller persists what it reuses."""
+
+def asof_join(
+    events: DataFrame,
+    versions: DataFrame,
+    sides: AsofSides,
+    *,
+    watermark_ms: int | None,
+    few_keys: bool = False,
+) -> AsofResult:
+    """Decide candidate `events` (the stream's fields and `_id`, one row per `_id`: `dedupe_events`) against
+    `versions` (`version_rows`, duplicates allowed) under the table's watermark `watermark_ms` (None: no change
+    seen yet, everything is held). See the module docstring for the semantics.
+
+    few_keys: the candidates are few (a small micro-batch): only the versions of their keys are sorted, selected
+    by a broadcast semi-join. The results are lazy; the caller persists what it reuses."""
     wm = F.lit(watermark_ms).cast("bigint")
-    ev = events.select(*EVENT_COLUMNS)
-    ready = F.coalesce(wm >= F.col("ts"), F.lit(False))
-    waiting = _held(ev.where(~ready))
+    ev = events.select(*[F.col(quoted(n)) for n in sides.stream_fields], "_id")
+    q, v = _version_structs(sides)
+    types = versions.select(
+        q.alias("q"), v.alias("v"), F.struct(*[quoted(n) for n in sides.table_fields]).alias("s")
+    )
+    q_type, v_type, s1_type = (types.schema[c].dataType for c in ("q", "v", "s"))
+    ready = F.coalesce(wm >= F.col(quoted(sides.stream.time)), F.lit(False))
+    waiting = _waiting(ev.where(~ready), sides, s1_type)
     if watermark_ms is None:
-        return AsofResult(decided=waiting)
-    erows = _event_keys(ev.where(ready))
-    decided = _carry(erows, _version_keys(versions, erows, few_users=few_users), wm)
-    return AsofResult(decided=decided.unionByName(waiting))
+        return AsofResult(waiting, sides.stream_fields)
+    erows = _event_keys(ev.where(ready), sides, q_type, v_type)
+    vrows = _version_keys(versions, erows, sides, few_keys=few_keys)
+    decided = _carry(erows.unionByName(vrows), sides, wm)
+    return AsofResult(decided.unionByName(waiting), sides.stream_fields)

@@ -1,16 +1,19 @@
-"""The state of the as-of join (`joins.asof`) between micro-batches: the versioned copy and the held events.
+"""The state of an asof job's join (`joins.asof`) between micro-batches: the versioned copy and the held events.
 
-Files, under the job's state directory of one generation (`LAKE_DIR/state/enrichment/g<g>/`):
-- `versions`: Delta table, the versioned local copy (SCD type 2), one row per change received
-  (`joins.asof.VERSION_SCHEMA`; a change delivered twice is stored twice and resolved on read, so the append
-  needs no lookup);
-- `held`: Delta table, the events waiting for the profiles watermark (`joins.asof.EVENT_COLUMNS`);
-- `mark.json`: `{"max_ts": newest change ts in the copy (null before any), "held": number of held events}`.
+Files, under the job's state directory of one generation (`LAKE_DIR/state/<job>/g<g>/`):
+- `versions`: Delta table, the versioned local copy of the table topic (SCD type 2), one row per change received
+  (`joins.asof.AsofSides.version_schema`; a change delivered twice is stored twice and resolved on read, so the
+  append needs no lookup);
+- `held`: Delta table, the stream events waiting for the table's watermark (the stream topic's columns);
+- `emitted` (only for a job without a log view that records every emitted event): Delta table of the emitted
+  events' `_id` and time `_t`, read to drop an event delivered again after it was emitted;
+- `mark.json`: `{"max_ts": newest change time in the copy (null before any), "held": number of held events}`.
 
 Per micro-batch N (`joins.state.JoinState`):
 - `restore(N)`: the mark, with readers of `versions` and `held`;
-- `stage(N, changes)`: appends the batch's profile changes to `versions` (Delta `txnAppId` `<app>-versions`,
+- `stage(N, changes)`: appends the batch's table changes to `versions` (Delta `txnAppId` `<app>-versions`,
   `txnVersion` N: a replayed batch is not appended twice), before the join reads the copy;
+- `record_emitted(N, rows)` (with `emitted`): appends the batch's emitted ids (`<app>-emitted`, N);
 - `advance(N, progress)`: once the views have the batch, replaces `held` by the events still waiting (`txnAppId`
   `<app>-held`, `txnVersion` N; only when something was or is held), then writes the mark.
 The held set is replaced only after the views were written: a crash between the two replays batch N with the
@@ -28,20 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from changelog.topics import ensure_delta_table
-from joins.asof import VERSION_SCHEMA, version_rows
+from joins.asof import AsofSides, version_rows
 from joins.state import read_json, write_json
 
 __all__ = ["AsofSnapshot", "AsofProgress", "AsofState"]
 
-_HELD_SCHEMA = "event_id string, user_id string, action string, ts bigint, profile_version string"
 _MARK = "mark.json"
+_EMITTED_SCHEMA = "_id string, _t bigint"
 
 
 @dataclass(frozen=True)
 class AsofSnapshot:
-    """The state before a micro-batch: `max_ts` (newest change ts seen, None before any), `held` (number of
+    """The state before a micro-batch: `max_ts` (newest change time seen, None before any), `held` (number of
     held events), and readers that load the tables when called (`versions()` includes what `stage` appended)."""
 
     max_ts: int | None
@@ -50,14 +54,14 @@ class AsofSnapshot:
     held_events: Callable[[], DataFrame]
 
     def watermark(self, lateness_ms: int) -> int | None:
-        """The profiles watermark of this state: `max_ts` minus the allowed lateness (None before any change)."""
+        """The table's watermark of this state: `max_ts` minus the allowed lateness (None before any change)."""
         return None if self.max_ts is None else self.max_ts - lateness_ms
 
 
 @dataclass(frozen=True)
 class AsofProgress:
-    """What a micro-batch leaves to the next: newest change ts seen, number of held events and, when the held
-    set changed, the events still waiting (`EVENT_COLUMNS`; None: `held` stays as it is)."""
+    """What a micro-batch leaves to the next: newest change time seen, number of held events and, when the held
+    set changed, the events still waiting (the stream's columns; None: `held` stays as it is)."""
 
     max_ts: int | None
     held: int
@@ -65,16 +69,27 @@ class AsofProgress:
 
 
 class AsofState:
-    """The as-of join's `JoinState` in `directory` (see the module docstring). `app_id` names the job and
-    generation in the Delta idempotent-write options (`<app_id>-versions`, `<app_id>-held`)."""
+    """The asof join's `JoinState` in `directory` for the job laid out by `sides` (see the module docstring).
+    `app_id` names the job and generation in the Delta idempotent-write options; `emitted`: keep the `emitted`
+    table (the job has no log view that records every emitted event)."""
 
-    def __init__(self, spark, directory: Path, app_id: str):
-        self.spark, self.dir, self.app_id = spark, Path(directory), app_id
-        self._versions = ensure_delta_table(spark, self.dir / "versions", VERSION_SCHEMA)
-        self._held = ensure_delta_table(spark, self.dir / "held", _HELD_SCHEMA)
+    def __init__(self, spark, directory: Path, app_id: str, sides: AsofSides, *, emitted: bool = False):
+        self.spark, self.dir, self.app_id, self.sides = spark, Path(directory), app_id, sides
+        self._versions = ensure_delta_table(spark, self.dir / "versions", sides.version_schema())
+        self._held = ensure_delta_table(spark, self.dir / "held", sides.stream.schema())
+        self._emitted = ensure_delta_table(spark, self.dir / "emitted", _EMITTED_SCHEMA) if emitted else None
 
     def _read(self, path: str) -> Callable[[], DataFrame]:
         return lambda: self.spark.read.format("delta").load(path)
+
+    def _append(self, rows: DataFrame, path: str, name: str, batch_id: int, mode: str = "append") -> None:
+        (
+            rows.write.format("delta")
+            .mode(mode)
+            .option("txnAppId", f"{self.app_id}-{name}")
+            .option("txnVersion", batch_id)
+            .save(path)
+        )
 
     def restore(self, batch_id: int) -> AsofSnapshot:
         mark = read_json(self.dir / _MARK, {})
@@ -83,23 +98,18 @@ class AsofState:
         )
 
     def stage(self, batch_id: int, changes: DataFrame) -> None:
-        """Append the batch's profile change records (`op, user_id, name, country, ts`) to the copy."""
-        (
-            version_rows(changes)
-            .write.format("delta")
-            .mode("append")
-            .option("txnAppId", f"{self.app_id}-versions")
-            .option("txnVersion", batch_id)
-            .save(self._versions)
-        )
+        """Append the batch's table change records (the table topic's columns) to the copy."""
+        self._append(version_rows(changes, self.sides), self._versions, "versions", batch_id)
+
+    def record_emitted(self, batch_id: int, rows: DataFrame) -> None:
+        """Append the batch's emitted events (`_id`, `_t`) to `emitted` (a state with it only)."""
+        self._append(rows.select("_id", "_t"), self._emitted, "emitted", batch_id)
+
+    def emitted_ids(self, lo: int, hi: int) -> DataFrame:
+        """`_id` of the emitted events recorded with a time in [lo, hi] (a state with `emitted` only)."""
+        return self._read(self._emitted)().where(F.col("_t").between(lo, hi)).select("_id")
 
     def advance(self, batch_id: int, changes: AsofProgress) -> None:
         if changes.held_events is not None:
-            (
-                changes.held_events.write.format("delta")
-                .mode("overwrite")
-                .option("txnAppId", f"{self.app_id}-held")
-                .option("txnVersion", batch_id)
-                .save(self._held)
-            )
+            self._append(changes.held_events, self._held, "held", batch_id, mode="overwrite")
         write_json(self.dir / _MARK, {"max_ts": changes.max_ts, "held": changes.held})

@@ -6,7 +6,8 @@ joins the new rows of one micro-batch of each side with each other and with the 
 
     l.ts + lower_ms <= r.ts <= l.ts + upper_ms          (both bounds inclusive)
 
-The clicks job uses `lower_ms=0, upper_ms=1 hour`: a click within an hour after its search. A self-join of one
+An `interval` job of a pipeline passes its `within` bounds (the built-in clicks job: `lower_ms=0, upper_ms=1 hour`,
+a click within an hour after its search) and its match keys as `on`. A self-join of one
 stream passes the same DataFrames as both sides (pairs of a row with itself are included when the interval
 contains 0; filter them out if unwanted).
 
@@ -40,7 +41,7 @@ is a range join over it, computed only if used). Work per key is a sort of its r
 in the rows of the key within the state's time span.
 
 The result is a function of the state and the batch only; the caller persists `left_state`/`right_state` and
-feeds them back as the next batch's state (`joins.interval_state` does, for the clicks job). Nothing here
+feeds them back as the next batch's state (`joins.interval_state` does, for every interval job). Nothing here
 depends on arrival order within the lateness bound. An argument the join cannot use (an unknown `how`, an empty
 interval, a watermark that goes back, a missing column) raises `joins.errors.BadJoinArgument`.
 """
@@ -63,6 +64,7 @@ __all__ = [
     "interval_join",
     "state_schema",
     "MATCHES",
+    "MATCHES_BEFORE",
     "MIN_WATERMARK",
     "batch_constant",
 ]
@@ -73,6 +75,7 @@ full: both."""
 
 _HOWS: tuple[str, ...] = ("inner", "left", "right", "full")
 MATCHES = "_matches"
+MATCHES_BEFORE = "_matches_before"
 MIN_WATERMARK = -(2**62)  # the watermark before any event was seen
 
 
@@ -100,8 +103,9 @@ class IntervalJoinResult:
     rows: the join's output this batch: `left` and `right` struct columns (one null for an unmatched outer row).
     pairs: the new matched pairs, `left` and `right` structs.
     left / right: every row of the side's state or batch after this batch (late and duplicate rows excluded),
-        with `_matches` (distinct matches so far), `_new` (first seen in this batch), `_changed` (`_matches`
-        grew in this batch), `_closed` (closed in this batch: its `_matches` is final) and `_keep` (stays in state).
+        with `_matches` (distinct matches so far), `_matches_before` (before this batch), `_new` (first seen in
+        this batch), `_changed` (`_matches` grew in this batch), `_closed` (closed in this batch: its `_matches` is
+        final) and `_keep` (stays in state).
     left_state / right_state: the state to pass to the next batch.
     left_late / right_late: new rows older than `watermark_before`, plus a `reason` column.
     """
@@ -238,11 +242,13 @@ def _side_out(
     grouped: DataFrame, side_col: str, is_side: Column, cols, closed, closed_before, keep
 ) -> DataFrame:
     """Every row of one side after the batch (`IntervalJoinResult.left` / `right`): its columns, `_matches`
-    grown by `_inc`, `_new`, `_changed`, `_closed` (closed now and not before, or new) and `_keep`."""
+    grown by `_inc`, `_matches_before` (before this batch: 0 for a new row), `_new`, `_changed`, `_closed` (closed
+    now and not before, or new) and `_keep`."""
     x = grouped.where(is_side).select(F.col(side_col).alias("x"), "_inc")
     return x.select(
         *[F.col("x")[c].alias(c) for c in cols],
         (F.col("x")[MATCHES] + F.col("_inc")).alias(MATCHES),
+        F.col("x")[MATCHES].alias(MATCHES_BEFORE),
         F.col("x")["_new"].alias("_new"),
         (F.col("_inc") > 0).alias("_changed"),
     ).select(

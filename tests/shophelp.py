@@ -156,7 +156,8 @@ def workload(seed: int, *, orders: int = 160, keys: int = 25) -> Workload:
     timed += [rng.choice(timed) for _ in range(len(timed) // 20)]  # delivered twice
     keyed = sorted((t + rng.randrange(DISORDER_MS), i, topic, r) for i, (t, topic, r) in enumerate(timed))
     arrivals = [(topic, r) for *_, topic, r in keyed]
-    last = max(t for t, *_ in keyed)  # a change that moves the customers' watermark past most orders
+    # a change, last, that moves the customers' watermark past the orders but those of the last quarter hour (held)
+    last = max(o["ts"] for o in os_) - 5 * MIN
     arrivals.append(
         ("customers", {"op": "upsert", "region": "zz", "customer_id": "clock", "tier": "x", "ts": last})
     )

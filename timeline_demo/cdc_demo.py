@@ -92,11 +92,11 @@ def _enriched(settings, tag: str) -> tuple[int | None, dict[str, dict]]:
     from deltalake import DeltaTable, QueryBuilder
 
     from changelog.topics import table_version
-    from views.enrichment import enriched_path
+    from views.log import log_path
     from views.redis_io import connect, current_generation
 
     gen = current_generation(connect(settings.redis_url), "enrichment")
-    path = enriched_path(settings.lake_dir, gen) if gen else None
+    path = log_path(settings.lake_dir, "enriched_activity", gen) if gen else None
     if path is None or table_version(path) < 0:  # Spark makes _delta_log before it writes version 0
         return gen, {}
     t = (

@@ -1,5 +1,18 @@
-"""Views in Redis: one module per view (`timeline`, `clicks`, `enrichment`) that turns a join's changes into Redis
-operations, applies them with a sink (`sink.Sink`: `write(changes, batch_id)`) and reads them back; the key
-layout (`keys`), Redis I/O (`redis_io`, `wire`), the read side of every view (`read`), errors (`errors`)."""
+"""Views: one module per view kind (`row`, `count`, `list`, `log`) that turns a job's rows into the kind's changes
+(through `frame`: what a view's expressions see), applies them with a sink (`sink.Sink`: `write(changes,
+batch_id)`) and reads them back; the key layout (`keys`), Redis I/O (`redis_io`, `wire`), the read side of every
+view by its kind (`read`), errors (`errors`)."""
 
-__all__ = ["sink", "keys", "redis_io", "wire", "read", "timeline", "clicks", "enrichment", "errors"]
+__all__ = [
+    "sink",
+    "frame",
+    "row",
+    "count",
+    "list",
+    "log",
+    "keys",
+    "redis_io",
+    "wire",
+    "read",
+    "errors",
+]

@@ -1,51 +1,91 @@
-"""The read side of every view: `query_view` (one key, one round trip to Redis) and `export_view` (all keys).
+"""The read side of every view: `query_view` (one key) and `export_view` (all keys), by the view's kind.
 
+A view is looked up in the pipeline (`spec.builtin.default_pipeline`: `MVIEW_PIPELINE` or the built-in one, unless
+the caller passes one) and read by its kind, never by its name:
+- `row` (`views.row`), `count` (`views.count`): from Redis, without Spark;
+- `list`: from Redis (`views.list`, the list kind; until it exists, the timeline module this kind generalizes);
+- `log` (`views.log`): an output log in the lake, exported with Spark; it has no query.
 Readers resolve the job's serving generation first, so a replay that switches generations is seen atomically.
+
+`format_result` is the plain (not `--json`) output of a query: each row or list entry through the view's `show`
+template (`str.format` with the line's names) when it has one, else the result's JSON; nothing for an empty result.
+Control characters in the data are shown escaped (`printable`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
-from views import enrichment as _enrichment
-from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
-from views.errors import ViewError
+from spec.builtin import default_pipeline
+from spec.model import Pipeline, View
+from views.count import export_counts, query_count
+from views.errors import UnknownView, ViewError
+from views.log import export_log
 from views.redis_io import current_generation
-from views.timeline import export_timeline, read_timeline
+from views.row import export_rows, query_row
 
-__all__ = ["query_view", "export_view", "format_result", "printable"]
+__all__ = ["query_view", "export_view", "format_result", "printable", "resolve_view"]
 
 
-def query_view(client, view: str, key: str, *, limit: int | None = None, job: str) -> dict:
-    if view == "timeline":
-        return read_timeline(client, key, limit, job=job)
-    if view == "search_clicks":
-        return query_search_clicks(client, key, job=job)
-    if view == "ctr":
-        return query_ctr(client, key, job=job)
-    if view == _enrichment.COUNTRY_VIEW:
-        return _enrichment.query_activity_by_country(client, key, job=job)
-    if view == _enrichment.ENRICHED_VIEW:
-        raise ViewError(
-            "enriched_activity is an output log, not a Redis view: use `mview export enriched_activity`"
+def resolve_view(view: str | View, pipeline: Pipeline | None = None) -> View:
+    """`view` itself, or the view of that name in `pipeline` (default: `spec.builtin.default_pipeline()`)."""
+    if isinstance(view, View):
+        return view
+    views = (pipeline or default_pipeline()).views
+    if view not in views:
+        raise UnknownView(view, tuple(views))
+    return views[view]
+
+
+def _list_kind():
+    """(query, export) of the list kind: `views.list` when it is there, else the timeline module it generalizes
+    (which serves the built-in list view only)."""
+    try:
+        from views import list as kind  # the list kind's module (being written)
+
+        return kind.query_list, kind.export_list
+    except (ImportError, AttributeError):
+        from views.timeline import export_timeline, read_timeline
+
+        return (
+            lambda client, view, key, limit: read_timeline(client, key, limit, job=view.job),
+            lambda client, view: export_timeline(client, job=view.job),
         )
-    raise ViewError(f"view {view!r} has no query")
 
 
-def export_view(client, view: str, *, job: str, lake_dir=None, spark=None) -> Iterator[dict]:
-    """Every key of `view` as export lines. `enriched_activity` is an output log in the lake: it needs `lake_dir`
-    and `spark`, a callable returning a SparkSession, called only for that view."""
-    if view == "timeline":
-        return export_timeline(client, job=job)
-    if view == "search_clicks":
-        return export_search_clicks(client, job=job)
-    if view == "ctr":
-        return export_ctr(client, job=job)
-    if view == _enrichment.COUNTRY_VIEW:
-        return _enrichment.export_activity_by_country(client, job=job)
-    if view == _enrichment.ENRICHED_VIEW:
-        return _enrichment.export_enriched(spark(), lake_dir, current_generation(client, job))
-    raise ViewError(f"view {view!r} has no export")
+def query_view(
+    client, view: str | View, key: str, *, limit: int | None = None, job: str | None = None, pipeline=None
+) -> dict:
+    """The view's entry for `key` (`{}` when it has none), by kind. `job`: the view's job (default: the one the
+    pipeline says; given, it must be that one)."""
+    v = resolve_view(view, pipeline)
+    if job is not None and job != v.job:
+        raise ViewError(f"view {v.name!r} belongs to job {v.job!r}, not {job!r}")
+    if v.kind == "row":
+        return query_row(client, v, key)
+    if v.kind == "count":
+        return query_count(client, v, key)
+    if v.kind == "list":
+        return _list_kind()[0](client, v, key, limit)
+    raise ViewError(f"{v.name} is an output log, not a Redis view: use `mview export {v.name}`")
+
+
+def export_view(
+    client, view: str | View, *, job: str | None = None, lake_dir=None, spark=None, pipeline=None
+) -> Iterator[dict]:
+    """Every key of the view as export lines, by kind. A log view is an output log in the lake: it needs
+    `lake_dir` and `spark`, a callable returning a SparkSession, called only for such a view."""
+    v = resolve_view(view, pipeline)
+    if job is not None and job != v.job:
+        raise ViewError(f"view {v.name!r} belongs to job {v.job!r}, not {job!r}")
+    if v.kind == "row":
+        return export_rows(client, v)
+    if v.kind == "count":
+        return export_counts(client, v)
+    if v.kind == "list":
+        return _list_kind()[1](client, v)
+    return export_log(spark(), lake_dir, v, current_generation(client, v.job))
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
@@ -58,18 +98,16 @@ def printable(text) -> str:
     return str(text).translate(_CONTROL)
 
 
-def format_result(view: str, result: dict) -> str:
-    """Human-readable form of a query result; empty string for an empty result. Control characters in the data are
-    shown escaped (`printable`)."""
-    if view == "timeline":
-        return "\n".join(
-            printable(f"{t['ts']}  {t['tweet_id']}  @{t['user_id']}: {t['text']}")
-            for t in result.get("tweets", [])
-        )
-    if view in ("search_clicks", "ctr"):
-        import json
-
-        return json.dumps(result) if result else ""
-    if view == _enrichment.COUNTRY_VIEW:
-        return printable(f"{result['country']}  {result['events']}") if result.get("events") else ""
-    return "" if not result else printable(result)
+def format_result(view: str | View, result: dict, *, pipeline=None) -> str:
+    """Human-readable form of a query result (see the module docstring); empty string for an empty result."""
+    if not result:
+        return ""
+    v = resolve_view(view, pipeline)
+    if v.kind == "list":
+        items = result.get(v.items_name, [])
+        if v.show is None:
+            return "\n".join(printable(json.dumps(item)) for item in items)
+        return "\n".join(printable(v.show.format(**item)) for item in items)
+    if v.show is None:
+        return printable(json.dumps(result))
+    return printable(v.show.format(**result))

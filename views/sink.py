@@ -12,9 +12,9 @@ Contract:
 - *Nothing is returned before it is applied*: when `write` returns, readers can see the batch (a failure raises).
 - The sink does not keep the DataFrame: the caller may release it once `write` returns.
 
-Implementations: the Redis sinks `views.timeline.TimelineSink`, `views.clicks.ClicksSink` (from the executors) and
-`views.enrichment.CountrySink` (from the executors, or from the driver when given rows already collected there);
-the Delta output log `views.enrichment.EnrichedLogSink`; `ListSink` keeps the rows in memory, for tests of the
+Implementations, one per view kind: the Redis sinks `views.row.RowSink` (from the executors),
+`views.count.CountSink` (fenced; from the executors, or from the driver for rows already collected there) and the
+list kind's; the Delta output log `views.log.LogSink`; `ListSink` keeps the rows in memory, for tests of the
 transforms that make the changes.
 """
 

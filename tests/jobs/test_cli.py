@@ -231,8 +231,11 @@ def test_query_every_view_with_and_without_json(world):
     line = {"search_id": "s1", "session_id": "x", "query": "q", "ts": T0, "clicked": True, "clicks": 1}
     assert {k: s1[k] for k in line} == line and s1["final"] is True
     assert json.loads(here("query", "search_clicks", "s2").stdout)["clicked"] is False
-    assert here.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
-    assert here.json_line("query", "activity_by_country", "NL") == {"country": "NL", "events": 1}
+    # every count view's query adds `generation` (the contract's rule; decided for the built-in ones in #34)
+    assert here.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1, "generation": 1}
+    nl = {"country": "NL", "events": 1, "generation": 1}
+    assert here.json_line("query", "activity_by_country", "NL") == nl
+    assert here.json_line("query", "activity_by_country", "XX") == {}  # a key with no entry (decided, #34)
     assert here("query", "activity_by_country", "NL").stdout.split() == ["NL", "1"]
     assert here("query", "ctr", "no-such-query").stdout.strip() in ("", "{}")
 
@@ -305,7 +308,7 @@ def test_status_deploy_stop_and_replay(world):
     assert [json.loads(x) for x in cli("export", "timeline").stdout.splitlines()] == [
         {"user_id": "b", "tweet_ids": ["t3", "t1"]}
     ]
-    assert here.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1}
+    assert here.json_line("query", "ctr", "q") == {"query": "q", "searches": 2, "clicked": 1, "generation": 2}
     assert {j: r["generation"] for j, r in here.json_line("status").items() if not JOBS[j].source} == {
         "timeline": 2, "clicks": 2, "enrichment": 2
     }  # fmt: skip

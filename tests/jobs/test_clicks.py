@@ -14,11 +14,27 @@ from jobs.runtime import job_dir, read_status
 from tests.conftest import make_settings, write_jsonl
 from timeline_demo.clicks_workload import chunk_arrivals, expected_clicks, generate_clicks
 from timeline_demo.workload import T0
-from views.clicks import export_ctr, export_search_clicks, query_ctr, query_search_clicks
+from views.read import export_view, query_view
 from views.redis_io import connect
 
 H = 3_600_000
 M = 60_000
+
+
+def export_search_clicks(client):
+    return export_view(client, "search_clicks")
+
+
+def export_ctr(client):
+    return export_view(client, "ctr")
+
+
+def query_search_clicks(client, search_id):
+    return query_view(client, "search_clicks", search_id)
+
+
+def query_ctr(client, query):
+    return query_view(client, "ctr", query)
 
 
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int):
@@ -81,7 +97,7 @@ def _click(cid, sess, ts):
 
 
 def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp_path, redis_url):
-    settings = make_settings(tmp_path / "lake", redis_url, CLICKS_IDLE_TIMEOUT="1 minute")
+    settings = make_settings(tmp_path / "lake", redis_url, IDLE_TIMEOUT="1 minute")
     client = connect(redis_url)
 
     # 1. s1 and s2 open; c1 (10 min after s1, arriving first) matches s1: clicked as soon as seen, not final.
@@ -121,7 +137,7 @@ def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp
     _ingest(spark, settings, tmp_path, "clicks", [_click("c3", "b", T0 + 20 * M)], "c3.jsonl")
     run_clicks(spark, settings, once=True)
     assert query_search_clicks(client, "s2")["clicks"] == 0
-    assert query_ctr(client, "shoes") == {"query": "shoes", "searches": 2, "clicked": 1}
+    assert query_ctr(client, "shoes") == {"query": "shoes", "searches": 2, "clicked": 1, "generation": 1}
     status = read_status(settings, "clicks")
     assert status["late"] == 1 and status["rejected"] == 2 and status["duplicates"] == 1
     late = [
@@ -143,5 +159,5 @@ def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp
     out = close_idle_windows(spark, settings, now_ms=last + 2 * H)
     assert out["closed"] == 1
     assert query_search_clicks(client, "s3")["clicked"] is False
-    assert query_ctr(client, "hats") == {"query": "hats", "searches": 1, "clicked": 0}
-    assert query_ctr(client, "shoes") == {"query": "shoes", "searches": 2, "clicked": 1}
+    assert query_ctr(client, "hats") == {"query": "hats", "searches": 1, "clicked": 0, "generation": 1}
+    assert query_ctr(client, "shoes") == {"query": "shoes", "searches": 2, "clicked": 1, "generation": 1}

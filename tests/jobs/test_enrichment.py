@@ -13,12 +13,22 @@ from changelog.ingest import ingest
 from changelog.records import validate
 from jobs.enrichment import run_enrichment
 from jobs.runtime import read_status
+from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
-from views.enrichment import CountrySink, export_activity_by_country, export_enriched
+from views.log import export_log
+from views.read import export_view
 from views.redis_io import connect, set_generation
 
 LATENESS = "5 minutes"  # the workload's disorder is 4 minutes
+
+
+def export_enriched(spark, lake_dir, generation: int):
+    return export_log(spark, lake_dir, builtin_pipeline().views["enriched_activity"], generation)
+
+
+def export_activity_by_country(client):
+    return export_view(client, "activity_by_country")
 
 
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int, *, check_held: bool = False):
@@ -85,17 +95,3 @@ def test_same_export_for_any_chunking_and_after_replay(spark, tmp_path, redis_ur
     assert {r["country"]: r["events"] for r in export_activity_by_country(connect(redis_url))} == (
         expected_by_country(truth)
     )
-
-
-def test_country_sink_takes_a_dataframe_or_rows_on_the_driver_and_applies_a_batch_once(
-    spark, redis_url, rclient
-):
-    sink = CountrySink(redis_url, 1)
-    assert sink.write([("DE", 2), ("unknown", 1)], 0) == {"countries": 2}
-    assert sink.write([("DE", 2), ("unknown", 1)], 0) == {"countries": 0}  # a replay adds nothing
-    df = spark.createDataFrame([("DE", 3), ("FR", 1)], "country string, events bigint").repartition(2)
-    assert sink.write(df, 1) == {"countries": 2}
-    assert sink.write(df, 1) == {"countries": 0}
-    set_generation(rclient, "enrichment", 1)
-    got = {r["country"]: r["events"] for r in export_activity_by_country(rclient)}
-    assert got == {"DE": 5, "FR": 1, "unknown": 1}

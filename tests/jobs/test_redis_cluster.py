@@ -25,13 +25,13 @@ from tests.jobs.opshelp import status_of, wait_for
 from tests.jobs.test_clicks import M
 from tests.jobs.test_clicks import _run_chunked as run_clicks_chunked
 from tests.jobs.test_enrichment import _run_chunked as run_enrichment_chunked
+from tests.jobs.test_enrichment import export_activity_by_country, export_enriched
 from timeline_demo.clicks_workload import expected_clicks, generate_clicks
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
 from timeline_demo.reference import expected_timelines
+from timeline_demo.timeline_view import export_timeline
 from timeline_demo.workload import generate
-from views.enrichment import export_activity_by_country, export_enriched
 from views.redis_io import connect
-from views.timeline import export_timeline
 
 CAP = 20
 
@@ -75,7 +75,7 @@ def test_timeline_with_celebrities_replay_query_export_and_status(
         seen = (sum((p[0] for p in parts[: i + 1]), []), sum((p[1] for p in parts[: i + 1]), []))
         assert _timelines(client) == expected_timelines(*seen, CAP)
     truth = expected_timelines(wl.tweets, wl.follows, CAP)
-    assert client.scan_iter(match="mv:celebs:1:*").__next__()  # some reads merged celebrities' tweets
+    assert client.scan_iter(match="mv:timeline.follows:1:*").__next__()  # some reads merged celebrities' tweets
     spread = [redis.Redis(port=p).dbsize() for p in redis_cluster["ports"]]
     assert all(n > 0 for n in spread), spread
 

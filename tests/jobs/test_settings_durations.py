@@ -44,7 +44,7 @@ def test_bad_durations_say_what_to_write(text):
         ("LOG_RETENTION", "log_retention_ms"),
         ("REPLAY_GRACE", "replay_grace_ms"),
         ("STOP_TIMEOUT", "stop_timeout_ms"),
-        ("CLICKS_IDLE_TIMEOUT", "clicks_idle_timeout_ms"),
+        ("IDLE_TIMEOUT", "idle_timeout_ms"),
     ],
 )
 def test_settings_parse_each_duration_once_and_name_a_bad_one(variable, attribute):
@@ -56,7 +56,7 @@ def test_settings_parse_each_duration_once_and_name_a_bad_one(variable, attribut
 def test_a_copy_with_another_duration_parses_it_again():
     s = dataclasses.replace(Settings.from_env({}), trigger_interval="2 s")
     assert s.trigger_interval_ms == 2_000
-    assert Settings.from_env({}).clicks_idle_timeout_ms is None  # empty: off
+    assert Settings.from_env({}).idle_timeout_ms is None  # empty: off
 
 
 def test_redis_cluster_is_a_flag():

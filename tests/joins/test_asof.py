@@ -1,11 +1,21 @@
-"""The as-of join's semantics table: each event, the versions of its user, the watermark, and the result."""
+"""The as-of join's semantics table (the built-in pipeline's enrichment job: activity x profiles): each event, the
+versions of its user, the watermark, and the result; its state between batches."""
 
 from __future__ import annotations
 
 import json
 
-from joins.asof import EVENT_COLUMNS, asof_join, dedupe_events, profile_versions
+from joins.asof import AsofSides, asof_join, dedupe_events, version_rows, with_identity
 from joins.asof_state import AsofProgress, AsofState
+from spec.builtin import builtin_pipeline
+
+CHANGE_SCHEMA = "op string, user_id string, name string, country string, ts bigint"
+EVENT_SCHEMA = "event_id string, user_id string, action string, ts bigint, profile_version string"
+
+
+def _sides() -> AsofSides:
+    return AsofSides.of(builtin_pipeline(), "enrichment")
+
 
 CHANGES = [  # op, user_id, name, country, ts
     ("upsert", "u", "A", "DE", 100),
@@ -41,53 +51,51 @@ TABLE = [
 
 
 def test_asof_join_semantics_table(spark):
-    changes = spark.createDataFrame(
-        CHANGES, "op string, user_id string, name string, country string, ts bigint"
-    )
+    sides = _sides()
+    changes = spark.createDataFrame(CHANGES, CHANGE_SCHEMA)
     rows = [(e, u, "view", ts, pv) for e, u, ts, pv, _ in TABLE]
-    events = spark.createDataFrame(
-        rows + rows[:3], ", ".join(f"{c} {'bigint' if c == 'ts' else 'string'}" for c in EVENT_COLUMNS)
-    )
-    result = asof_join(dedupe_events(events), profile_versions(changes), watermark_ms=WATERMARK)
+    events = with_identity(spark.createDataFrame(rows + rows[:3], EVENT_SCHEMA), sides)
+    versions = version_rows(changes, sides)
+    result = asof_join(dedupe_events(events, sides), versions, sides, watermark_ms=WATERMARK)
     got = {
-        r["event_id"]: (r["profile_version"], r["name"], r["country"], r["unknown_version"])
-        if r["emit"]
+        r["event_id"]: (r["_version"], *((r["_s1"]["name"], r["_s1"]["country"]) if r["_s1"] else (None, None)),
+                        r["_unknown"])
+        if r["_emit"]
         else "held"
         for r in result.decided.collect()
-    }
+    }  # fmt: skip
     assert got == {e: want for e, _, _, _, want in TABLE}
     held = {r["event_id"]: r["profile_version"] for r in result.held.collect()}
     assert held == {"e08": "u@999", "e10": None, "e14": "u@100"}  # held with their reference, to retry
+    # the version used carries the table's own fields: its key and time too
+    e05 = next(r for r in result.decided.collect() if r["event_id"] == "e05")
+    assert e05["_s1"].asDict() == {"user_id": "u", "name": "D", "country": "JP", "ts": 400}
 
 
 def test_nothing_is_emitted_before_any_change_is_seen(spark):
-    changes = spark.createDataFrame([], "op string, user_id string, name string, country string, ts bigint")
-    events = spark.createDataFrame(
-        [("e1", "u", "view", 1, None), ("e2", "u", "view", 1, "x")],
-        "event_id string, user_id string, action string, ts bigint, profile_version string",
-    )
-    result = asof_join(events, profile_versions(changes), watermark_ms=None)
+    sides = _sides()
+    changes = spark.createDataFrame([], CHANGE_SCHEMA)
+    events = spark.createDataFrame([("e1", "u", "view", 1, None), ("e2", "u", "view", 1, "x")], EVENT_SCHEMA)
+    result = asof_join(with_identity(events, sides), version_rows(changes, sides), sides, watermark_ms=None)
     assert sorted(r["event_id"] for r in result.held.collect()) == ["e1", "e2"]
 
 
 def test_state_restores_its_mark_and_tables_and_stages_a_batch_once(spark, tmp_path):
-    """The layout an existing lake has (`mark.json`, Delta `versions` and `held`) restores; staging or advancing
-    a batch id again (a replay) appends nothing twice; the held set is replaced only when given."""
+    """The layout (`mark.json`, Delta `versions` and `held`) restores; staging or advancing a batch id again (a
+    replay) appends nothing twice; the held set is replaced only when given."""
     state_dir = tmp_path / "g1"
-    state = AsofState(spark, state_dir, "mview-enrichment-g1")
+    state = AsofState(spark, state_dir, "mview-enrichment-g1", _sides())
     before = state.restore(0)
     assert (before.max_ts, before.held, before.watermark(10)) == (None, 0, None)
     assert before.versions().count() == 0 and before.held_events().count() == 0
-    changes = spark.createDataFrame(
-        CHANGES[:3], "op string, user_id string, name string, country string, ts bigint"
-    )
+    changes = spark.createDataFrame(CHANGES[:3], CHANGE_SCHEMA)
     for _ in range(2):
         state.stage(0, changes)
     assert state.restore(1).versions().count() == 3
-    waiting = spark.createDataFrame(
-        [("e1", "u", "view", 900, None)],
-        ", ".join(f"{c} {'bigint' if c == 'ts' else 'string'}" for c in EVENT_COLUMNS),
-    )
+    assert sorted((r["_k"], r["_r"], r["name"]) for r in state.restore(1).versions().collect()) == [
+        ("u", False, "A"), ("u", False, "B"), ("u", True, None)
+    ]  # fmt: skip
+    waiting = spark.createDataFrame([("e1", "u", "view", 900, None)], EVENT_SCHEMA)
     state.advance(0, AsofProgress(300, 1, waiting))
     state.advance(0, AsofProgress(300, 0, waiting.limit(0)))  # a replay's held set: batch 0 is replaced once
     assert json.loads((state_dir / "mark.json").read_text()) == {"held": 0, "max_ts": 300}
@@ -97,4 +105,4 @@ def test_state_restores_its_mark_and_tables_and_stages_a_batch_once(spark, tmp_p
     assert [r["event_id"] for r in after.held_events().collect()] == ["e1"]
     # as the job wrote it before #17
     (state_dir / "mark.json").write_text(json.dumps({"max_ts": 7, "held": 0}))
-    assert AsofState(spark, state_dir, "mview-enrichment-g1").restore(3).max_ts == 7
+    assert AsofState(spark, state_dir, "mview-enrichment-g1", _sides()).restore(3).max_ts == 7

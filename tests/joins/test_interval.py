@@ -12,11 +12,22 @@ from pyspark.sql import functions as F
 
 from joins.errors import BadJoinArgument
 from joins.interval import MIN_WATERMARK, JoinSide, interval_join
-from joins.interval_state import BATCH_SCHEMA, STATE_SCHEMA, IntervalProgress, IntervalStore
+from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
+from spec import parse_pipeline
 
 H = 3_600_000
 L_SCHEMA = "sid string, k string, ts bigint"
 R_SCHEMA = "cid string, k string, ts bigint"
+# A pipeline whose interval job joins topic `s` (left) with `c` (right) on `k`, right events in [l.ts, l.ts + 100]
+PIPELINE = """
+topics:
+  s: {fields: {sid: id, k: id, text: string, ts: timestamp}, id: sid, time: ts}
+  c: {fields: {cid: id, k: id, url: string, ts: timestamp}, id: cid, time: ts}
+jobs:
+  j:
+    interval: {left: s, right: c, match: {k: k}, within: [0 ms, 100 ms]}
+    views: {v: {row: {sid: sid}, fields: {n: matches}}}
+"""
 
 
 def _run(spark, batches, *, how="left", lower=0, upper=H, lateness=10, with_rows=False):
@@ -160,33 +171,40 @@ def test_progress_watermark_and_idle_rule():
     assert p.idle_watermark(9_999, 60, 10) is None  # no window open: nothing to close
 
 
+def _batch(spark, sides, rows):
+    """Records `(topic, id, key, text, ts)` of topics `s` and `c` as one micro-batch in the stream's layout."""
+    parts = []
+    for i, topic in enumerate((sides.left, sides.right)):
+        mine = [r[1:] for r in rows if r[0] == topic.name]
+        parts.append(sides.topics.project(spark.createDataFrame(mine, topic.schema()), i))
+    return parts[0].unionByName(parts[1])
+
+
 def test_store_steps_replay_idle_tick_and_layout(spark, tmp_path):
     """One version per step (`v<fence>/state` + `meta.json`); a replayed step restores what its first attempt
     did and counts nothing twice; late records go to `on_late`; an idle tick is fenced after the newest version;
     versions a replay can no longer need are pruned."""
-    store = IntervalStore(spark, tmp_path, upper_ms=100, lateness_ms=10)
+    sides = IntervalSides.of(spark, parse_pipeline(PIPELINE, "t.yml"), "j")
+    store = IntervalStore(spark, tmp_path, sides=sides, lateness_ms=10)
     published, late = {}, []
 
     def publish(left, fence):
         got = left.where("_changed OR _closed").collect()
-        published[fence] = sorted((r["search_id"], r["_matches"], r["_closed"]) for r in got)
+        published[fence] = sorted((r["sid"], r["_matches"], r["_closed"]) for r in got)
 
     def step(fence, rows):
-        on_late = lambda rows, w0: late.append((sorted(r["id"] for r in rows.collect()), w0))  # noqa: E731
-        return store.batch_step(fence, spark.createDataFrame(rows, BATCH_SCHEMA), publish, on_late)
+        on_late = lambda rows, w0: late.append((sorted(r["_id"] for r in rows.collect()), w0))  # noqa: E731
+        return store.batch_step(fence, _batch(spark, sides, rows), publish, on_late)
 
-    one = step(1_000_000, [("searches", "s1", "a", "q", 0), ("clicks", "c1", "a", "u", 50)] * 2)
+    one = step(1_000_000, [("s", "s1", "a", "q", 0), ("c", "c1", "a", "u", 50)] * 2)
     assert (one.counts["events"], one.counts["duplicates"], one.progress.watermark) == (4, 2, 40)
+    assert (one.counts["left"], one.counts["right"]) == (2, 2)
     assert published[1_000_000] == [("s1", 1, False)]
     # c2 (ts 30 < 40) is late; ts 200 moves the watermark to 190: s1 (window end 100) closes; s3 stays open
-    batch_two = [
-        ("clicks", "c2", "a", "u", 30),
-        ("clicks", "c9", "z", "u", 200),
-        ("searches", "s3", "y", "h", 195),
-    ]
+    batch_two = [("c", "c2", "a", "u", 30), ("c", "c9", "z", "u", 200), ("s", "s3", "y", "h", 195)]
     two = step(2_000_000, batch_two)
     assert late == [(["c2"], 40)] and published[2_000_000] == [("s1", 1, True)]
-    assert (two.counts["late"], two.counts["closed"], two.progress.searches_final) == (1, 1, 1)
+    assert (two.counts["late"], two.counts["closed"], two.progress.closed) == (1, 1, 1)
     assert store.restore(2_000_000).fence == 1_000_000 and store.latest()[0] == 2_000_000
     again = step(
         2_000_000, batch_two
@@ -206,13 +224,13 @@ def test_store_steps_replay_idle_tick_and_layout(spark, tmp_path):
         f"v{f:020d}" for f in (1_000_000, 2_000_000, 2_000_001)
     ]
     meta = json.loads((tmp_path / f"v{2_000_001:020d}" / "meta.json").read_text())
-    assert (meta["fence"], meta["watermark"], meta["searches_final"], meta["late"]) == (2_000_001, 390, 2, 1)
-    state = spark.read.schema(STATE_SCHEMA).parquet(str(tmp_path / f"v{2_000_000:020d}" / "state"))
-    assert sorted((r["side"], r["id"], r["_matches"]) for r in state.collect()) == [
-        ("c", "c9", 0),
-        ("s", "s3", 0),
-    ]
-    step(4_000_000, [("clicks", "c10", "z", "u", 400)])  # its base is 2_000_001: older versions are dropped
+    assert (meta["fence"], meta["watermark"], meta["closed"], meta["late"]) == (2_000_001, 390, 2, 1)
+    # each side keeps its own columns: a left row its topic's fields, a right row only its key, id and time
+    state = spark.read.schema(sides.state_schema()).parquet(str(tmp_path / f"v{2_000_000:020d}" / "state"))
+    kept = sorted((r["_side"], r["_id"], r["_k0"], r["_0_text"], r["_matches"]) for r in state.collect())
+    assert kept == [(0, "s3", "y", "h", 0), (1, "c9", "z", None, 0)]
+    assert not any(f.name.startswith("_1_") for f in state.schema.fields)
+    step(4_000_000, [("c", "c10", "z", "u", 400)])  # its base is 2_000_001: older versions are dropped
     assert sorted(d.name for d in tmp_path.glob("v*")) == [f"v{f:020d}" for f in (2_000_001, 4_000_000)]
 
 

@@ -1,0 +1,131 @@
+"""A join job's two topics as its roles: both read as one stream, each side's records, identities and keys.
+
+A join job reads its two topics (`spec.model.Job.topics`: left and right, stream and table) in one streaming
+query. `TwoTopics.stream` projects each topic's log onto one schema (`TwoTopics.schema`):
+- `_side`: 0 for the job's first topic, 1 for its second;
+- the columns each side computes over its own records (`computed`, e.g. the match keys `_k0..`, the identity
+  `_id`, the time `_t`): the same names and types on both sides;
+- each side's own columns it carries (`keep`), as `_<side>_<name>` (null on the other side's rows).
+`TwoTopics.rows(batch, i)` gives back side i's rows: the computed columns and its own columns under their own names.
+`_side` is a literal of each branch of the union, so a filter on it reads only that topic's files (and only the
+columns used).
+
+Identities and keys are SQL text over a topic's columns:
+- `identity_sql(topic)`: a record's identity as text: its `id` (event topic) or `key` (table topic) field's value,
+  or, for several fields, a JSON array of their values (as text);
+- `key_text_sql(exprs)`: a key as the contract writes it in a version id (`<key>@<ms>`): the values' text joined
+  by `|`, null when one of them is null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from changelog.current import quoted
+from changelog.errors import UnknownTopic
+from changelog.topics import ensure_delta_table, read_stream
+from spec.model import Topic
+
+__all__ = ["TwoTopics", "identity_sql", "key_text_sql", "topic_stream", "own_columns", "sql_type"]
+
+
+def identity_sql(topic: Topic) -> str:
+    """SQL text: the identity of a record of `topic` as a string (see the module docstring)."""
+    names = topic.identity
+    if len(names) == 1:
+        return f"CAST({quoted(names[0])} AS string)"
+    return f"to_json(array({', '.join(f'CAST({quoted(n)} AS string)' for n in names)}))"
+
+
+def key_text_sql(exprs) -> str:
+    """SQL text: the values of `exprs` (SQL texts) as one key text, joined by `|` (null when one is null)."""
+    parts = [f"CAST((\n{e}\n) AS string)" for e in exprs]
+    sep = ", '|', "
+    return parts[0] if len(parts) == 1 else f"concat({sep.join(parts)})"
+
+
+def own_columns(topic: Topic) -> tuple[str, ...]:
+    """The columns of `topic`'s log (`op` first when it has one, then its fields)."""
+    return tuple(n for n, _ in topic.columns())
+
+
+def sql_type(df: DataFrame, column: str) -> str:
+    """The SQL type of `column` of `df` (`bigint`, `string`, `struct<a:string>`, ...)."""
+    return df.schema[column].dataType.simpleString()
+
+
+def topic_stream(
+    spark, lake_dir: Path, topic: Topic, *, max_files_per_trigger: int | None = None
+) -> DataFrame:
+    """`topic`'s log as a streaming DataFrame from its start (the checkpoint decides where to resume). A topic the
+    changelog does not know by name (a pipeline's own) is read at `LAKE_DIR/topics/<name>`, made empty first if it
+    does not exist, with the columns `topic.columns()`."""
+    try:
+        return read_stream(spark, lake_dir, topic.name, max_files_per_trigger=max_files_per_trigger)
+    except UnknownTopic:
+        pass
+    path = ensure_delta_table(spark, Path(lake_dir) / "topics" / topic.name, topic.schema())
+    reader = spark.readStream.format("delta")
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+    return reader.load(path)
+
+
+@dataclass(frozen=True)
+class TwoTopics:
+    """A job's two topics read as one stream (see the module docstring).
+
+    computed: per side, (name, SQL text over that side's own columns) of the computed columns, in `types` order.
+    types: (name, SQL type) of the computed columns (each side's values are cast to it).
+    keep: per side, the own columns carried (default: all of the topic's columns)."""
+
+    topics: tuple[Topic, Topic]
+    computed: tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
+    types: tuple[tuple[str, str], ...]
+    keep: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+    def carried(self, i: int) -> tuple[str, ...]:
+        return own_columns(self.topics[i]) if self.keep is None else self.keep[i]
+
+    def _own_types(self, i: int) -> dict[str, str]:
+        return dict(self.topics[i].columns())
+
+    def schema(self) -> str:
+        """The union's columns as a SQL schema string."""
+        cols = [("_side", "int"), *self.types]
+        for i in (0, 1):
+            types = self._own_types(i)
+            cols += [(f"_{i}_{c}", types[c]) for c in self.carried(i)]
+        return ", ".join(f"{quoted(n)} {t}" for n, t in cols)
+
+    def project(self, df: DataFrame, i: int) -> DataFrame:
+        """Records of side i (its log's columns) in the union's schema."""
+        sql = dict(self.computed[i])
+        exprs = [f"CAST({i} AS int) AS _side"]
+        exprs += [f"CAST((\n{sql[n]}\n) AS {t}) AS {quoted(n)}" for n, t in self.types]
+        for j in (0, 1):
+            types = self._own_types(j)
+            for c in self.carried(j):
+                value = quoted(c) if j == i else f"CAST(NULL AS {types[c]})"
+                exprs.append(f"{value} AS {quoted(f'_{j}_{c}')}")
+        return df.selectExpr(*exprs)
+
+    def stream(self, spark, lake_dir: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
+        """Both topics' logs as one streaming DataFrame in the union's schema."""
+        a, b = (
+            self.project(topic_stream(spark, lake_dir, t, max_files_per_trigger=max_files_per_trigger), i)
+            for i, t in enumerate(self.topics)
+        )
+        return a.unionByName(b)
+
+    def rows(self, batch: DataFrame, i: int, *, extra: tuple[str, ...] = ()) -> DataFrame:
+        """Side i's rows of `batch` (the union's schema): its carried columns under their own names (first: where
+        ties between copies of a record are broken by its columns, they come in declared order), the computed
+        columns, and `extra` columns of the batch."""
+        own = [F.col(quoted(f"_{i}_{c}")).alias(c) for c in self.carried(i)]
+        names = [n for n, _ in self.types]
+        return batch.where(F.col("_side") == i).select(*own, *names, *extra)
