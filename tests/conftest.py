@@ -13,6 +13,7 @@ import redis
 from jobs.devredis import scratch_redis
 from jobs.errors import JobsError
 from jobs.settings import Settings
+from tests.devhelp import hdfs_server, s3_server, spark_cluster  # noqa: F401
 from tests.kafkahelp import kafka, kafka_broker  # noqa: F401
 from tests.pghelp import pg, pg_server  # noqa: F401
 

@@ -1,0 +1,100 @@
+"""Fixtures of the servers beyond one machine (`jobs.dev`): one real HDFS (`hdfs_server`), one S3Proxy
+(`s3_server`) and one Spark standalone cluster of two workers (`spark_cluster`) per test session, each on free
+loopback ports, started on first use only, and dying with the test run. A server that cannot start fails the test
+with the one line saying what is missing (Java, javac, mvn, Maven Central) and how to install it.
+
+`run_python` runs a script in a fresh interpreter of this venv (a Spark driver of its own: the session's `spark`
+is local[2] and in-process, one SparkContext per process) and returns the JSON of its last line;
+`s3a_spark_conf_dir` writes the Spark configuration directory that puts S3A (`hadoop-aws` and the AWS SDK from
+Maven Central) on a driver's and its executors' class path and points it at `s3_server`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import JobsError
+
+__all__ = ["hdfs_server", "s3_server", "spark_cluster", "run_python", "s3a_spark_conf_dir", "ROOT"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def hdfs_server(tmp_path_factory):
+    """The session's HDFS (`jobs.dev.hdfs.HdfsServer`: `url`, `web_url`, `stop()`, `start()`)."""
+    from jobs.dev.hdfs import scratch_hdfs
+
+    try:
+        server = scratch_hdfs(tmp_path_factory.mktemp("hdfs"))
+    except JobsError as e:
+        pytest.fail(f"cannot start the test HDFS: {e}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """The session's S3Proxy (`jobs.dev.s3.S3Server`: `endpoint`, `bucket`, `credentials`, `client()`, `env()`,
+    `stop()`, `start()`)."""
+    from jobs.dev.s3 import scratch_s3
+
+    try:
+        server = scratch_s3(tmp_path_factory.mktemp("s3"))
+    except JobsError as e:
+        pytest.fail(f"cannot start the test S3 server: {e}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """The session's Spark standalone cluster of two workers (`jobs.dev.spark_cluster.SparkCluster`: `master`,
+    `web_url`, `worker_dirs`)."""
+    from jobs.dev.spark_cluster import scratch_spark_cluster
+
+    try:
+        cluster = scratch_spark_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2)
+    except JobsError as e:
+        pytest.fail(f"cannot start the test Spark cluster: {e}")
+    yield cluster
+    cluster.stop()
+
+
+def run_python(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict:
+    """Run `script` (Python source) with `args` in a new interpreter of this venv, the repository on its path
+    and `env` added to the environment; return the JSON object its last stdout line holds. AssertionError with
+    the end of its stderr if it fails."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=full, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-4000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"no output; stderr: {done.stderr[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def s3a_spark_conf_dir(directory: Path, s3_server) -> Path:
+    """A Spark configuration directory (for SPARK_CONF_DIR) whose `spark-defaults.conf` puts S3A's jars
+    (`jobs.dev.s3.s3a_jars`) on the driver's and the executors' class path and sets `jobs.dev.s3.s3a_conf` for
+    `s3_server`. Returns `directory`."""
+    from jobs.dev.s3 import s3a_conf, s3a_jars
+
+    try:
+        classpath = ":".join(str(j) for j in s3a_jars())
+    except JobsError as e:
+        pytest.fail(f"cannot fetch S3A's jars: {e}")
+    conf = {
+        "spark.driver.extraClassPath": classpath,
+        "spark.executor.extraClassPath": classpath,
+        **s3a_conf(s3_server.endpoint, s3_server.credentials),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in conf.items()))
+    return directory
