@@ -73,7 +73,7 @@ def _deployed(settings):
 
 def _wait_visible(client, user: str, tid: str, timeout_s: float = 600.0) -> float:
     """Seconds until `read_timeline(user)` returns `tid`."""
-    from views.timeline import read_timeline
+    from timeline_demo.timeline_view import read_timeline
 
     t0 = time.monotonic()
     while tid not in {t["tweet_id"] for t in read_timeline(client, user, 20)["tweets"]}:
@@ -86,7 +86,7 @@ def _wait_visible(client, user: str, tid: str, timeout_s: float = 600.0) -> floa
 def _all_hold(client, hybrid: bool, followers: int, tid: str) -> bool:
     """Whether every follower sees `tid`: their timeline keys hold it (fan-out on write), or the celebrity's
     authored set holds it and every follower's celebrity set names the celebrity (hybrid)."""
-    from views.keys import authored_key, celebs_key, timeline_key
+    from timeline_demo.timeline_view import authored_key, celebs_key, timeline_key
     from views.redis_io import current_generation
 
     gen = current_generation(client, "timeline")
@@ -204,8 +204,8 @@ def _trickle(
 def _reads(spark, tmp: Path, port: int, scale: float, seconds: float, page: int) -> dict:
     from bench.freshness import _followers
     from bench.timeline import ingest_workload, throughput_workload
+    from timeline_demo.timeline_view import read_timeline
     from views.redis_io import connect
-    from views.timeline import read_timeline
 
     wl = throughput_workload(scale)
     followers = _followers(wl.follows)

@@ -70,7 +70,7 @@ class _Visibility:
                 self.pending[tid] = (t_append, fl)
 
     def poll(self) -> None:
-        from views.keys import timeline_key
+        from timeline_demo.timeline_view import timeline_key
         from views.redis_io import current_generation
 
         while not self.done.is_set() or self.pending:
@@ -99,7 +99,7 @@ class _Visibility:
 def _wait_for_probe(append, client, tmp: Path, author: str, follower: str, probe_id: str) -> float:
     """Append a probe tweet by `author` with `append` and wait until the deployed jobs have put it in
     `follower`'s timeline; the seconds it took."""
-    from views.keys import timeline_key
+    from timeline_demo.timeline_view import timeline_key
     from views.redis_io import current_generation
 
     t0 = time.monotonic()

@@ -49,6 +49,9 @@ WORDS = {
 WORDS |= {"timelines", "countries", "authored", "enriched"}
 DOMAIN = TOPICS | VIEWS | FIELDS | WORDS
 PACKAGE_NAMES = {"timeline_demo"}
+# Words of the service's own layout that are built-in names too, allowed in one module each: the design names the set of
+# heavy values a list key reads `mv:<view>.follows:<g>:{<key>}` (docs/pipelines-design.md, `views.keys.READS`).
+ROLE_WORDS = {"views/keys.py": {"follows"}}
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CAMEL = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -77,6 +80,7 @@ def findings(path: Path) -> list[str]:
     """`<file>:<line>: <word>` for every identifier or string literal of `path` naming the built-in domain."""
     tree = ast.parse(path.read_text(), filename=str(path))
     docs = _docstrings(tree)
+    allowed = ROLE_WORDS.get(str(path.relative_to(ROOT)), set())
     found = []
     for node in ast.walk(tree):
         names: list[str] = []
@@ -98,7 +102,7 @@ def findings(path: Path) -> list[str]:
             for part in name.split("."):
                 if part in PACKAGE_NAMES:
                     continue
-                hit = _words(part) & DOMAIN
+                hit = (_words(part) & DOMAIN) - allowed
                 if hit:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {sorted(hit)[0]} ({name!r})")
     return found
@@ -117,14 +121,9 @@ NOT_YET = {
     "joins/asof.py",
     "joins/asof_state.py",
     "joins/interval_state.py",
-    "joins/table_table.py",
-    "joins/table_table_state.py",
-    "views/__init__.py",
     "views/clicks.py",
     "views/enrichment.py",
-    "views/keys.py",
     "views/read.py",
-    "views/timeline.py",
     "jobs/__init__.py",
     "jobs/cdc.py",
     "jobs/cli.py",

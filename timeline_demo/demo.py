@@ -115,7 +115,7 @@ def _wait_caught_up(spark, settings, job_thread, errors: list, timeout: float) -
 
 
 def _show(client, users: list[str], n: int) -> None:
-    from views.timeline import read_timeline
+    from timeline_demo.timeline_view import read_timeline
 
     for u in users:
         res = read_timeline(client, u, n)

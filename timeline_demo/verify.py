@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from changelog.topics import read_batch
+from timeline_demo.timeline_view import export_timeline
 from views.redis_io import connect
-from views.timeline import export_timeline
 
 __all__ = ["TIMELINE_SQL", "Verification", "sql_timelines", "verify_timelines"]
 

@@ -3,7 +3,7 @@
 `python -m timeline_demo.web [--port 8765] [--live]` (or `make demo-web`) serves:
 - `/` (and `/?user=u1`): the page (`timeline_demo/web/index.html` + `app.js`), which polls the JSON endpoint
   every 500 ms and updates the list in place, highlighting new entries;
-- `/api/timeline?user=ID[&limit=N]`: `views.timeline.read_timeline` (the same read as `mview query timeline ID
+- `/api/timeline?user=ID[&limit=N]`: `timeline_demo.timeline_view.read_timeline` (the same read as `mview query timeline ID
   --json`) plus the job's `last_batch_id` and `last_batch_ms` from `mv:meta:timeline:<g>`.
 With `--live`, the timeline job also runs continuously in this process and a trickle of new tweets and follows
 (from the demo's workload generator) is ingested every few seconds, so the page moves by itself.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from jobs.httpd import page_server, serve_until_interrupted
 from jobs.httpd import serve_in_thread as _serve
+from timeline_demo.timeline_view import read_timeline
 from views.keys import meta_key
 from views.redis_io import connect, redact_url
-from views.timeline import read_timeline
 
 __all__ = ["make_server", "serve_in_thread", "main"]
 

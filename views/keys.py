@@ -9,10 +9,10 @@ first `{` and the next `}`), and `key_id` reads it back unchanged.
 |---|---|---|
 | `mv:gen:<job>` | string | the job's current generation (readers follow it) |
 | `mv:meta:<job>:<g>` | hash | last applied batch id, batch time, counters of the generation |
-| `mv:timeline:<g>:{<user>}` | sorted set | member tweet_id, score ts (epoch ms); newest `TIMELINE_CAP` |
-| `mv:tweet:<g>:{<tweet>}` | string | JSON `{"tweet_id","user_id","text","ts"}` of a live tweet |
-| `mv:authored:<g>:{<author>}` | sorted set | a celebrity's (`FANOUT_LIMIT`) newest `TIMELINE_CAP` live tweets: member tweet_id, score ts |
-| `mv:celebs:<g>:{<user>}` | set | the celebrities the user currently follows (their tweets are merged in at read time) |
+| `mv:<view>:<g>:{<key>}` | sorted set | a list view's key: member the entry id, score the order value; the first `cap` |
+| `mv:<view>.entry:<g>:{<entry>}` | string | JSON of a list view's `fields` of a live entry |
+| `mv:<view>.heavy:<g>:{<value>}` | sorted set | a heavy match value's (fan-out limit) first `cap` entries: member the entry id, score the order value |
+| `mv:<view>.follows:<g>:{<key>}` | set | the heavy match values a list key reads (their entries are merged in at read time) |
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ __all__ = [
     "key_id",
     "encode_id",
     "decode_id",
-    "timeline_key",
-    "tweet_key",
-    "authored_key",
-    "celebs_key",
+    "list_key",
+    "entry_key",
+    "heavy_key",
+    "reads_key",
+    "ENTRY",
+    "HEAVY",
+    "READS",
 ]
 
 # `%` first when encoding and last when decoding, so an id holding the text "%7D" survives both ways.
@@ -73,17 +76,25 @@ def key_id(redis_key: str | bytes) -> str:
     return decode_id(redis_key[start + 1 : -1])
 
 
-def timeline_key(generation: int, user_id: str) -> str:
-    return view_key("timeline", generation, user_id)
+# A list view's other keys are `mv:<view>.<part>:<g>:{<id>}`, part one of these (the design's names).
+ENTRY, HEAVY, READS = "entry", "heavy", "follows"
 
 
-def tweet_key(generation: int, tweet_id: str) -> str:
-    return view_key("tweet", generation, tweet_id)
+def list_key(view: str, generation: int, key: str) -> str:
+    """A list view's sorted set of list key `key`."""
+    return view_key(view, generation, key)
 
 
-def authored_key(generation: int, author: str) -> str:
-    return view_key("authored", generation, author)
+def entry_key(view: str, generation: int, entry: str) -> str:
+    """A list view's body of entry `entry` (the JSON of its fields)."""
+    return view_key(f"{view}.{ENTRY}", generation, entry)
 
 
-def celebs_key(generation: int, user_id: str) -> str:
-    return view_key("celebs", generation, user_id)
+def heavy_key(view: str, generation: int, value: str) -> str:
+    """A list view's entries of heavy match value `value` (a fan-out limit)."""
+    return view_key(f"{view}.{HEAVY}", generation, value)
+
+
+def reads_key(view: str, generation: int, key: str) -> str:
+    """A list view's set of the heavy match values list key `key` reads (`mv:<view>.follows:<g>:{<key>}`)."""
+    return view_key(f"{view}.{READS}", generation, key)

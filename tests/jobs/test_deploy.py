@@ -70,10 +70,9 @@ from tests.jobs.opshelp import (
     write_jsonl,
 )
 from timeline_demo.reference import expected_timelines
+from timeline_demo.timeline_view import export_timeline, query_timeline, timeline_key
 from timeline_demo.workload import T0, generate
-from views.keys import timeline_key
 from views.redis_io import connect
-from views.timeline import export_timeline, query_timeline
 
 JOB, CAP, SECRET = "timeline", 20, "pw-S3cret"
 _PARTS = 6

@@ -16,8 +16,8 @@ from jobs.timeline import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import write_jsonl
 from timeline_demo.reference import expected_timelines
+from timeline_demo.timeline_view import export_timeline
 from timeline_demo.workload import generate
-from views.timeline import export_timeline
 
 JOB = "timeline"
 CAP = 20

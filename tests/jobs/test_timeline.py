@@ -4,16 +4,29 @@ definition, for several seeds and chunkings, with a small TIMELINE_CAP so that r
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from changelog.ingest import ingest
 from jobs.timeline import run_timeline
+from spec import load_pipeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import generate
+from views.list import export_list, read_list
 from views.redis_io import connect
-from views.timeline import export_timeline, query_timeline
+
+BUILTIN_FILE = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"
+VIEW = load_pipeline(BUILTIN_FILE, {}).views["timeline"]
+
+
+def export_timeline(client):
+    return export_list(client, VIEW)
+
+
+def query_timeline(client, user: str, limit: int | None = None) -> dict:
+    return read_list(client, VIEW, "timeline", user, limit)
 
 
 def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, cap: int, seed: int):
@@ -85,17 +98,20 @@ def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rcl
 
 
 def _rows(state) -> tuple[list, list]:
-    return sorted(map(tuple, state.tweets.collect())), sorted(map(tuple, state.follows.collect()))
+    return sorted(map(tuple, state.sides[0].collect())), sorted(map(tuple, state.sides[1].collect()))
 
 
 def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(spark, tmp_path):
     """The in-memory state equals the state rebuilt from the changes log, before and after compaction, and a
     store that starts fresh at batch N (a restart, or Spark replaying N) gets the state as it was before N."""
-    from joins.table_table import maintain_timeline
-    from joins.table_table_state import TimelineStore
+    from jobs.timeline import JOB, pipeline
+    from joins.table import TableJoin, maintain_join
+    from joins.table_state import TableStore
 
+    built_in = pipeline(make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0", TIMELINE_CAP=2))
+    join = TableJoin(spark, *built_in.sides(JOB), built_in.jobs[JOB].spec.match)
     path = tmp_path / "changes"
-    store = TimelineStore(spark, path, snapshot_every=2)
+    store = TableStore(spark, path, join, snapshot_every=2)
     tweets = "op string, tweet_id string, user_id string, text string, ts bigint"
     follows = "op string, follower_id string, followee_id string, ts bigint"
     steps = [
@@ -111,20 +127,25 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
         before.append(_rows(state))
         batch_t = spark.createDataFrame(tw, tweets) if tw else None
         batch_f = spark.createDataFrame(fo, follows) if fo else None
-        changes = maintain_timeline(state, batch_t, batch_f, cap=2)
+        changes = maintain_join(join, state, (batch_t, batch_f))
         store.stage(i, changes)
         store.advance(i, changes)
     # restore(2) and restore(4) compacted: s1 covered b0-b1, s3 covered s1 and b2-b3.
     assert sorted(p.name for p in path.iterdir()) == ["b4", "s3"]
-    assert _rows(TimelineStore(spark, path).restore(5)) == _rows(store.state)
-    assert _rows(TimelineStore(spark, path).restore(4)) == before[4]
+    assert _rows(TableStore(spark, path, join).restore(5)) == _rows(store.state)
+    assert _rows(TableStore(spark, path, join).restore(4)) == before[4]
     tweets_after, follows_after = _rows(store.state)
     assert [t[:5] for t in tweets_after] == [
         ("t1", "a", "x", 1, True),
         ("t2", "a", "y2", 6, True),
         ("t3", "b", "z", 5, True),
     ]
-    assert follows_after == [("r", "a", "unfollow", 4), ("r", "b", "follow", 5), ("s", "a", "follow", 4)]
+    # (follower, followee, ts, an upsert decides, a remove decides)
+    assert follows_after == [
+        ("r", "a", 4, False, True),
+        ("r", "b", 5, True, False),
+        ("s", "a", 4, True, False),
+    ]
 
 
 def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limit(
@@ -157,7 +178,8 @@ def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limi
                 got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline", job="timeline")}
                 assert got == expected, f"after the {topic} of chunk {i}"
     assert moved == [None, {"tweets"}, {"follows"}, {"tweets"}, {"follows"}]
-    assert any(rclient.scan_iter(match="mv:celebs:1:*")) and any(rclient.scan_iter(match="mv:authored:1:*"))
+    assert any(rclient.scan_iter(match="mv:timeline.follows:1:*"))
+    assert any(rclient.scan_iter(match="mv:timeline.heavy:1:*"))
     for user in [f"u{i}" for i in range(60)]:
         got = query_view(client, "timeline", user, limit=3, job="timeline")
         assert [t["tweet_id"] for t in got["tweets"]] == expected.get(user, [])[:3]

@@ -7,9 +7,9 @@ from __future__ import annotations
 from tests.conftest import make_settings
 from timeline_demo.demo import run_demo
 from timeline_demo.reference import expected_timelines
+from timeline_demo.timeline_view import timeline_key
 from timeline_demo.verify import sql_timelines, verify_timelines
 from timeline_demo.workload import sized
-from views.keys import timeline_key
 
 
 def test_demo_verifies_every_timeline_and_catches_a_wrong_one(spark, tmp_path, redis_url, rclient, capsys):

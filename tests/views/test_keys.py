@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from views.keys import decode_id, encode_id, key_id, timeline_key, tweet_key, view_key
+from timeline_demo.timeline_view import export_timeline, query_timeline, timeline_key, tweet_key
+from views.keys import decode_id, encode_id, key_id, view_key
+from views.list import ListViewSink, entry
 from views.redis_io import connect, set_generation
-from views.timeline import TimelineSink, entry, export_timeline, query_timeline
 from views.wire import view_key_column
 
 IDS = ["u1", "}u", "{u", "a}b", "a{b}c", "{}", "%7D", "%", "ü{€}", "x}"]
@@ -37,10 +38,10 @@ def test_keys_built_in_spark_sql_equal_the_python_ones(spark):
     assert got == [view_key("timeline", 7, i) for i in IDS]
 
 
-def test_a_timeline_of_an_id_with_braces_is_written_and_read_back(spark, redis_url):
+def test_a_list_of_an_id_with_braces_is_written_and_read_back(spark, redis_url):
     client = connect(redis_url)
     set_generation(client, "timeline", 1)
-    rows = [("timeline", u, "add", None, [f"{u}-t"], None) for u in IDS]
+    rows = [("list", u, "add", None, [f"{u}-t"], None) for u in IDS]
     ops = spark.createDataFrame(
         rows, "kind string, id string, mode string, removes array<string>, tids array<string>, body string"
     ).selectExpr(
@@ -51,9 +52,9 @@ def test_a_timeline_of_an_id_with_braces_is_written_and_read_back(spark, redis_u
         f"transform(tids, t -> {entry('5', 't')}) AS entries",
         "body",
     )
-    TimelineSink(redis_url, 1, cap=3).write(ops, 0)
+    ListViewSink(redis_url, "timeline", 1, cap=3).write(ops, 0)
     for u in IDS:
         assert client.zrange(timeline_key(1, u), 0, -1) == [f"{u}-t".encode()]
         assert [t["tweet_id"] for t in query_timeline(client, u)["tweets"]] == [f"{u}-t"]
     assert sorted(r["user_id"] for r in export_timeline(client)) == sorted(IDS)
-    assert tweet_key(1, "}x") == "mv:tweet:1:{%7Dx}"
+    assert tweet_key(1, "}x") == "mv:timeline.entry:1:{%7Dx}"

@@ -1,0 +1,123 @@
+"""The state of a `join` job (`joins.table`) between micro-batches: `TableStore`, a `JoinState`.
+
+The state (`TableState`: each side's current table, one row per key ever seen) lives in memory across
+micro-batches (materialized DataFrames) and is durable under the store's directory as a log of changed rows:
+- `b<id>/`: the state rows batch `id` changed (Parquet, written by `stage`, replaced by a replay of the batch);
+- `s<id>/`: the whole state after batch `id` (a compaction of the directories before it).
+Both sides' rows are in the same files (one Spark job writes a batch's): `_side` says whose, and side `i`'s
+columns are `_<i>_<column>` (the other side's are null). A row's batch is the id in its directory's name (read
+from the file's path). A directory is complete when its `_SUCCESS` marker exists; incomplete ones are ignored.
+`restore(N)` rebuilds the state before batch N from the newest complete snapshot before N and the complete batch
+directories after it and before N (the newest row per key), so a run that starts at N, after a crash too, and a
+batch that Spark replays both see the state as it was before N. Every `snapshot_every` batch directories the state
+is compacted into one snapshot and the directories it covers are removed. (Derived state, the heavy values of a
+list with a fan-out limit, is not stored: it is computed again from the restored tables.)
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import _parse_datatype_string
+
+from changelog.current import quoted
+from joins.state import complete_dirs, empty_frame
+from joins.table import JoinChanges, TableJoin, TableState, state_schema
+
+__all__ = ["TableStore"]
+
+_DIR_ID = r"/[bs]([0-9]+)/[^/]*$"  # the id in a file's path .../b<id>/part-... or .../s<id>/part-...
+
+
+class TableStore:
+    """The join state of one job generation: in memory after batch `self.batch`, durable under `path` (see the
+    module docstring). Implements `joins.state.JoinState[TableState]` with `JoinChanges` as changes."""
+
+    def __init__(self, spark, path: Path, join: TableJoin, *, snapshot_every: int = 100):
+        self.spark, self.path, self.join, self.snapshot_every = spark, Path(path), join, snapshot_every
+        self.state: TableState | None = None
+        self.batch: int | None = None  # the state in memory is the state after this batch
+        self._columns = []  # per side: (name, SQL type) of its state columns
+        for topic in join.topics:
+            fields = _parse_datatype_string(state_schema(topic)).fields  # needs the session (a JVM parse)
+            self._columns.append([(f.name, f.dataType.simpleString()) for f in fields])
+        self._file_schema = ", ".join(
+            ["_side int"] + [f"`_{i}_{n}` {t}" for i, cols in enumerate(self._columns) for n, t in cols]
+        )
+
+    def restore(self, batch_id: int) -> TableState:
+        """The state before micro-batch `batch_id`: from memory when it follows the last one, else from the log.
+
+        When `snapshot_every` batch directories have accumulated, the state is first written as `s<batch_id-1>`
+        and the directories it covers are removed (batch `batch_id - 1` is committed once `batch_id` starts)."""
+        snapshot, changes = self._log_before(batch_id)
+        if self.state is None or self.batch != batch_id - 1:
+            self.state, self.batch = self._read(snapshot + changes), batch_id - 1
+        if len(changes) >= self.snapshot_every:
+            self._snapshot(batch_id - 1)
+        return self.state
+
+    def stage(self, batch_id: int, changes: JoinChanges) -> None:
+        """Write the batch's changed rows to `b<batch_id>` (replacing a partial or earlier write of it), and compute the
+        state after the batch in memory (`JoinChanges.settle`). Safe before or while the batch is applied to the
+        view: `restore(M)` reads only directories of batches before M."""
+        changes.settle()
+        self._write(f"b{batch_id}", [changes.side_rows(i) for i in (0, 1)])
+
+    def advance(self, batch_id: int, changes: JoinChanges) -> None:
+        """Move the state in memory past `batch_id` (once the view has the batch and `stage` is done)."""
+        self.state, self.batch = changes.settle(), batch_id
+
+    def _log_before(self, batch_id: int) -> tuple[list[Path], list[Path]]:
+        """The newest complete snapshot before `batch_id` (a list of at most one) and the batch dirs after it."""
+        snaps = complete_dirs(self.path, "s", batch_id)
+        since = snaps[-1][0] if snaps else -1
+        batches = [d for i, d in complete_dirs(self.path, "b", batch_id) if i > since]
+        return [d for _, d in snaps[-1:]], batches
+
+    def _read(self, dirs: list[Path]) -> TableState:
+        if not dirs:
+            return TableState(sides=tuple(empty_frame(self.spark, state_schema(t)) for t in self.join.topics))
+        rows = (
+            self.spark.read.schema(self._file_schema)
+            .parquet(*[str(d) for d in dirs])
+            .withColumn("_batch", F.regexp_extract("_metadata.file_path", _DIR_ID, 1).cast("bigint"))
+        )
+
+        def newest(i: int) -> DataFrame:
+            keys = self.join.key_columns(i)
+            own = [n for n, _ in self._columns[i]]
+            values = [n for n in own if n not in keys]
+            latest = F.max_by(F.struct(*[F.col(f"`_{i}_{n}`").alias(n) for n in values]), "_batch").alias(
+                "_v"
+            )
+            return (
+                rows.where(F.col("_side") == i)
+                .groupBy(*[F.col(f"`_{i}_{k}`").alias(k) for k in keys])
+                .agg(latest)
+                .selectExpr(*[quoted(n) if n in keys else f"_v.{quoted(n)} AS {quoted(n)}" for n in own])
+                .localCheckpoint(eager=True)
+            )
+
+        return TableState(sides=(newest(0), newest(1)))
+
+    def _log_rows(self, i: int, df: DataFrame) -> DataFrame:
+        """Side `i`'s state rows as rows of the log's files. The batch id is not a column: a literal in the plan would
+        make its generated code differ, and be compiled again, in every batch."""
+        cols = [f"{i} AS _side"]
+        for j, own in enumerate(self._columns):
+            for n, t in own:
+                cols.append(f"CAST({quoted(n) if j == i else 'NULL'} AS {t}) AS `_{j}_{n}`")
+        return df.selectExpr(*cols)
+
+    def _write(self, name: str, sides: list[DataFrame]) -> None:
+        rows = self._log_rows(0, sides[0]).unionByName(self._log_rows(1, sides[1]))
+        rows.coalesce(1).write.mode("overwrite").parquet(str(self.path / name))
+
+    def _snapshot(self, batch_id: int) -> None:
+        self._write(f"s{batch_id}", list(self.state.sides))
+        for _, d in complete_dirs(self.path, "b", batch_id + 1) + complete_dirs(self.path, "s", batch_id):
+            shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,513 @@
+"""The `list` view kind in Redis: per list key, the first `cap` entries in the view's order; its operations made
+from a `join` job's changes, the sink that applies them, and the read side. (The built-in `timeline` view is one:
+per follower, the newest 800 tweets of the users they follow.)
+
+Redis (`<v>`: the view's name, `<g>`: the job's generation):
+- `mv:<v>:<g>:{<key>}`: sorted set, member the entry id, score the order value (ties by the entry, in the same
+  direction: `ZREVRANGE` reads a descending list, `ZRANGE` an ascending one); the first `cap`;
+- `mv:<v>.entry:<g>:{<entry>}`: JSON of the view's `fields` of the entry, in declared order, kept once per entry;
+- with a fan-out limit: `mv:<v>.heavy:<g>:{<match value>}`, a heavy match value's first `cap` entries (sorted set),
+  and `mv:<v>.follows:<g>:{<key>}`, the heavy values a list key reads (set); readers merge them (`read_list`).
+The generation's meta hash (`mv:meta:<job>:<g>`) keeps the `cap` and `fanout_limit` it was built with.
+
+`ListView(join, view)` chooses how the join maintains the list (`joins.table_list`: the list shape's own algorithm, or
+the join's delta for any other shape) and turns one micro-batch's changes into operations (`LIST_OPS_SCHEMA`):
+- `kind="list"`, `id=<key>`, `mode="add"`: ZREM the `removes`, ZADD the `entries`, then keep the first `cap`;
+  `mode="replace"`: the entries are the key's whole new list (a refill after a removal);
+- `kind="entry"`, `id=<entry>`: `body` is the entry's JSON to store, or null to delete it;
+- `kind="heavy"`, `id=<match value>`: as a list, on the heavy value's entries; `mode="retire"`: let it expire;
+- `kind="reads"`, `id=<key>`: `entries` are heavy values to add to the key's `follows` set, `removes` to remove.
+`removes` and `entries` are arrays of wire-protocol text made by `member(entry)` and `entry(order, entry)` in the
+JVM; an added entry is made once per entry, before it is fanned out (the join evaluates `ENTRY_CARRY` per entry).
+The sink builds each operation's Redis commands around them in Spark SQL, and the executors' Python only forwards the
+text, about 1 MB per round trip: no Python code and no Lua script handles a single entry.
+
+With a fan-out limit the operations come in three write phases, each applied after the previous one, so that a
+reader between phases never misses or doubles an entry of a value that crossed the limit (a reader drops
+duplicates by entry id):
+1. new entry bodies; heavy entries added to or replaced (a value that became heavy first of all); heavy values added
+   to keys' `follows` sets;
+2. the lists (a value that became heavy leaves them here, one that stopped being heavy enters them);
+3. bodies of entries that stopped being live; heavy values removed from `follows` sets; the heavy entries of values
+   that stopped being heavy expire `RETIRE_SECONDS` later (a reader that read a `follows` set just before may still
+   read them).
+In a batch of entries only, phase 1's bodies and heavy adds (`ListView.posts_ops`) are applied before the batch's
+changes are counted, and phase 1 keeps the rest. Every key is written whole in its MULTI/EXEC, so a reader sees it
+before or after the batch; a read of a key's list and `follows` set is one atomic script call (one hash slot).
+
+Every operation is idempotent on its key (ZADD of the same members, trim to the same cap, replace with the same
+content, SET/DEL of the same body), so a micro-batch that Spark replays after a crash, fully or partly applied
+before, leaves exactly the content of one application.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import orjson
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from redis.commands.core import Script
+
+from joins.table import JoinChanges, TableJoin
+from joins.table_list import GenericChanges, ListChanges, ListPosts, generic_list, generic_spec, list_shape
+from spec.model import View
+from views.errors import ViewError
+from views.keys import (
+    ENTRY,
+    HEAVY,
+    READS,
+    entry_key,
+    heavy_key,
+    key_id,
+    list_key,
+    meta_key,
+    reads_key,
+    view_pattern,
+)
+from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
+from views.wire import array_command, bulk, command, hash_tag_column, lit, view_key_column
+
+__all__ = [
+    "LIST_OPS_SCHEMA",
+    "ENTRY_CARRY",
+    "RETIRE_SECONDS",
+    "ListView",
+    "ListViewSink",
+    "entry",
+    "member",
+    "body_sql",
+    "read_list",
+    "query_list",
+    "export_list",
+]
+
+LIST_OPS_SCHEMA = (
+    "kind string, id string, mode string, removes array<string>, entries array<string>, body string"
+)
+
+# The heavy entries of a value that stopped being heavy expire this long after, rather than at once: a reader that
+# read the key's `follows` set just before can still read them.
+RETIRE_SECONDS = 60
+_PIPELINE_BYTES = 1 << 20  # send about this many bytes of commands per round trip
+_MULTI, _EXEC = lit("*1\r\n$5\r\nMULTI\r\n"), lit("*1\r\n$4\r\nEXEC\r\n")
+_NUMBERS = ("tinyint", "smallint", "int", "bigint", "float", "double")
+
+
+def member(entry_id: str) -> str:
+    """A list member to remove, as ZREM arguments (SQL text of the string expression `entry_id`)."""
+    return bulk(entry_id)
+
+
+def entry(order: str, entry_id: str) -> str:
+    """A list entry (score `order`, member `entry_id`), as ZADD arguments (SQL text; `order` a number)."""
+    return f"concat({bulk(f'cast({order} AS string)')}, {bulk(entry_id)})"
+
+
+ENTRY_CARRY = entry("_o", "_e")  # the join's `carry`: an entry's ZADD arguments, made once per entry
+
+
+def body_sql(view: View) -> str:
+    """SQL text: the JSON of `view`'s fields (in declared order; a null field is written as null)."""
+    pairs = ", ".join(f"{lit(name)}, ({sql})" for name, sql in view.fields)
+    return f"to_json(named_struct({pairs}), map('ignoreNullFields', 'false'))"
+
+
+def _op(
+    df: DataFrame, kind: str, ident: str, mode="NULL", removes="NULL", entries="NULL", body="NULL"
+) -> DataFrame:
+    """`df` as LIST_OPS_SCHEMA rows of `kind`, keyed by the SQL text `ident`; the rest are SQL texts."""
+    return df.selectExpr(
+        f"'{kind}' AS kind",
+        f"CAST({ident} AS string) AS id",
+        f"CAST({mode} AS string) AS mode",
+        f"CAST({removes} AS array<string>) AS removes",
+        f"CAST({entries} AS array<string>) AS entries",
+        f"CAST({body} AS string) AS body",
+    )
+
+
+def _union(parts: list[DataFrame]) -> DataFrame:
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _list_parts(changes: ListChanges | GenericChanges, removing: bool, adding: bool) -> list[DataFrame]:
+    """The lists' operations: a key's removes and adds are one `add`; refills are `replace`."""
+    adds = changes.adds.selectExpr("_k", "entries._p AS entries")
+    if removing:
+        removes = changes.removes.groupBy("_k").agg(F.expr(f"collect_list({member('_e')}) AS removes"))
+        touched = adds.join(removes, "_k", "full") if adding else removes
+        return [
+            _op(touched, "list", "_k", "'add'", "removes", "entries" if adding else "NULL"),
+            _op(changes.replaces, "list", "_k", "'replace'", entries="entries._p"),
+        ]
+    return [_op(adds, "list", "_k", "'add'", entries="entries")] if adding else []
+
+
+def _heavy_phases(changes: ListChanges, posted: bool) -> tuple[list[DataFrame], list[DataFrame]]:
+    """(before, after): the heavy side's operations applied before the lists' (heavy entries, `follows` gained; the
+    adds only when not `posted`) and after them (`follows` lost, heavy entries retired)."""
+    n, heavy = changes.counts, changes.shape.heavy_text("_m")
+    first, last = [], []
+    if n["up"] or n["died"]:
+        first.append(_op(changes.heavy_replaces, "heavy", heavy, "'replace'", entries="entries._p"))
+    if n["born"] and not posted:
+        first.append(_op(changes.heavy_adds, "heavy", heavy, "'add'", entries="entries._p"))
+    for df, out, column, count in (
+        (changes.heavy_gained, first, "entries", "heavy_gained"),
+        (changes.heavy_lost, last, "removes", "heavy_lost"),
+    ):
+        if n[count]:
+            per = df.groupBy("_k").agg(F.expr(f"collect_list({bulk(heavy)}) AS ids"))
+            out.append(_op(per, "reads", "_k", **{column: "ids"}))
+    if n["down"]:
+        last.append(_op(changes.heavy_retired, "heavy", heavy, "'retire'"))
+    return first, last
+
+
+class ListView:
+    """The operations of list view `view` of a `join` job (see the module docstring). `parts`: what takes part in the
+    join's step (`joins.table.begin_join(..., lists=view.parts)`)."""
+
+    def __init__(self, join: TableJoin, view: View):
+        if view.kind != "list":
+            raise ViewError(f"view {view.name!r} is a {view.kind} view, not a list")
+        self.join, self.view, self.body = join, view, body_sql(view)
+        self.shape = list_shape(join, view, carry=ENTRY_CARRY)
+        self.generic = None if self.shape else generic_spec(join, view, carry=ENTRY_CARRY, body=self.body)
+        order = self.shape.order_type if self.shape else self.generic.order_type
+        if not order.startswith(_NUMBERS) and not order.startswith("decimal"):
+            raise ViewError(f"view {view.name!r}: its order {view.order[0][0]!r} is a {order}, not a number")
+
+    @property
+    def parts(self) -> list:
+        return [self.shape] if self.shape else []
+
+    @property
+    def descending(self) -> bool:
+        return self.view.order[0][1]
+
+    def _bodies(self, rows: DataFrame) -> DataFrame:
+        """The `entry` operations storing the bodies of the entry side's `rows` (their fields)."""
+        e = self.shape.entry_side
+        exprs = [("_e", f"CAST(({self.shape.entry}) AS string)"), ("_b", self.body)]
+        return _op(self.join.eval(e, rows, exprs), "entry", "_e", body="_b")
+
+    def posts_ops(self, posts: ListPosts) -> DataFrame:
+        """The operations (LIST_OPS_SCHEMA) of a batch's `posts` (`joins.table.JoinStep.posts`): the bodies of entries
+        that became live and the heavy values' entries added to, at most two per entry of the batch. They are part of
+        the first write phase, taken out to be applied before the batch's changes are counted; the phases after them
+        are `phases(changes, posted=True)`."""
+        heavy = _op(posts.heavy_adds, "heavy", self.shape.heavy_text("_m"), "'add'", entries="entries._p")
+        return self._bodies(posts.entries_live).unionByName(heavy)
+
+    def phases(self, changes: JoinChanges, posted: bool = False) -> Iterator[tuple[DataFrame, int | None]]:
+        """The operations (LIST_OPS_SCHEMA) of one micro-batch's join `changes`, in write phases, each to be applied
+        after the previous one (`ListViewSink.write` does): one (DataFrame, rows_at_most) per phase, rows_at_most a
+        bound on its operations known from the join's counts, or None (a fan-out, bounded by list-side counts only).
+        Without a fan-out limit there is one phase; with one, up to three (see the module docstring). Branches with
+        no input in the batch are left out. Each phase is planned when the one before it was taken, so a sink that
+        writes it first does not wait for the others' plans. `posted`: the batch's `posts_ops` were applied already
+        (left out here)."""
+        if self.shape is None:
+            got = generic_list(changes, self.generic)
+            yield _union(_list_parts(got, True, True) + [_op(got.bodies, "entry", "_e", body="_b")]), None
+            return
+        got = changes.lists[self.view.name]
+        yield from self._shape_phases(got, posted)
+
+    def _shape_phases(self, got: ListChanges, posted: bool) -> Iterator[tuple[DataFrame, int | None]]:
+        n = got.counts
+        born = [self._bodies(got.entries_live)] if n["born"] and not posted else []
+        removing, adding = bool(n["died"] or n["lost"]), bool(n["fanned"] or n["gained"])
+        if got.heavy_gained is None:
+            lists = _list_parts(got, removing, adding)
+            dead = [_op(got.entries_dead, "entry", "_e")] if n["died"] or not (lists or born) else []
+            yield _union(lists + born + dead), None if lists else n["born"] + n["died"]
+            return
+        first, last = _heavy_phases(got, posted)
+        if born + first:  # bodies and heavy entries: one per entry or value; `follows` sets: one per key
+            yield _union(born + first), 2 * n["born"] + n["up"] + n["died"] + n["heavy_gained"]
+        lists = _list_parts(got, removing, adding)
+        if lists:
+            yield _union(lists), None
+        dead = [_op(got.entries_dead, "entry", "_e")] if n["died"] else []
+        if dead + last:
+            yield _union(dead + last), n["died"] + n["heavy_lost"] + n["down"]
+
+
+def _trim(cap: int, descending: bool) -> str:
+    """The command keeping a sorted set's first `cap` members in the list's order."""
+    ranks = (lit("0"), lit(str(-(cap + 1)))) if descending else (lit(str(cap)), lit("-1"))
+    return command(lit("ZREMRANGEBYRANK"), "k", *ranks)
+
+
+def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluster: bool):
+    """payload (the operation's commands), replies (how many), lists (1 for a list), entries (added), tag (the hash
+    tag of the operation's keys on a Redis Cluster, else null). One SQL text per column (see `views.wire`); the key
+    and the array sizes are a projection of their own, computed once per row and referred to by name (written out
+    in every command, they made a tree the optimizer and code generator took a few hundred ms to plan in every
+    batch)."""
+    keyed = ops_df.selectExpr(
+        "kind",
+        "mode",
+        "removes",
+        "entries",
+        "body",
+        f"CASE kind WHEN 'list' THEN {view_key_column(view, generation, 'id')} "
+        f"WHEN 'heavy' THEN {view_key_column(f'{view}.{HEAVY}', generation, 'id')} "
+        f"WHEN 'reads' THEN {view_key_column(f'{view}.{READS}', generation, 'id')} "
+        f"ELSE {view_key_column(f'{view}.{ENTRY}', generation, 'id')} END AS k",
+        "coalesce(size(removes), 0) AS nr",
+        "coalesce(size(entries), 0) AS ne",
+        f"{hash_tag_column('id') if cluster else 'CAST(NULL AS string)'} AS tag",
+    )
+    zset = (
+        f"concat({_MULTI}, "
+        f"CASE WHEN mode = 'replace' THEN {command(lit('DEL'), 'k')} ELSE '' END, "
+        f"CASE WHEN nr > 0 THEN {array_command('ZREM', 'k', 'removes')} ELSE '' END, "
+        f"CASE WHEN ne > 0 THEN {array_command('ZADD', 'k', 'entries', 2)} ELSE '' END, "
+        f"{_trim(cap, descending)}, "
+        f"{_EXEC})"
+    )
+    # MULTI's OK, one QUEUED per command (the trim, and a DEL, ZREM, ZADD when present), EXEC's reply.
+    queued = "1 + CAST(mode = 'replace' AS int) + CAST(nr > 0 AS int) + CAST(ne > 0 AS int)"
+    retire = command(lit("EXPIRE"), "k", lit(str(RETIRE_SECONDS)))
+    reads = (
+        f"concat(CASE WHEN ne > 0 THEN {array_command('SADD', 'k', 'entries')} ELSE '' END, "
+        f"CASE WHEN nr > 0 THEN {array_command('SREM', 'k', 'removes')} ELSE '' END)"
+    )
+    body = (
+        f"CASE WHEN body IS NULL THEN {command(lit('DEL'), 'k')} ELSE {command(lit('SET'), 'k', 'body')} END"
+    )
+    is_zset = "kind IN ('list', 'heavy') AND mode <> 'retire'"
+    return keyed.selectExpr(
+        f"CASE WHEN {is_zset} THEN {zset} WHEN kind = 'heavy' THEN {retire} "
+        f"WHEN kind = 'reads' THEN {reads} ELSE {body} END AS payload",
+        f"CASE WHEN {is_zset} THEN {queued} + 2 "
+        "WHEN kind = 'reads' THEN CAST(ne > 0 AS int) + CAST(nr > 0 AS int) ELSE 1 END AS replies",
+        "CAST(kind = 'list' AS int) AS lists",
+        "CASE WHEN kind = 'list' THEN ne ELSE 0 END AS entries",
+        "tag",
+    )
+
+
+def _forward(rows, url: str) -> tuple[int, int]:
+    """Forward wire rows' commands, about `_PIPELINE_BYTES` per round trip (per master on a cluster); (lists, entries)
+    they wrote."""
+    lists = entries = 0
+    with Forwarder(sink_client(url), what="list sink", limit=_PIPELINE_BYTES) as out:
+        for payload, n, is_list, added, tag in rows:
+            out.add(payload.encode(), n, tag)
+            lists, entries = lists + is_list, entries + added
+    return lists, entries
+
+
+def _apply_partition(rows, url: str, counters) -> None:
+    lists, entries = _forward(rows, url)
+    counters[0].add(lists)
+    counters[1].add(entries)
+
+
+class ListViewSink:
+    """Applies a micro-batch of list operations of view `view` to generation `generation`: a write phase known to hold
+    at most `DRIVER_ROWS` operations from the driver (one Spark job that collects it: no Python task), any other
+    from the executors."""
+
+    DRIVER_ROWS = 10_000
+
+    def __init__(self, url: str, view: str, generation: int, cap: int, *, descending: bool = True):
+        self.url, self.view, self.generation, self.cap, self.descending = (
+            url,
+            view,
+            generation,
+            cap,
+            descending,
+        )
+
+    def _wire(self, ops_df: DataFrame):
+        return _wire(ops_df, self.view, self.generation, self.cap, self.descending, is_cluster(self.url))
+
+    def write(self, ops, batch_id: int) -> dict:
+        """Apply `ops` (LIST_OPS_SCHEMA: a write phase, or a list of them applied one after the other; a phase is a
+        DataFrame or a (DataFrame, rows_at_most) pair as `ListView.phases` makes them); return {"lists": list
+        operations applied, "entries": entries added to lists}."""
+        url, written = self.url, [0, 0]
+        for phase in [ops] if isinstance(ops, (DataFrame, tuple)) else ops:
+            ops_df, at_most = phase if isinstance(phase, tuple) else (phase, None)
+            wire = self._wire(ops_df)
+            if at_most is not None and at_most <= self.DRIVER_ROWS:
+                done = _forward(wire.collect(), url)
+            else:
+                sc = ops_df.sparkSession.sparkContext
+                counters = (sc.accumulator(0), sc.accumulator(0))
+                wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
+                done = (counters[0].value, counters[1].value)
+            written = [written[0] + done[0], written[1] + done[1]]
+        return {"lists": written[0], "entries": written[1]}
+
+    def write_few(self, ops_df: DataFrame, batch_id: int) -> dict:
+        """`write` of one phase expected to be small whose size is not known: its first `DRIVER_ROWS` + 1 operations
+        are collected (one Spark job); when that is all of them they are applied from the driver, else the phase is
+        applied from the executors (computed again)."""
+        wire = self._wire(ops_df)
+        # Planned without whole-stage code generation: Spark names a limit's counter in the generated code from a
+        # process-wide sequence, so a stage holding a limit is compiled anew in every batch, where each operator's
+        # own code (a few rows go through it) is compiled once and cached.
+        conf = wire.sparkSession.conf
+        whole_stage = conf.get("spark.sql.codegen.wholeStage")
+        conf.set("spark.sql.codegen.wholeStage", "false")
+        try:
+            rows = wire.limit(self.DRIVER_ROWS + 1).collect()
+        finally:
+            conf.set("spark.sql.codegen.wholeStage", whole_stage)
+        if len(rows) > self.DRIVER_ROWS:
+            return self.write((ops_df, None), batch_id)
+        done = _forward(rows, self.url)
+        return {"lists": done[0], "entries": done[1]}
+
+
+# --- the read side ---
+
+
+def _missing(view: View, entry_id: str) -> dict:
+    """The fields of an entry whose body is gone (deleted meanwhile): null, the entry's own id where a field is it."""
+    return {
+        name: entry_id if sql.strip("` ") == view.entry.strip("` ") else None for name, sql in view.fields
+    }
+
+
+def _hydrate(client, view: View, generation: int, ids: list[str]) -> list[dict]:
+    pipe = client.pipeline(transaction=False)
+    for e in ids:
+        pipe.get(entry_key(view.name, generation, e))
+    return [
+        orjson.loads(body) if body else _missing(view, e) for e, body in zip(ids, pipe.execute(), strict=True)
+    ]
+
+
+# KEYS[1] = the key's list, KEYS[2] = the heavy values it reads (one hash slot: the key's); ARGV[1] = the last rank
+# to read (-1: all). One atomic read of both, so a mode switch between them is never half seen.
+_SNAPSHOT = {
+    descending: Script(
+        None,
+        f"return {{redis.call('{cmd}', KEYS[1], 0, ARGV[1], 'WITHSCORES'), redis.call('SMEMBERS', KEYS[2])}}".encode(),
+    )
+    for descending, cmd in ((True, "ZREVRANGE"), (False, "ZRANGE"))
+}
+
+
+def _pairs(flat) -> list[tuple[float, str]]:
+    """(score, entry) of a ZRANGE/ZREVRANGE ... WITHSCORES reply (member, score, member, score, ...)."""
+    return [(float(flat[i + 1]), flat[i].decode()) for i in range(0, len(flat), 2)]
+
+
+def _snapshots(client, view: View, generation: int, keys: list[str], stop: int):
+    """Per key: (list [(score, entry)] in order, [heavy values]), each key's read atomic (round trip 1; one script
+    call per key, all in one pipeline when there are several)."""
+    script = _SNAPSHOT[view.order[0][1]]
+    if len(keys) == 1:
+        names = [list_key(view.name, generation, keys[0]), reads_key(view.name, generation, keys[0])]
+        replies = [script(keys=names, args=[stop], client=client)]
+    else:
+        pipe = client.pipeline(transaction=False)
+        for k in keys:  # EVAL: a cluster pipeline blocks EVALSHA and eval()
+            names = (list_key(view.name, generation, k), reads_key(view.name, generation, k))
+            pipe.execute_command("EVAL", script.script, 2, *names, stop)
+        replies = pipe.execute()
+    return [(_pairs(own), sorted(h.decode() for h in heavy)) for own, heavy in replies]
+
+
+def _heavy(client, view: View, generation: int, job: str, values, stop: int) -> tuple[dict, int | None]:
+    """({value: [(score, entry)] in order}, the view's cap) in one pipelined round trip (one per node on a cluster):
+    the heavy values' entries and the cap recorded in the generation's meta hash."""
+    values = sorted(values)
+    pipe = client.pipeline(transaction=False)
+    read = pipe.zrevrange if view.order[0][1] else pipe.zrange
+    for v in values:
+        read(heavy_key(view.name, generation, v), 0, stop, withscores=True)
+    pipe.hget(meta_key(job, generation), "cap")
+    *sets, cap = pipe.execute()
+    got = {v: [(float(s), e.decode()) for e, s in entries] for v, entries in zip(values, sets, strict=True)}
+    return got, (int(cap) if cap is not None else None)
+
+
+def _merge(own: list, others: list[list], n: int | None, descending: bool) -> list[str]:
+    """The first `n` distinct entries of the union in the list's order (ties by the entry, in the same direction)."""
+    best: dict[str, float] = {}
+    for entries in (own, *others):
+        for score, e in entries:
+            if e not in best or (score > best[e] if descending else score < best[e]):
+                best[e] = score
+    ordered = sorted(((s, e) for e, s in best.items()), reverse=descending)
+    return [e for _, e in (ordered if n is None else ordered[:n])]
+
+
+def _cut(limit: int | None, cap: int | None) -> int | None:
+    return limit if cap is None else cap if limit is None else min(limit, cap)
+
+
+def read_list(client, view: View, job: str | None, key: str, limit: int | None = None) -> dict:
+    """The list of `key` in list view `view` (of job `job`, default the view's) as the view defines it:
+    `{"<key name>": key, "generation": g, "<items>": [{<fields>}, ...]}`, in the view's order, at most `limit`
+    (None: the whole list, `cap` entries at most). The one read path of the view (`mview query`, `export`, the web
+    page use it); it needs only a Redis client, never Spark.
+
+    The stored list holds the entries fanned out on write; the entries of the heavy values the key reads (a fan-out
+    limit) are merged in here, in order, duplicates once. Round trips: the generation pointer; the key's list and
+    `follows` set, read atomically (one hash slot); when it reads heavy values, their entries, pipelined (one round
+    trip per node); the entries' bodies. An entry whose body is gone by then (deleted meanwhile) is returned with
+    null fields (but the entry's own id)."""
+    job = job or view.job
+    generation = current_generation(client, job)
+    ids: list[str] = []
+    if limit is None or limit > 0:
+        stop = -1 if limit is None else limit - 1
+        [(own, heavy)] = _snapshots(client, view, generation, [key], stop)
+        if heavy:
+            entries, cap = _heavy(client, view, generation, job, heavy, stop)
+            ids = _merge(own, [entries[h] for h in heavy], _cut(limit, cap), view.order[0][1])
+        else:
+            ids = [e for _, e in own]
+    return {
+        view.key_name: key,
+        "generation": generation,
+        view.items_name: _hydrate(client, view, generation, ids),
+    }
+
+
+def query_list(client, view: View, key: str, limit: int | None = None) -> dict:
+    """`read_list(client, view, view.job, key, limit)` (the form `views.read.query_view` calls)."""
+    return read_list(client, view, view.job, key, limit)
+
+
+def export_list(client, view: View, job: str | None = None) -> Iterator[dict]:
+    """Every non-empty list as `{"<key name>": key, "<entries>": [entry ids in order]}`, ordered by key: the keys
+    with a stored list or a `follows` set, each read and merged as `read_list` does (500 keys per round trip, each
+    heavy value's entries read once)."""
+    job = job or view.job
+    generation = current_generation(client, job)
+    keys = sorted(
+        {
+            key_id(k)
+            for name in (view.name, f"{view.name}.{READS}")
+            for k in client.scan_iter(match=view_pattern(name, generation), count=1000)
+        }
+    )
+    heavy_entries: dict[str, list] = {}
+    cap = None
+    for i in range(0, len(keys), 500):
+        chunk = keys[i : i + 500]
+        snaps = _snapshots(client, view, generation, chunk, -1)
+        needed = {h for _, heavy in snaps for h in heavy} - heavy_entries.keys()
+        if needed:
+            more, cap = _heavy(client, view, generation, job, needed, -1)
+            heavy_entries.update(more)
+        for k, (own, heavy) in zip(chunk, snaps, strict=True):
+            own_ids = [e for _, e in own]
+            ids = _merge(own, [heavy_entries[h] for h in heavy], cap, view.order[0][1]) if heavy else own_ids
+            if ids:
+                yield {view.key_name: k, view.entries: ids}
