@@ -13,10 +13,10 @@ WEB_PORT ?= 8765
 UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop test lint fmt demo demo-cdc demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop hdfs hdfs-stop s3 s3-stop spark-cluster spark-cluster-stop test lint fmt demo demo-cdc demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "make setup: Java 17+ is needed by Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -48,6 +48,24 @@ kafka: setup ## start a development Kafka broker (KRaft, data in LAKE_DIR/kafka)
 
 kafka-stop: setup ## stop the Kafka broker `make kafka` started
 	@$(PY) -m jobs.devkafka stop
+
+hdfs: setup ## start a development HDFS (NameNode and DataNode in one JVM, data in LAKE_DIR/hdfs) at HDFS_URL (hdfs://127.0.0.1:9000) unless one answers there
+	@$(PY) -m jobs.dev.hdfs start
+
+hdfs-stop: setup ## stop the HDFS `make hdfs` started
+	@$(PY) -m jobs.dev.hdfs stop
+
+s3: setup ## start a development S3 server (S3Proxy, bucket mview, objects in LAKE_DIR/s3) at S3_ENDPOINT (http://127.0.0.1:9100) unless one answers there
+	@$(PY) -m jobs.dev.s3 start
+
+s3-stop: setup ## stop the S3 server `make s3` started
+	@$(PY) -m jobs.dev.s3 stop
+
+spark-cluster: setup ## start a Spark standalone master at the port of SPARK_MASTER (spark://127.0.0.1:7077) and SPARK_WORKERS (2) workers, each in its own directory under LAKE_DIR/spark-cluster
+	@$(PY) -m jobs.dev.spark_cluster start
+
+spark-cluster-stop: setup ## stop the master and workers `make spark-cluster` started
+	@$(PY) -m jobs.dev.spark_cluster stop
 
 test: setup ## run the test suite (starts its own redis-server on a free port)
 	$(PY) -m pytest -q tests

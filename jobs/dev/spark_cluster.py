@@ -13,7 +13,8 @@ venv's python (`PYSPARK_PYTHON`). Each worker offers `SPARK_WORKER_CORES` cores 
 - start: if something accepts connections at SPARK_MASTER's port (default `spark://127.0.0.1:7077`), nothing is
   done; else, for a loopback address, the master starts there (web UI on 8080 when free, else a port the OS
   picks) and `SPARK_WORKERS` workers (default 2), files under `dev_dir("spark-cluster")`
-  (LAKE_DIR/spark-cluster), pids in `pids`; returns once every worker has registered. Not loopback: an error.
+  (LAKE_DIR/spark-cluster), pids in `pids`, the web UI's URL in `web.url`; returns once every worker has
+  registered. Not loopback: an error.
 - stop: SIGTERM to the master and the workers (and their executors), SIGKILL after 30 s.
 """
 
@@ -178,6 +179,7 @@ def _start(master: str, workers: int) -> int:
     except DevServerFailed as e:
         print(f"make spark-cluster: {e}", file=sys.stderr)
         return 1
+    (base / "web.url").write_text(f"http://127.0.0.1:{web_port}\n")
     print(
         f"started a Spark {pyspark.__version__} standalone master at spark://127.0.0.1:{parsed.port} (web UI "
         f"http://127.0.0.1:{web_port}) and {workers} workers, each in its own directory under {base}; "
