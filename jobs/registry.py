@@ -46,7 +46,7 @@ JOBS: dict[str, JobSpec] = {
         ("tweets", "follows"),
         ("timeline",),
         "jobs.timeline:run_timeline",
-        ("tweet", "authored", "celebs"),
+        ("timeline.entry", "timeline.heavy", "timeline.follows"),  # views.list's other keys
     ),
     "clicks": JobSpec("clicks", ("searches", "clicks"), ("search_clicks", "ctr"), "jobs.clicks:run_clicks"),
     "enrichment": JobSpec(
