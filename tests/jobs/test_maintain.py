@@ -33,7 +33,7 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     set_generation(rclient, "timeline", 2)
     run_timeline(spark, settings, once=True)
     rclient.set("mv:timeline:1:{u1}", "stale")
-    rclient.set("mv:tweet:1:{t1}", "stale")
+    rclient.set("mv:timeline.entry:1:{t1}", "stale")
     rclient.hset("mv:meta:timeline:1", "last_batch_id", 9)
     for d in (checkpoint_dir(settings, "timeline", 1), state_dir(settings, "timeline", 1)):
         d.mkdir(parents=True)
@@ -49,7 +49,7 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     assert "topics/tweets" in report["optimized"] and "topics/follows" in report["vacuumed"]
     # The timeline's state is its own Parquet change log (compacted by the job), not a Delta table: left alone.
     assert not any(t.startswith("state/timeline/") for t in report["optimized"] + report["vacuumed"])
-    assert (state_dir(settings, "timeline", 2) / "changes" / "b0" / "_SUCCESS").exists()
+    assert (state_dir(settings, "timeline", 2) / "table" / "b0" / "_SUCCESS").exists()
     ops = [
         r[0]
         for r in spark.sql(f"DESCRIBE HISTORY delta.`{topic_path(settings.lake_dir, 'follows')}`")
