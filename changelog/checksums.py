@@ -33,7 +33,9 @@ from pathlib import Path
 __all__ = ["write_checksums", "checksum_path"]
 
 _MAX_WALK = 64  # versions walked back for a checksum to start from, or from version 0 (else none is written)
-_KNOWN_OPS = frozenset({"CREATE TABLE", "WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE", "OPTIMIZE"})
+_KNOWN_OPS = frozenset(
+    {"CREATE TABLE", "WRITE", "STREAMING UPDATE", "MERGE", "DELETE", "UPDATE", "OPTIMIZE", "ADD COLUMN"}
+)
 
 
 class _Inexact(Exception):

@@ -20,6 +20,7 @@ __all__ = [
     "NotStored",
     "IngestFailed",
     "UnknownTopic",
+    "TopicChanged",
     "KafkaUnavailable",
     "NotProduced",
     "line_ranges",
@@ -187,10 +188,30 @@ class IngestFailed(ChangelogError):
 
 
 class UnknownTopic(ChangelogError):
-    def __init__(self, topic: str, known: tuple[str, ...]):
-        super().__init__(f"unknown topic {topic!r}: choose one of {', '.join(known)}")
-        self.topic = topic
-        self.known = known
+    """`topic` is not a topic of the pipeline in use (`pipeline`: its file, when known); `known` are its topics."""
+
+    def __init__(self, topic: str, known: tuple[str, ...], pipeline: str | None = None):
+        where = f" of {pipeline}" if pipeline else ""
+        choose = (
+            f": choose one of the topics{where}: {', '.join(known)}" if known else f" in the pipeline{where}"
+        )
+        super().__init__(f"unknown topic {topic!r}{choose}")
+        self.topic, self.known, self.pipeline = topic, tuple(known), pipeline
+
+
+class TopicChanged(ChangelogError):
+    """The declaration of `topic` changed its fields in a way the records its log at `path` holds do not follow
+    (`changes`: each change in words, e.g. "field 'amount' is double, was bigint"). Only new optional fields may
+    be added to a topic that holds records; `where` is the declaration's place (`<file>:<line>: topics.<name>`)."""
+
+    def __init__(self, topic: str, path: str, changes: list[str], where: str | None = None):
+        self.topic, self.path, self.changes, self.where = topic, str(path), list(changes), where
+        super().__init__(
+            f"{where or 'topic ' + repr(topic)}: the declaration changed ({'; '.join(self.changes)}), but the log"
+            f" {self.path} holds records of the old fields, and only new optional fields can be added to it:"
+            f" declare the new fields as a new topic, or move the log's records away (e.g. to a new topic), remove"
+            f" the log and ingest them again, then `mview replay` the jobs that read it"
+        )
 
 
 class KafkaUnavailable(ChangelogError):

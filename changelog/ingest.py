@@ -63,9 +63,10 @@ from typing import BinaryIO
 import orjson
 
 from changelog import records
-from changelog.errors import IngestFailed, InvalidRecord, NotStored
-from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, parse_line
-from changelog.topics import RecordTable, append_table, ensure_topic, table_version
+from changelog.errors import IngestFailed, InvalidRecord, NotStored, TopicChanged
+from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, line_parser
+from changelog.topics import RecordTable, append_table, declared, open_topic, table_version
+from spec.model import Topic
 
 __all__ = [
     "IngestResult",
@@ -107,8 +108,9 @@ class IngestResult:
         return out
 
 
-def deadletter_path(lake_dir: Path, topic: str) -> Path:
-    return Path(lake_dir) / "deadletter" / f"{topic}.jsonl"
+def deadletter_path(lake_dir: Path, topic: Topic | str) -> Path:
+    """`LAKE_DIR/deadletter/<topic>.jsonl`: the topic's rejected records, with their reasons."""
+    return Path(lake_dir) / "deadletter" / f"{topic.name if isinstance(topic, Topic) else topic}.jsonl"
 
 
 def append_dead_letters(path: Path, entries: list[dict], key: Callable[[dict], tuple | None]) -> int:
@@ -233,13 +235,14 @@ def _dead_letter(name: str, lineno: int, raw: bytes, size: int, reason: str) -> 
     return orjson.dumps(entry) + b"\n"
 
 
-def _verdict(topic: str, raw: bytes, size: int) -> dict | str | None:
-    """A line's fate: its record, the reason it is rejected, or None for a blank line."""
+def _verdict(parse: Callable[[bytes], dict], raw: bytes, size: int) -> dict | str | None:
+    """A line's fate under `parse` (the topic's `line_parser`): its record, the reason it is rejected, or None for a
+    blank line."""
     try:
         check_record_size(size)
         if not raw.strip():
             return None
-        return parse_line(topic, raw)
+        return parse(raw)
     except InvalidRecord as e:
         return e.reason
 
@@ -370,9 +373,9 @@ class _File:
 
     def _read(self, fh: BinaryIO, lineno: int, offset: int) -> None:
         """Read from line `lineno` + 1 (at byte `offset`) to the end, committing piece by piece."""
-        ctx, topic, name = self.ctx, self.ctx.topic, self.name
+        ctx, topic, name, parse = self.ctx, self.ctx.topic, self.name, self.ctx.parse
         max_records, max_bytes, progress = ctx.commit_records, ctx.commit_bytes, ctx.progress
-        good, dead = RecordTable(topic), []
+        good, dead = RecordTable(ctx.declared), []
         first, start = lineno + 1, offset
         accepted = held = 0
         for raw, size, consumed in _read_lines(fh, at_start=offset == 0):
@@ -382,7 +385,7 @@ class _File:
                 check_record_size(size)
                 if not raw.strip():
                     continue
-                record = parse_line(topic, raw)
+                record = parse(raw)
             except InvalidRecord as e:
                 entry = _dead_letter(name, lineno, raw, size, e.reason)
                 dead.append(entry)
@@ -395,7 +398,7 @@ class _File:
                 progress(f"{topic}: {name}: {lineno:,} lines read")
             if accepted >= max_records or held >= max_bytes:
                 self._commit(good, accepted, dead, first, lineno, start, offset)
-                good, dead = RecordTable(topic), []
+                good, dead = RecordTable(ctx.declared), []
                 first, start = lineno + 1, offset
                 accepted = held = 0
         if accepted or (dead and (self.commits or self.committed)):
@@ -528,7 +531,7 @@ class _File:
             fh.seek(start)
             lines = _read_lines(fh, at_start=start == 0)
             for lineno, (raw, size, _consumed) in zip(range(first, last + 1), lines, strict=False):
-                verdict = _verdict(self.ctx.topic, raw, size)
+                verdict = _verdict(self.ctx.parse, raw, size)
                 if isinstance(verdict, str) and lineno not in seen:
                     missing.append(_dead_letter(done["file"], lineno, raw, size, verdict))
         self._write_dead_letters(missing, (first, last))
@@ -544,10 +547,12 @@ def _size(path: Path) -> int:
 
 @dataclass
 class _Context:
-    """What the files of one `ingest` call share: the topic's log (path and loaded table), the dead-letter log,
-    the commit bound."""
+    """What the files of one `ingest` call share: the topic (`topic` its name, `declared` its declaration, `parse`
+    its line parser), its log (path and loaded table), the dead-letter log, the commit bound."""
 
     topic: str
+    declared: Topic
+    parse: Callable[[bytes], dict]
     lake_dir: Path
     path: str
     table: object
@@ -569,7 +574,7 @@ class _Context:
 def ingest(
     spark,
     lake_dir: Path,
-    topic: str,
+    topic: Topic | str,
     sources: list[str],
     *,
     progress: Callable[[str], None] | None = None,
@@ -577,7 +582,8 @@ def ingest(
     commit_bytes: int = COMMIT_BYTES,
     quiet: bool = False,
 ) -> IngestResult:
-    """Append the valid records of each source file (`-` = stdin) to `topic`; return the counts of this run.
+    """Append the valid records of each source file (`-` = stdin) to `topic` (a `spec.model.Topic`, or a name of
+    the pipeline of the environment: `changelog.topics.declared`); return the counts of this run.
 
     Each file is committed in one commit, or in pieces of at most `commit_records` records / `commit_bytes` bytes
     (module docstring); a file an earlier run committed (in part) goes on after its last committed line. Raises
@@ -585,18 +591,22 @@ def ingest(
     `quiet` (the command line's): delta-rs's report of a Rust panic on such a failure is not shown on stderr, which
     is captured around each commit (`_rust_report_hidden`).
 
+    A declaration its log's records do not follow raises `TopicChanged` before anything is read
+    (`changelog.topics.open_topic`).
+
     Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
     change."""
-    from deltalake import DeltaTable
-
+    spec = declared(topic)
+    topic = spec.name
     lake_dir = Path(lake_dir)
     result = IngestResult(topic)
     try:
         with _rust_report_hidden(quiet):
-            path = ensure_topic(None, lake_dir, topic)
-            table = DeltaTable(path)
+            path, table = open_topic(lake_dir, spec)
         dl_path = deadletter_path(lake_dir, topic)
         dl_path.parent.mkdir(parents=True, exist_ok=True)
+    except TopicChanged:
+        raise
     except BaseException as e:
         if not _failure(e) or not sources:
             raise
@@ -609,7 +619,19 @@ def ingest(
             not_read=len(sources) - 1,
             lake_dir=str(lake_dir),
         ) from None
-    ctx = _Context(topic, lake_dir, path, table, dl_path, commit_records, commit_bytes, progress, quiet)
+    ctx = _Context(
+        topic,
+        spec,
+        line_parser(spec),
+        lake_dir,
+        path,
+        table,
+        dl_path,
+        commit_records,
+        commit_bytes,
+        progress,
+        quiet,
+    )
     for i, source in enumerate(sources):
         started = time.monotonic()
         f = _File(ctx, source, not_read=len(sources) - i - 1)

@@ -3,10 +3,9 @@
 - Topic `T` of the lake is the Kafka topic `<KAFKA_TOPIC_PREFIX>T` (`kafka_topic`); a message's value is one
   record, exactly as a line of a JSON-lines file, and its key only places it in a partition.
 - `publish` (and `produce`, its count) publishes every non-blank line of its sources as one message,
-  unvalidated. The key is the record's entity key (`entity_key`: tweets by tweet_id, follows by the
-  follower/followee pair, searches and clicks by session_id, activity and profiles by user_id) when the line is a
-  JSON object that holds it, else no key: one entity's records stay in one partition, in the order they were
-  produced. A line over `MAX_MESSAGE_BYTES` is no message: it is skipped and reported with its file, line and size
+  unvalidated. The key is the record's `id` (an event topic) or `key` (a table topic) (`kafka_key`: the fields'
+  values, several joined by U+0000) when the line is a JSON object that holds them, else no key: the records of
+  one id or key stay in one partition, in the order they were produced. A line over `MAX_MESSAGE_BYTES` is no message: it is skipped and reported with its file, line and size
   (it could never be a record: the maximum record size is half of it), and the lines after it are sent. A line
   over the maximum record size but within `MAX_MESSAGE_BYTES` is sent, without a key, and the `kafka` job
   dead-letters it with its size, as `mview ingest` would. It returns once the broker has acknowledged every
@@ -18,7 +17,8 @@
 - `end_offsets` (per partition, the offset the next message will get) and `committed_offsets` (where a Spark
   Kafka source's checkpoint has committed to) give the `kafka` job's lag (`lag`).
 - `copy_batch` copies one micro-batch of messages into the topics' Delta logs, exactly once per (app id, batch
-  id): every message is validated by `changelog.records.parse_line`, the one definition `mview ingest` uses;
+  id): every message is validated against its topic's declaration (`changelog.records`), the one definition
+  `mview ingest` uses;
   the valid records of a topic are appended in one Delta commit (delta-rs) that records a Delta transaction
   (app id, batch id), skipped when the log already holds that transaction (a batch replayed after a crash
   commits nothing twice), the rejected ones are appended to the
@@ -49,14 +49,15 @@ from pathlib import Path
 import orjson
 
 from changelog.errors import InvalidRecord, KafkaUnavailable, NotProduced
-from changelog.records import MAX_RECORD_BYTES, parse_line
+from changelog.records import MAX_RECORD_BYTES, line_parser
+from changelog.topics import declared
+from spec.model import Topic
 
 __all__ = [
     "PARTITIONS",
     "MAX_MESSAGE_BYTES",
-    "ENTITY_KEYS",
     "kafka_topic",
-    "entity_key",
+    "kafka_key",
     "probe",
     "ensure_kafka_topics",
     "watermarks",
@@ -75,14 +76,6 @@ PARTITIONS = 3  # partitions of a Kafka topic that mview creates
 # The largest message the producer sends and a topic mview creates accepts: a line a little over the maximum
 # record size still reaches the `kafka` job, which rejects it with its size like `mview ingest` does.
 MAX_MESSAGE_BYTES = 2 * MAX_RECORD_BYTES
-ENTITY_KEYS: dict[str, tuple[str, ...]] = {
-    "tweets": ("tweet_id",),
-    "follows": ("follower_id", "followee_id"),
-    "searches": ("session_id",),
-    "clicks": ("session_id",),
-    "activity": ("user_id",),
-    "profiles": ("user_id",),
-}
 _BOM = b"\xef\xbb\xbf"
 _QUIET = logging.getLogger(
     "mview.kafka.client"
@@ -91,26 +84,31 @@ _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
-def kafka_topic(prefix: str, topic: str) -> str:
-    return f"{prefix}{topic}"
+def kafka_topic(prefix: str, topic: Topic | str) -> str:
+    """The Kafka topic of a lake topic: `<KAFKA_TOPIC_PREFIX><topic>`."""
+    return f"{prefix}{topic.name if isinstance(topic, Topic) else topic}"
 
 
-def entity_key(topic: str, line: bytes) -> bytes | None:
-    """The partition key of a line of `topic`: its entity's id(s), or None if the line does not hold them."""
+def kafka_key(topic: Topic, line: bytes) -> bytes | None:
+    """The message key of a line of `topic`: the values of its record's `id` (event topic) or `key` (table topic)
+    fields, several joined by U+0000; None unless the line is a JSON object in which each of them is a non-empty
+    string or an integer (as text). The key only places a message in a partition: it never changes its meaning."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         return None
-    fields = ENTITY_KEYS[topic]
-    if len(fields) == 1:  # most topics: one id, no join
-        part = obj.get(fields[0])
-        return part.encode() if isinstance(part, str) and part else None
-    parts = [obj.get(f) for f in fields]
-    if not all(isinstance(p, str) and p for p in parts):
-        return None
-    return "\x00".join(parts).encode()  # ids hold no control character: the separator is unambiguous
+    parts = []
+    for name in topic.identity:
+        value = obj.get(name)
+        if type(value) is str and value:
+            parts.append(value)
+        elif type(value) is int:
+            parts.append(str(value))
+        else:
+            return None
+    return (parts[0] if len(parts) == 1 else "\x00".join(parts)).encode("utf-8", "surrogatepass")
 
 
 def _config(bootstrap: str, **extra) -> dict:
@@ -333,16 +331,18 @@ def _interrupt_stops(stop: list[str]) -> Iterator[None]:
 
 
 def publish(
-    bootstrap: str, prefix: str, topic: str, sources: list[str], *, timeout: float = 10.0
+    bootstrap: str, prefix: str, topic: Topic | str, sources: list[str], *, timeout: float = 10.0
 ) -> ProduceResult:
-    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (created if
-    missing) and report exactly what the broker acknowledged (module docstring). Raises `NotProduced`, its
-    `result` the report, when a line was not acknowledged; `KafkaUnavailable` when no broker answers at the start.
+    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (a `Topic`, or a name
+    of the pipeline of the environment; created if missing) and report exactly what the broker acknowledged
+    (module docstring). Raises `NotProduced`, its `result` the report, when a line was not acknowledged;
+    `KafkaUnavailable` when no broker answers at the start.
     """
     from confluent_kafka import KafkaError, KafkaException, Producer
 
     from changelog.ingest import _rest_of_line
 
+    topic = declared(topic)
     name = kafka_topic(prefix, topic)
     ensure_kafka_topics(bootstrap, [name], timeout=timeout)
     result = ProduceResult(name)
@@ -395,7 +395,7 @@ def publish(
                 continue
             if not line.strip():
                 continue
-            key = entity_key(topic, line) if size <= MAX_RECORD_BYTES else None
+            key = kafka_key(topic, line) if size <= MAX_RECORD_BYTES else None
             try:
                 while True:
                     try:
@@ -448,7 +448,9 @@ def publish(
     return result
 
 
-def produce(bootstrap: str, prefix: str, topic: str, sources: list[str], *, timeout: float = 10.0) -> int:
+def produce(
+    bootstrap: str, prefix: str, topic: Topic | str, sources: list[str], *, timeout: float = 10.0
+) -> int:
     """`publish`, returning how many messages the broker acknowledged (all of them, or NotProduced is raised)."""
     return publish(bootstrap, prefix, topic, sources, timeout=timeout).produced
 
@@ -474,17 +476,18 @@ def dead_letter(kafka_topic_name: str, partition: int, offset: int, raw: bytes, 
     }
 
 
-def _validate(rows, names: dict[str, str]) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
-    """Per lake topic, the valid records and the dead-letter entries of `rows`, in offset order. A blank message
-    (empty, only whitespace, or null) is skipped, as `mview ingest` skips a blank line."""
-    good: dict[str, list[dict]] = {t: [] for t in names.values()}
-    dead: dict[str, list[dict]] = {t: [] for t in names.values()}
+def _validate(rows, names: dict[str, Topic]) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """Per lake topic (by name), the valid records and the dead-letter entries of `rows`, in offset order. A blank
+    message (empty, only whitespace, or null) is skipped, as `mview ingest` skips a blank line."""
+    good: dict[str, list[dict]] = {t.name: [] for t in names.values()}
+    dead: dict[str, list[dict]] = {t.name: [] for t in names.values()}
+    parsers = {name: line_parser(t) for name, t in names.items()}
     for name, partition, offset, value in sorted(rows, key=lambda r: (r[0], r[1], r[2])):
-        topic, raw = names[name], bytes(value or b"")
+        topic, raw = names[name].name, bytes(value or b"")
         if len(raw) <= MAX_RECORD_BYTES and not raw.strip():
             continue
         try:
-            good[topic].append(parse_line(topic, raw))
+            good[topic].append(parsers[name](raw))
         except InvalidRecord as e:
             dead[topic].append(dead_letter(name, partition, offset, raw, e.reason))
     return good, dead
@@ -497,16 +500,15 @@ def _dead_letter_key(e: dict) -> tuple | None:
     return None
 
 
-def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version: int) -> None:
-    """Append `lines` (validated records) to the topic's log in one commit that records the Delta transaction
-    (`app_id`, `version`), unless a commit of this log already recorded `version` or a later one for `app_id`."""
-    from deltalake import DeltaTable
-
+def _append(opened: tuple, topic: Topic, lines: list[dict], app_id: str, version: int) -> None:
+    """Append `lines` (validated records) to the topic's log (`opened`: its path and loaded table) in one commit
+    that records the Delta transaction (`app_id`, `version`), unless a commit of this log already recorded
+    `version` or a later one for `app_id`."""
     from changelog.errors import NotStored
-    from changelog.topics import RecordTable, append_table, ensure_topic
+    from changelog.topics import RecordTable, append_table
 
-    path = ensure_topic(None, lake_dir, topic)
-    done = DeltaTable(path).transaction_version(app_id)
+    path, log = opened
+    done = log.transaction_version(app_id)
     if done is not None and done >= version:  # committed before a crash: the replayed batch adds nothing
         return
     batches = RecordTable(topic)
@@ -514,20 +516,29 @@ def _append(lake_dir: Path, topic: str, lines: list[dict], app_id: str, version:
         batches.add(record)
     table = batches.table()
     if batches.unfit is not None:  # as ingest: nothing of the batch, never a record silently left out
-        raise NotStored(topic, f"kafka batch {version}", len(lines), batches.unfit)
-    append_table(path, table, note=f"kafka batch {version}", transactions=((app_id, version),))
+        raise NotStored(topic.name, f"kafka batch {version}", len(lines), batches.unfit)
+    append_table(
+        path, table, note=f"kafka batch {version}", transactions=((app_id, version),), delta_table=log
+    )
 
 
-def copy_batch(lake_dir: Path, names: dict[str, str], rows, *, app_id: str, version: int) -> dict:
+def copy_batch(lake_dir: Path, names: dict[str, Topic | str], rows, *, app_id: str, version: int) -> dict:
     """Copy one micro-batch: `rows` are (Kafka topic, partition, offset, value) of the Kafka topics `names`
-    (Kafka topic -> lake topic). Returns per lake topic {"accepted": n, "rejected": m} of the batch's messages.
-    Needs no Spark: the logs are appended to with delta-rs, the Delta protocol Spark reads."""
+    (Kafka topic -> lake topic, a `Topic` or a name of the pipeline of the environment). Returns per lake topic
+    (by name) {"accepted": n, "rejected": m} of the batch's messages. Needs no Spark: the logs are appended to with
+    delta-rs, the Delta protocol Spark reads."""
     from changelog.ingest import append_dead_letters, deadletter_path
+    from changelog.topics import open_topic
 
+    names = {name: declared(t) for name, t in names.items()}
+    by_name = {t.name: t for t in names.values()}
     good, dead = _validate(rows, names)
+    # every topic the batch writes to, opened first: a declaration its log's records do not follow is refused
+    # (`TopicChanged`) before anything of the batch is written
+    opened = {t: open_topic(lake_dir, by_name[t]) for t in good if good[t] or dead[t]}
     for topic, records in good.items():
         if records:
-            _append(lake_dir, topic, records, f"{app_id}.{topic}", version)
+            _append(opened[topic], by_name[topic], records, f"{app_id}.{topic}", version)
     for topic, entries in dead.items():
         if entries:
             append_dead_letters(deadletter_path(lake_dir, topic), entries, _dead_letter_key)

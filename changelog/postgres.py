@@ -1,45 +1,61 @@
-"""Change data capture of a PostgreSQL table into the `profiles` topic, by logical replication (`pgoutput`).
+"""Change data capture of PostgreSQL tables into their topics, by logical replication (`pgoutput`).
 
-The table (`PgSource.table`) has the primary key `user_id` and text columns `name`, `country`, optionally
-`updated_at timestamptz`. The capture owns a publication and a logical replication slot, both named
-`PgSource.slot`.
+Every topic of the pipeline with `capture: {postgres: <table>}` (`PgSource.topics`) is filled from its table: one
+publication and one logical replication slot, both named `PgSource.slot`, for all of them. A table needs a
+primary key (or `REPLICA IDENTITY FULL`), and a column for each field of its topic: the column of the same name,
+or the one `capture.columns` names (`spec.model.Capture.column`); an optional field's column and the time field's
+column may be missing (null, and the commit time). A column's type must fit its field's:
 
-- First start (no slot): creates the publication `FOR TABLE` the table and the slot (`CREATE_REPLICATION_SLOT
-  ... LOGICAL pgoutput EXPORT_SNAPSHOT`), reads every row in the snapshot the slot exported (a second connection,
-  `SET TRANSACTION SNAPSHOT`) and appends them as upserts in one Delta commit; then streams from the slot's
-  consistent point, so no change is lost or doubled between the snapshot and the stream. A snapshot row's `ts` is
-  its `updated_at` when not null, else the time the snapshot was taken: the server's clock just before the slot
-  was made, less 1 ms, so it is earlier than the commit time of every streamed change.
-- Stream: every committed transaction, in commit order. Insert and update -> `{"op":"upsert","user_id","name",
-  "country","ts"}` with `ts` = the new row's `updated_at` when the column exists and is not null, else the commit
-  time (epoch ms); delete -> `{"op":"delete","user_id","ts"}` with the commit time. An update that changes the
-  key also deletes the old key. Several changes of one key in one transaction give one record, the state at
-  the commit (the only one another transaction could see). Each record is validated by
-  `changelog.records.validate`.
-- Exactly once: transactions are appended to the topic's Delta log whole, several per commit, and each commit
+| field type | PostgreSQL column types |
+|---|---|
+| id, string | text, varchar, char, uuid (as text) |
+| long | smallint, integer, bigint |
+| double | real, double precision, numeric (a float; NaN, infinity or one out of its range is a dead letter), or an integer type |
+| boolean | boolean |
+| timestamp | timestamptz, timestamp (read as UTC); epoch ms |
+
+- First start (no slot): creates the publication `FOR TABLE` the tables and the slot (`CREATE_REPLICATION_SLOT
+  ... LOGICAL pgoutput EXPORT_SNAPSHOT`), reads every row of every table in the snapshot the slot exported (a
+  second connection, `SET TRANSACTION SNAPSHOT`) and appends them as upserts, one Delta commit per topic; then
+  streams from the slot's consistent point, so no change is lost or doubled between the snapshot and the stream. A
+  snapshot row's time is its time column when not null, else the time the snapshot was taken: the server's clock
+  just before the slot was made, less 1 ms, so it is earlier than the commit time of every streamed change. With
+  several tables, the snapshot's records are first written to a staging directory beside the slot's marker, so a
+  start killed between the topics' commits completes the others from it on the next start.
+- Stream: every committed transaction, in commit order. Insert and update -> an upsert of the new row (the
+  topic's `op` upsert name when it has `op:`) with the time field = its column when the column exists and is not
+  null, else the commit time (epoch ms); delete -> a remove (the topic's remove name) of the old row's key (and
+  `remove_fields`) at the commit time. An update that changes the key also removes the old key. Several changes of
+  one key in one transaction give one record, the state at the commit (the only one another transaction could
+  see). Each record is validated against its topic (`changelog.records.validate`), as the same record from a
+  file or Kafka would be.
+- Exactly once: transactions are appended to the topics' Delta logs whole, several per commit, and each commit
   records the end LSN of its last transaction as Delta's idempotent transaction (`txn`: app id `cdc:<slot>`,
-  version = the LSN as an integer). The slot's flushed position is confirmed to the server only after that
-  commit; on a restart, transactions ending at or below the recorded LSN are skipped. A slot whose snapshot was
-  never committed (killed during the first start) is dropped and made again. A dropped slot (`drop_slot`) means
-  the next start takes a new snapshot.
-- Bad rows and schema drift never become a wrong version: a change that is not a valid record (null or empty
-  key, a null `name`/`country`, an `updated_at` out of range), a change of a table whose columns no longer fit (a
-  required column dropped or renamed, a column of another type), an unchanged TOASTed value the server did not
-  send, and a TRUNCATE become dead letters in `LAKE_DIR/deadletter/profiles.jsonl` (`{"file","line","lsn",
-  "reason","raw","raw_bytes","at"}`, `file` = `postgresql:<table>`, `line` = the change's place in its
-  transaction, `lsn` = the transaction's commit LSN), each once: a transaction the slot sends again after a crash
-  before its commit finds its dead letters written and adds none; capture goes on with the next change. A table
-  that does not fit at the first start is an error (`CdcFailed`), and nothing is captured.
-- `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()` then) is
-  in the log. Otherwise runs until `stop` is set.
-- `progress`, after the snapshot's commit and each commit of the stream: the run's counts so far (`appended`, `rejected`), the `lsn`
-  recorded, and the `seconds` the commit took (the Delta append and the slot's confirmation).
+  version = the LSN as an integer), per log. The slot's flushed position is confirmed to the server only after
+  every log's commit; on a restart, each log skips the transactions ending at or below the LSN it recorded. A
+  slot whose snapshot is in no log (killed during the first start) is dropped and made again. A dropped slot
+  (`drop_slot`) means the next start takes a new snapshot.
+- Bad rows and schema drift never become a wrong version: a change that is not a valid record (a null or empty
+  key, a null required field, a time out of range, a number that does not fit), a change of a table whose columns
+  no longer fit (a required column dropped or renamed, a column of another type), an unchanged TOASTed value the
+  server did not send, a delete on a topic without `op:`, and a TRUNCATE become dead letters in
+  `LAKE_DIR/deadletter/<topic>.jsonl` (`{"file","line","lsn","reason","raw","raw_bytes","at"}`, `file` =
+  `postgresql:<table>`, `line` = the change's place in its transaction, `lsn` = the transaction's commit LSN),
+  each once: a transaction the slot sends again after a crash before its commit finds its dead letters written
+  and adds none; capture goes on with the next change. A table that does not fit at the start is an error
+  (`CdcFailed`, one line), and nothing is captured.
+- `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()`
+  then) is in the logs. Otherwise runs until `stop` is set.
+- `progress`, after the snapshot's commits and each commit of the stream: the run's counts so far (`appended`,
+  `rejected`, and per topic in `topics`: its records and dead letters), the `lsn` recorded, and the `seconds`
+  the commit took (the Delta appends and the slot's confirmation).
 """
 
 from __future__ import annotations
 
 import re
 import select
+import shutil
 import struct
 import time
 from collections.abc import Callable
@@ -58,27 +74,61 @@ from changelog.errors import (
     redact,
 )
 from changelog.records import dead_letter_raw, validate
+from spec.model import Topic
 
-__all__ = ["PgSource", "capture", "probe", "wal_lag", "drop_slot", "shown_dsn", "lsn_text"]
+__all__ = ["PgSource", "capture", "probe", "wal_lag", "drop_slot", "shown_dsn", "lsn_text", "captured_topics"]
 
 _PG_EPOCH_MS = 946_684_800_000  # 2000-01-01T00:00:00Z, PostgreSQL's epoch, in Unix epoch ms
-_TEXT = {25: "text", 1043: "varchar", 1042: "char"}
-_TIMESTAMPTZ = 1184
-_REQUIRED = ("user_id", "name", "country")
 _UNCHANGED = object()  # an unchanged TOASTed value pgoutput did not send
 _FLUSH_ROWS = 50_000  # a Delta commit closes after the transaction that brings it to this many records
 _FLUSH_S = 0.5  # or when this long has passed since its first transaction
 
+# PostgreSQL's type oids and names, by what they read as
+_TEXT = {25: "text", 1043: "varchar", 1042: "char", 2950: "uuid"}
+_INTEGER = {21: "smallint", 23: "integer", 20: "bigint"}
+_FLOAT = {700: "real", 701: "double precision", 1700: "numeric"}
+_BOOLEAN = {16: "boolean"}
+_TIMESTAMP = {1184: "timestamptz", 1114: "timestamp"}
+_FITS: dict[str, dict[int, str]] = {  # field type -> the column types that fill it
+    "id": _TEXT,
+    "string": _TEXT,
+    "long": _INTEGER,
+    "double": {**_FLOAT, **_INTEGER},
+    "boolean": _BOOLEAN,
+    "timestamp": _TIMESTAMP,
+}
+
+
+def captured_topics(topics) -> tuple[Topic, ...]:
+    """The topics of `topics` (a pipeline's, in declared order) that have `capture: {postgres: ...}`."""
+    return tuple(t for t in topics if t.capture is not None and t.capture.postgres)
+
 
 @dataclass(frozen=True)
 class PgSource:
+    """What the `cdc` job captures: the database at `dsn`, the tables of `topics` (each with `capture`), through
+    the publication and slot `slot`."""
+
     dsn: str = field(repr=False)  # may hold a password
-    table: str
+    topics: tuple[Topic, ...]
     slot: str
+
+    def __post_init__(self) -> None:
+        if not self.topics or any(t.capture is None for t in self.topics):
+            raise ValueError("PgSource captures topics with `capture: {postgres: <table>}`, at least one")
 
     @property
     def app_id(self) -> str:
         return f"cdc:{self.slot}"
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The captured tables, as their topics name them (`schema.table` or `table`)."""
+        return tuple(t.capture.postgres for t in self.topics)
+
+    @property
+    def shown_tables(self) -> str:
+        return ", ".join(self.tables)
 
 
 def shown_dsn(dsn: str) -> str:
@@ -128,37 +178,56 @@ def _ident(table: str) -> str:
     return ".".join('"' + p.replace('"', '""') + '"' for p in _split(table))
 
 
-# --- the table's shape ----------------------------------------------------------------------------------------
+# --- the tables' shape ----------------------------------------------------------------------------------------
 
 
-def _schema_problem(table: str, columns: dict[str, int]) -> str | None:
-    """Why a table with `columns` (name -> type oid) cannot be captured, or None."""
-    for name in _REQUIRED:
-        if name not in columns:
-            return (
-                f"table {table} has no column {name!r} (dropped or renamed?): the cdc job needs user_id, name,"
-                " country (text) and optionally updated_at (timestamptz)"
+def _type_name(oid: int) -> str:
+    for names in (_TEXT, _INTEGER, _FLOAT, _BOOLEAN, _TIMESTAMP):
+        if oid in names:
+            return names[oid]
+    return f"oid {oid}"
+
+
+def _schema_problem(table: str, columns: dict[str, int], topic: Topic) -> str | None:
+    """Why a table with `columns` (name -> type oid) cannot fill `topic`, or None."""
+    column = topic.capture.column
+    for name, kind in topic.fields:
+        col = column(name)
+        if col not in columns:
+            if name in topic.optional or name == topic.time:
+                continue
+            needed = ", ".join(
+                f"{column(n)} ({t})" for n, t in topic.fields if n not in topic.optional and n != topic.time
             )
-        if columns[name] not in _TEXT:
-            return f"column {table}.{name} has type oid {columns[name]}, not text: alter it to text"
-    if "updated_at" in columns and columns["updated_at"] != _TIMESTAMPTZ:
-        return f"column {table}.updated_at has type oid {columns['updated_at']}, not timestamptz: alter it"
+            return (
+                f"table {table} has no column {col!r} (dropped or renamed?): the cdc job fills topic"
+                f" {topic.name} from its columns {needed}, and optionally {column(topic.time)} (its time)"
+            )
+        if columns[col] not in _FITS[kind]:
+            return (
+                f"column {table}.{col} has type {_type_name(columns[col])}, which does not fill the {kind} field"
+                f" {name!r} of topic {topic.name}: alter it to {' or '.join(_FITS[kind].values())}"
+            )
     return None
 
 
-def _check_table(cur, source: PgSource) -> dict[str, int]:
-    """The table's columns (name -> type oid); `CdcFailed` if it does not exist, does not fit, or cannot
-    publish its updates and deletes (no primary key and no REPLICA IDENTITY FULL)."""
-    cur.execute("SELECT to_regclass(%s)::oid", (_ident(source.table),))
+def _check_table(cur, source: PgSource, topic: Topic) -> dict[str, int]:
+    """The columns (name -> type oid) of `topic`'s table; `CdcFailed` if it does not exist, does not fit, or
+    cannot publish its updates and deletes with the topic's key (no primary key and no REPLICA IDENTITY FULL, or
+    a key outside the replica identity)."""
+    table = topic.capture.postgres
+    cur.execute("SELECT to_regclass(%s)::oid", (_ident(table),))
     (oid,) = cur.fetchone()
     if oid is None:
-        raise CdcFailed(f"no table {source.table} in the database at PG_DSN: create it or set PG_TABLE")
+        raise CdcFailed(
+            f"no table {table} in the database at PG_DSN: create it, or change the `capture` of topic {topic.name}"
+        )
     cur.execute(
         "SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
         (oid,),
     )
     columns = dict(cur.fetchall())
-    problem = _schema_problem(source.table, columns)
+    problem = _schema_problem(table, columns, topic)
     if problem:
         raise CdcFailed(problem)
     cur.execute(
@@ -167,17 +236,32 @@ def _check_table(cur, source: PgSource) -> dict[str, int]:
         (oid, oid),
     )
     ident, has_pk = cur.fetchone()
+    keys = [topic.capture.column(k) for k in topic.key or topic.identity]
     if ident == "n" or (ident == "d" and not has_pk):
         raise CdcFailed(
-            f"table {source.table} has no primary key, so PostgreSQL cannot publish its updates and deletes:"
-            f" add one (user_id) or ALTER TABLE {source.table} REPLICA IDENTITY FULL"
+            f"table {table} has no primary key, so PostgreSQL cannot publish its updates and deletes:"
+            f" add one ({', '.join(keys)}) or ALTER TABLE {table} REPLICA IDENTITY FULL"
         )
+    if ident in ("d", "i") and topic.op is not None:
+        cur.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+            " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND"
+            " CASE WHEN %s = 'd' THEN i.indisprimary ELSE i.indisreplident END",
+            (oid, ident),
+        )
+        identity = {r[0] for r in cur.fetchall()}
+        needed = keys + [topic.capture.column(f) for f in topic.remove_fields]
+        outside = [c for c in needed if c in columns and c not in identity]
+        if outside:
+            raise CdcFailed(
+                f"table {table}: a delete names only its replica identity ({', '.join(sorted(identity))}), not"
+                f" {', '.join(outside)}, which a remove of topic {topic.name} needs: make the key of the topic the"
+                f" table's primary key, or ALTER TABLE {table} REPLICA IDENTITY FULL"
+            )
     return columns
 
 
 # --- pgoutput (protocol version 1) ----------------------------------------------------------------------------
-
-
 class _Reader:
     __slots__ = ("b", "i")
 
@@ -215,8 +299,10 @@ class _Reader:
 
 @dataclass
 class _Relation:
-    name: str
+    name: str  # the table, as pgoutput names it (`schema.table`) or as its topic does (the snapshot)
     columns: list[str]
+    types: dict[str, int]  # column -> type oid
+    topic: Topic | None  # None: a published table no topic captures
     problem: str | None
 
 
@@ -225,9 +311,28 @@ class _Txn:
     commit_lsn: int
     commit_ms: int
     end_lsn: int = 0
-    records: dict[str, dict] = field(default_factory=dict)  # user_id -> its last change in the transaction
-    dead: list[dict] = field(default_factory=list)
+    records: dict[tuple, dict] = field(
+        default_factory=dict
+    )  # (topic, key) -> its last change in the transaction
+    dead: list[tuple[str, dict]] = field(default_factory=list)  # (topic, dead letter)
     changes: int = 0  # row changes so far: a dead letter's `line` is its change's place in the transaction
+
+
+def _read(text: str | None, oid: int | None):
+    """A column's text (pgoutput's, or a `::text` cast's) as the value its field's check expects."""
+    if text is None or oid is None:
+        return None
+    if oid in _TEXT:
+        return text
+    if oid in _INTEGER:
+        return int(text)
+    if oid in _FLOAT:
+        return float(text)  # NaN, infinity and a numeric out of a float's range: rejected as not finite
+    if oid in _BOOLEAN:
+        return text in ("t", "true")
+    if oid == 1114 and text[:1].isdigit():  # timestamp without time zone: read as UTC
+        return text + "+00:00"
+    return text  # timestamptz: ISO-8601 with its zone, judged by the record's rules
 
 
 class _Decoder:
@@ -235,6 +340,7 @@ class _Decoder:
 
     def __init__(self, source: PgSource):
         self.source = source
+        self.by_table = {_split(t.capture.postgres): t for t in source.topics}
         self.relations: dict[int, _Relation] = {}
         self.txn: _Txn | None = None
 
@@ -253,20 +359,33 @@ class _Decoder:
         elif kind in (b"I", b"U", b"D"):
             self._change(kind, r)
         elif kind == b"T":
-            self._bad(None, "TRUNCATE is not captured: the rows it removed stay in the changelog", {})
+            (count,) = r.unpack("!i")
+            r.unpack("!b")  # options
+            for relid in r.unpack(f"!{count}i") if count > 0 else ():
+                self._bad(
+                    self.relations.get(relid),
+                    "TRUNCATE is not captured: the rows it removed stay in the changelog",
+                    {},
+                )
         return None
 
     def _relation(self, r: _Reader) -> None:
         (relid,) = r.unpack("!i")
         schema, name = r.string(), r.string()
         _ident_, ncols = r.unpack("!bh")
-        columns: dict[str, int] = {}
+        types: dict[str, int] = {}
         for _ in range(ncols):
             r.unpack("!b")
             col = r.string()
-            columns[col] = r.unpack("!ii")[0]
+            types[col] = r.unpack("!ii")[0]
         table = f"{schema}.{name}"
-        self.relations[relid] = _Relation(table, list(columns), _schema_problem(table, columns))
+        topic = self.by_table.get((schema, name))
+        problem = (
+            _schema_problem(table, types, topic)
+            if topic
+            else f"table {table} is published, but no topic captures it"
+        )
+        self.relations[relid] = _Relation(table, list(types), types, topic, problem)
 
     def _change(self, kind: bytes, r: _Reader) -> None:
         (relid,) = r.unpack("!i")
@@ -282,6 +401,31 @@ class _Decoder:
             new = dict(zip(rel.columns, r.tuple(), strict=True))
         self.apply(rel, old, new)
 
+    def _key(self, rel: _Relation, row: dict) -> tuple:
+        column = rel.topic.capture.column
+        return tuple(row.get(column(k)) for k in rel.topic.identity)
+
+    def _upsert(self, rel: _Relation, row: dict, ms: int) -> dict:
+        """The upsert of the topic for the table's `row` (column texts), not yet validated."""
+        topic, column, types = rel.topic, rel.topic.capture.column, rel.types
+        record = {"op": topic.op[0]} if topic.op else {}
+        for name in topic.names:
+            record[name] = _read(row.get(column(name)), types.get(column(name)))
+        if record[topic.time] is None:
+            record[topic.time] = ms
+        return record
+
+    def _remove(self, rel: _Relation, row: dict, ms: int) -> dict:
+        """The remove of the topic for the deleted `row` (its replica identity's columns), not yet validated."""
+        topic, column, types = rel.topic, rel.topic.capture.column, rel.types
+        kept = set(topic.identity) | set(topic.remove_fields)
+        record = {"op": topic.op[1]}
+        for name in topic.names:
+            if name in kept:
+                record[name] = _read(row.get(column(name)), types.get(column(name)))
+        record[topic.time] = ms
+        return record
+
     def apply(self, rel: _Relation, old: dict | None, new: dict | None) -> None:
         """One row change (`new` None: a delete of `old`) of the transaction in progress -> record or dead letter.
 
@@ -294,7 +438,13 @@ class _Decoder:
             return self._bad(rel, rel.problem, shown)
         ms = self.txn.commit_ms
         if new is None:
-            return self._record(rel, {"op": "delete", "user_id": old.get("user_id"), "ts": ms})
+            if rel.topic.op is None:
+                return self._bad(
+                    rel,
+                    f"a deleted row, and topic {rel.topic.name} has no remove records (it declares no `op:`)",
+                    shown,
+                )
+            return self._record(rel, self._remove(rel, old, ms))
         for k, v in new.items():
             if v is _UNCHANGED:  # REPLICA IDENTITY FULL sends the old value
                 if old is None or old.get(k, _UNCHANGED) is _UNCHANGED:
@@ -305,102 +455,185 @@ class _Decoder:
                         shown,
                     )
                 new[k] = old[k]
-        ts = new.get("updated_at")
-        upsert = {"op": "upsert", **{c: new.get(c) for c in _REQUIRED}, "ts": ms if ts is None else ts}
-        if old is not None and old.get("user_id") not in (None, new.get("user_id")):  # the key changed
-            delete = {"op": "delete", "user_id": old["user_id"], "ts": ms}
-            try:
-                record = validate("profiles", upsert)
-            except InvalidRecord as e:
-                return self._bad(rel, e.reason, upsert)
-            return self._record(rel, delete, then=record)
+        upsert = self._upsert(rel, new, ms)
+        if old is not None:
+            before = self._key(rel, old)
+            if any(v is not None and v is not _UNCHANGED for v in before) and before != self._key(rel, new):
+                try:  # the key changed: a remove of the old key, then the new row
+                    record = validate(rel.topic, upsert)
+                except InvalidRecord as e:
+                    return self._bad(rel, e.reason, upsert)
+                return self._record(rel, self._remove(rel, old, ms), then=record)
         self._record(rel, upsert)
 
     def _record(self, rel: _Relation, candidate: dict, then: dict | None = None) -> None:
         """Validate `candidate` and keep it (then the validated record `then`), or dead-letter it."""
         try:
-            record = validate("profiles", candidate)
-        except InvalidRecord as e:
-            return self._bad(rel, e.reason, candidate)
-        self._add(record)
+            record = validate(rel.topic, candidate)
+        except (InvalidRecord, ValueError) as e:
+            return self._bad(rel, getattr(e, "reason", str(e)), candidate)
+        self._add(rel.topic, record)
         if then is not None:
-            self._add(then)
+            self._add(rel.topic, then)
 
-    def _add(self, record: dict) -> None:
+    def _add(self, topic: Topic, record: dict) -> None:
         """Keep the transaction's last change per key: only the state at its commit was ever visible."""
         self.txn.changes += 1
-        self.txn.records.pop(record["user_id"], None)
-        self.txn.records[record["user_id"]] = record
+        key = (topic.name, tuple(record[k] for k in topic.identity))
+        self.txn.records.pop(key, None)
+        self.txn.records[key] = record
 
     def _bad(self, rel: _Relation | None, reason: str, row: dict) -> None:
-        """A dead letter of the transaction in progress: `raw` is `row` as a JSON line, truncated as ingest
-        truncates a line over the maximum record size; `raw_bytes` is the line's size."""
+        """A dead letter of the transaction in progress, in its topic's dead-letter log: `raw` is `row` as a JSON
+        line, truncated as ingest truncates a line over the maximum record size; `raw_bytes` is the line's size."""
         self.txn.changes += 1
-        name = rel.name if rel else self.source.table
+        name = rel.name if rel else self.source.shown_tables
+        topic = rel.topic if rel is not None and rel.topic is not None else self.source.topics[0]
         line = orjson.dumps(row, default=str)
         self.txn.dead.append(
-            {
-                "file": f"postgresql:{name}",
-                "line": self.txn.changes,
-                "reason": f"{name}: {reason}",
-                "raw": dead_letter_raw(line, len(line)),
-                "raw_bytes": len(line),
-            }
+            (
+                topic.name,
+                {
+                    "file": f"postgresql:{name}",
+                    "line": self.txn.changes,
+                    "reason": f"{name}: {reason}",
+                    "raw": dead_letter_raw(line, len(line)),
+                    "raw_bytes": len(line),
+                },
+            )
         )
 
 
-# --- the Delta log ----------------------------------------------------------------------------------------------
+# --- the Delta logs ---------------------------------------------------------------------------------------------
 
 
 class _Log:
-    """The `profiles` topic's Delta log, appended by delta-rs; each commit records its last LSN (`txn`)."""
+    """The captured topics' Delta logs, appended by delta-rs; each commit records its last LSN (`txn`), per log."""
 
-    def __init__(self, lake_dir: Path, source: PgSource):
+    def __init__(self, lake_dir: Path, source: PgSource, state_dir: Path):
         from changelog.ingest import deadletter_path
-        from changelog.topics import ensure_topic
+        from changelog.topics import open_topic
 
-        self.path = ensure_topic(None, lake_dir, "profiles")
-        self.app_id = source.app_id
-        self.dead_path = deadletter_path(lake_dir, "profiles")
+        self.source, self.app_id = source, source.app_id
+        self.topics = {t.name: t for t in source.topics}
+        self.paths = {
+            t.name: open_topic(lake_dir, t)[0] for t in source.topics
+        }  # a changed declaration: refused
+        self.dead_paths = {t.name: deadletter_path(lake_dir, t.name) for t in source.topics}
+        self.staging = Path(state_dir) / f"snapshot-{source.slot}"
         self.appended = self.rejected = self.commits = 0
+        self.per_topic = {name: {"appended": 0, "rejected": 0} for name in self.topics}
+        self.done = self.recorded()
 
-    def last_lsn(self) -> int | None:
+    def recorded(self, app_id: str | None = None) -> dict[str, int]:
+        """Per topic, the LSN its log recorded for `app_id` (default: the capture's), 0 when none."""
         from deltalake import DeltaTable
 
-        return DeltaTable(self.path).transaction_version(self.app_id)
+        app = app_id or self.app_id
+        return {name: DeltaTable(path).transaction_version(app) or 0 for name, path in self.paths.items()}
+
+    def last_lsn(self) -> int:
+        """The LSN up to which every log holds the capture (the smallest they recorded; 0 when one has none)."""
+        return min(self.done.values())
+
+    def counts(self) -> dict[str, int]:
+        """Per topic, the records and dead letters of this run so far."""
+        return {name: c["appended"] + c["rejected"] for name, c in self.per_topic.items()}
 
     def append(self, txns: list[_Txn], lsn: int, note: str, *, snapshot: bool = False) -> None:
-        """Dead letters first, then one Delta commit of the transactions' records recording `lsn` (and, for the
-        snapshot, `lsn` as the slot's snapshot marker). A snapshot commit is made even when it holds no row."""
+        """Dead letters first, then per topic one Delta commit of the transactions' records it does not hold yet,
+        recording `lsn` (and, for the snapshot, `lsn` as the slot's snapshot marker). A snapshot commit is made in
+        every log, even when it holds no row; the snapshot of several topics is staged first (module docstring)."""
+        written = self._dead_letters(txns) if any(t.dead for t in txns) else 0
+        per: dict[str, list[dict]] = {name: [] for name in self.topics}
+        for t in txns:
+            for (name, _key), record in t.records.items():
+                if snapshot or t.end_lsn > self.done[name]:
+                    per[name].append(record)
+        if snapshot and len(self.topics) > 1:
+            self._stage(per, lsn)
+        for name, records in per.items():
+            if records or snapshot:
+                self._commit(name, records, lsn, note, snapshot=snapshot)
+        if snapshot:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        self.rejected += written
+
+    def _commit(self, name: str, records: list[dict], lsn: int, note: str, *, snapshot: bool) -> None:
         from changelog.errors import NotStored
         from changelog.topics import RecordTable, append_table
 
-        dead = [d for t in txns for d in t.dead]
-        written = self._dead_letters(txns) if dead else 0
-        records = [r for t in txns for r in t.records.values()]
-        if records or snapshot:
-            table = RecordTable("profiles")
-            for r in records:
-                table.add(r)
-            arrow = table.table()
-            if table.unfit is not None:
-                raise NotStored("profiles", f"postgresql:{note}", len(records), table.unfit)
-            txns_ = (
-                ((self.app_id, lsn), (f"{self.app_id}:snapshot", lsn)) if snapshot else ((self.app_id, lsn),)
-            )
-            append_table(self.path, arrow, note=note, transactions=txns_)
-            self.commits += 1
+        table = RecordTable(self.topics[name])
+        for r in records:
+            table.add(r)
+        arrow = table.table()
+        if table.unfit is not None:
+            raise NotStored(name, f"postgresql:{note}", len(records), table.unfit)
+        txns = ((self.app_id, lsn), (f"{self.app_id}:snapshot", lsn)) if snapshot else ((self.app_id, lsn),)
+        append_table(self.paths[name], arrow, note=note, transactions=txns)
+        self.commits += 1
+        self.done[name] = lsn
         self.appended += len(records)
-        self.rejected += written
+        self.per_topic[name]["appended"] += len(records)
 
     def _dead_letters(self, txns: list[_Txn]) -> int:
-        """Append the transactions' dead letters but those the log holds already (written before a crash that came
+        """Append the transactions' dead letters but those the logs hold already (written before a crash that came
         before the transactions' commit, so the slot sends them again); return how many were appended."""
         from changelog.ingest import append_dead_letters
 
         at = int(time.time() * 1000)
-        entries = [{**d, "lsn": lsn_text(t.commit_lsn), "at": at} for t in txns for d in t.dead]
-        return append_dead_letters(self.dead_path, entries, _dead_letter_key)
+        by_topic: dict[str, list[dict]] = {}
+        for t in txns:
+            for name, d in t.dead:
+                by_topic.setdefault(name, []).append({**d, "lsn": lsn_text(t.commit_lsn), "at": at})
+        written = 0
+        for name, entries in by_topic.items():
+            n = append_dead_letters(self.dead_paths[name], entries, _dead_letter_key)
+            self.per_topic[name]["rejected"] += n
+            written += n
+        return written
+
+    def _stage(self, per: dict[str, list[dict]], lsn: int) -> None:
+        """Write the snapshot's records of every topic beside the slot's marker (its LSN last: then it is whole)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True, mode=0o700)
+        for name, records in per.items():
+            with open(self.staging / f"{name}.jsonl", "wb", opener=_private) as f:
+                f.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        with open(self.staging / "lsn", "w", opener=_private) as f:
+            f.write(lsn_text(lsn) + "\n")
+
+    def complete_snapshot(self, made: int) -> bool:
+        """Whether the snapshot taken at `made` is in every log: True when it is, or when some logs hold it and
+        the others are completed here from its staged records; False when no log holds it (or it cannot be
+        completed), and the slot's snapshot is to be taken again."""
+        have = self.recorded(f"{self.app_id}:snapshot")
+        if all(v == made for v in have.values()):
+            return True
+        if not any(v == made for v in have.values()):
+            return False
+        try:
+            if _lsn((self.staging / "lsn").read_text().strip()) != made:
+                return False
+            staged = {
+                name: [orjson.loads(x) for x in (self.staging / f"{name}.jsonl").read_bytes().splitlines()]
+                for name in self.topics
+            }
+        except (OSError, ValueError):
+            return False
+        for name, lsn in have.items():
+            if lsn != made:
+                table = self.topics[name].capture.postgres
+                note = f"cdc snapshot of {table} at {lsn_text(made)} (completed)"
+                self._commit(name, staged[name], made, note, snapshot=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        return True
+
+
+def _private(path, flags):
+    import os
+
+    return os.open(path, flags, 0o600)
 
 
 def _dead_letter_key(e: dict) -> tuple | None:
@@ -419,14 +652,18 @@ def _q(name: str) -> str:
 
 def _ensure_publication(cur, source: PgSource) -> None:
     cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (source.slot,))
-    tables = cur.fetchall()
+    tables = {tuple(r) for r in cur.fetchall()}
+    want = {_split(t) for t in source.tables}
     cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (source.slot,))
     if cur.fetchone() is None:
-        cur.execute(f"CREATE PUBLICATION {_q(source.slot)} FOR TABLE {_ident(source.table)}")
-    elif tables != [_split(source.table)]:
+        listed = ", ".join(_ident(t) for t in source.tables)
+        cur.execute(f"CREATE PUBLICATION {_q(source.slot)} FOR TABLE {listed}")
+    elif tables != want:
+        has = ", ".join(f"{s}.{n}" for s, n in sorted(tables)) or "no table"
+        wanted = ", ".join(f"{s}.{n}" for s, n in sorted(want))
         raise CdcFailed(
-            f"publication {source.slot} publishes {tables or 'no table'}, not {source.table}: remove it and the slot"
-            " with `mview stop cdc --drop-slot`, or set PG_SLOT to another name"
+            f"publication {source.slot} publishes {has}, not {wanted}: remove it and the slot with `mview stop cdc"
+            " --drop-slot` (the next start takes a new snapshot), or set PG_SLOT to another name"
         )
 
 
@@ -436,8 +673,9 @@ def _marker(state_dir: Path, source: PgSource) -> Path:
 
 
 def _snapshot_done(cur, source: PgSource, log: _Log, state_dir: Path) -> bool:
-    """Whether the slot exists and its snapshot is in the log. A slot whose snapshot never was (a start killed
-    before the snapshot's commit) is dropped here."""
+    """Whether the slot exists and its snapshot is in the logs (completed from its staged records where a start
+    was killed between the logs' commits). A slot whose snapshot is in no log (a start killed before the
+    snapshot's commits) is dropped here."""
     cur.execute("SELECT plugin, active FROM pg_replication_slots WHERE slot_name = %s", (source.slot,))
     row = cur.fetchone()
     if row is None:
@@ -450,16 +688,15 @@ def _snapshot_done(cur, source: PgSource, log: _Log, state_dir: Path) -> bool:
         made = _lsn(_marker(state_dir, source).read_text().strip())
     except (FileNotFoundError, ValueError):
         made = None
-    from deltalake import DeltaTable
-
-    if made is not None and DeltaTable(log.path).transaction_version(f"{log.app_id}:snapshot") == made:
+    if made is not None and log.complete_snapshot(made):
         return True
     cur.execute("SELECT pg_drop_replication_slot(%s)", (source.slot,))  # its snapshot is gone: start over
     return False
 
 
 def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder, state_dir: Path) -> int:
-    """Make the slot, append the table as of its exported snapshot in one commit, return the consistent point."""
+    """Make the slot, append the tables as of its exported snapshot (one commit per topic), return the
+    consistent point."""
     marker = _marker(state_dir, source)
     marker.unlink(missing_ok=True)
     conn = _connect(source)
@@ -480,23 +717,25 @@ def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder, state_dir: Path)
     finally:
         conn.close()
     txn, dec.txn = dec.txn, None
-    log.append([txn], point, f"cdc snapshot of {source.table} at {point_text}", snapshot=True)
+    log.append([txn], point, f"cdc snapshot of {source.shown_tables} at {point_text}", snapshot=True)
     return point
 
 
 def _read_snapshot(conn, snapshot: str, source: PgSource, dec: _Decoder, txn: _Txn) -> None:
-    """Every row of the table as of the exported `snapshot`, as upserts (or dead letters) of `txn`."""
+    """Every row of every captured table as of the exported `snapshot`, as upserts (or dead letters) of `txn`."""
     with conn.cursor() as cur:
         cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
-        columns = _check_table(cur, source)
+        shapes = [(topic, _check_table(cur, source, topic)) for topic in source.topics]
     dec.txn = txn
-    rel = _Relation(source.table, list(columns), None)
-    cols = [c for c in (*_REQUIRED, "updated_at") if c in columns]
-    with conn.cursor(name="mview_snapshot") as rows:
-        rows.itersize = 20_000
-        rows.execute(f"SELECT {', '.join(f'{_q(c)}::text' for c in cols)} FROM {_ident(source.table)}")
-        for row in rows:
-            dec.apply(rel, None, dict(zip(cols, row, strict=True)))
+    for topic, columns in shapes:
+        table = topic.capture.postgres
+        rel = _Relation(table, list(columns), columns, topic, None)
+        cols = [c for c in dict.fromkeys(topic.capture.column(n) for n in topic.names) if c in columns]
+        with conn.cursor(name="mview_snapshot") as rows:
+            rows.itersize = 20_000
+            rows.execute(f"SELECT {', '.join(f'{_q(c)}::text' for c in cols)} FROM {_ident(table)}")
+            for row in rows:
+                dec.apply(rel, None, dict(zip(cols, row, strict=True)))
 
 
 def capture(
@@ -508,8 +747,10 @@ def capture(
     stop: Callable[[], bool] = lambda: False,
     progress: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Capture `source` into the `profiles` log (see the module's docstring); return the counts of this run.
-    `state_dir` keeps the slot's marker. Raises `PostgresUnavailable` / `CdcFailed` (one line, what to do)."""
+    """Capture the tables of `source` into their topics' logs (see the module's docstring); return the counts of
+    this run (`snapshot_rows`, `appended`, `rejected`, `commits`, `seconds`, and per topic in `topics` its
+    `appended` and `rejected`). `state_dir` keeps the slot's marker (and a snapshot's staged records). Raises
+    `PostgresUnavailable` / `CdcFailed` / `TopicChanged` (one line, what to do)."""
     import psycopg2
 
     try:
@@ -583,8 +824,11 @@ def _first_line(e: Exception) -> str:
 
 def _refused(source: PgSource, reason: str) -> str:
     hint = next((h for words, h in _HINTS if words in reason.lower()), "see the server's log")
-    hint = hint.format(slot=source.slot, table=source.table)
-    return f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}) refused the capture of {source.table}: {reason}: {hint}"
+    hint = hint.format(slot=source.slot, table=source.shown_tables)
+    return (
+        f"PostgreSQL at PG_DSN ({shown_dsn(source.dsn)}) refused the capture of {source.shown_tables}: {reason}:"
+        f" {hint}"
+    )
 
 
 def probe(source: PgSource) -> PostgresUnavailable | None:
@@ -602,12 +846,13 @@ def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, s
     from psycopg2.extras import LogicalReplicationConnection
 
     started = time.monotonic()
-    log = _Log(lake_dir, source)
+    log = _Log(lake_dir, source, state_dir)
     dec = _Decoder(source)
     with _connect(source) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_current_wal_insert_lsn()::text")
         stop_lsn = _lsn(cur.fetchone()[0])
-        _check_table(cur, source)
+        for topic in source.topics:
+            _check_table(cur, source, topic)
         _ensure_publication(cur, source)
         done = _snapshot_done(cur, source, log, state_dir)
     conn.close()
@@ -620,8 +865,16 @@ def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, s
             snapshot = log.appended + log.rejected
             if progress:
                 took = time.monotonic() - took
-                lsn = lsn_text(log.last_lsn() or 0)
-                progress({"appended": log.appended, "rejected": log.rejected, "lsn": lsn, "seconds": took})
+                lsn = lsn_text(log.last_lsn())
+                progress(
+                    {
+                        "appended": log.appended,
+                        "rejected": log.rejected,
+                        "topics": log.counts(),
+                        "lsn": lsn,
+                        "seconds": took,
+                    }
+                )
         _Stream(repl, source, log, dec, stop_lsn if once else None, stop, progress).run()
     finally:
         repl.close()
@@ -631,16 +884,18 @@ def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, s
         "rejected": log.rejected,
         "commits": log.commits,
         "seconds": round(time.monotonic() - started, 3),
+        "topics": {name: dict(c) for name, c in log.per_topic.items()},
     }
 
 
 class _Stream:
-    """Reads the slot from the last LSN in the log; appends whole transactions; confirms after each commit."""
+    """Reads the slot from the last LSN every log holds; appends whole transactions (to each log those it does not
+    hold); confirms after each commit."""
 
     def __init__(self, repl, source, log: _Log, dec: _Decoder, stop_lsn, stop, progress):
         self.cur, self.source, self.log, self.dec = repl.cursor(), source, log, dec
         self.stop_lsn, self.stop, self.progress = stop_lsn, stop, progress
-        self.done_lsn = log.last_lsn() or 0
+        self.done_lsn = log.last_lsn()
         self.pending: list[_Txn] = []
         self.rows = 0
         self.confirmed = 0
@@ -672,7 +927,7 @@ class _Stream:
         if not self.pending:
             return
         lsn, started = self.pending[-1].end_lsn, time.monotonic()
-        self.log.append(self.pending, lsn, f"cdc {self.source.table} to {lsn_text(lsn)}")
+        self.log.append(self.pending, lsn, f"cdc {self.source.shown_tables} to {lsn_text(lsn)}")
         self.pending, self.rows, self.done_lsn = [], 0, lsn
         self.confirm(lsn)
         if self.progress:
@@ -681,6 +936,7 @@ class _Stream:
                 {
                     "appended": self.log.appended,
                     "rejected": self.log.rejected,
+                    "topics": self.log.counts(),
                     "lsn": lsn_text(lsn),
                     "seconds": took,
                 }

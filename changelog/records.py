@@ -1,46 +1,62 @@
-"""Record validation: one JSON line in, one normalized record (dict) out, or `InvalidRecord` with the reason.
+"""Record validation, derived from a topic's declaration (`spec.model.Topic`): one JSON line (or decoded value) in,
+one normalized record (dict) out, or `InvalidRecord` with the reason. The one definition of a valid record: `mview
+ingest`, the `kafka` job and the `cdc` job all judge a record here.
 
-Normalization: `ts` becomes epoch milliseconds (int), whether given as an ISO-8601 string with a zone or as an
-integer; fields a topic does not know are dropped.
+A valid record of a topic:
+- is a JSON object; fields the topic does not declare are dropped;
+- for a topic with `op: {upsert: U, remove: R}`, has a field `op` holding U or R (kept in the record as given);
+  without `op:`, every record is an upsert (an event, or a table row) and a field `op` is just an undeclared one;
+- an upsert (or an event) holds every declared field that is not `optional`; an optional field that is absent
+  or null is null; a remove holds only the topic's key, its time and its `remove_fields` (the other fields are
+  not kept);
+- each field holds a value of its declared type:
+  - `id`: a string that is not empty, not only whitespace, and holds no ASCII control character (U+0000-U+001F,
+    U+007F);
+  - `string`: any string;
+  - `long`: an integer (not a boolean) in the 64-bit range;
+  - `double`: a finite number (an integer or a float, not a boolean), stored as a float;
+  - `boolean`: true or false;
+  - `timestamp`: an ISO-8601 string with a zone (`Z`, `+02:00`; optional fraction) or an integer of epoch
+    milliseconds, in [1970-01-01T00:00:00Z, 2100-01-01T00:00:00Z) (`TS_MIN_MS` <= ms < `TS_END_MS`), stored as
+    epoch milliseconds.
 
-Limits, the same for every topic and every source (a line of a file, a Kafka message, a captured row):
-- a record holds at most `MAX_RECORD_BYTES` bytes, measured as its JSON line: the line as read, without its
-  terminator, or for a record that comes as a value (a captured row), the compact JSON `orjson` makes of it.
-  `validate` enforces it, so no source can pass a larger record (`RecordTooLarge`, with the size);
-- `ts`, in either form, lies in [1970-01-01T00:00:00Z, 2100-01-01T00:00:00Z): `TS_MIN_MS` <= ts < `TS_END_MS`;
-- an id is a string that is not empty, not only whitespace, and holds no ASCII control character
-  (U+0000-U+001F, U+007F). Other string fields may hold any text.
+A record holds at most `MAX_RECORD_BYTES` bytes, the same for every topic and every source (a line of a file, a
+Kafka message, a captured row), measured as its JSON line: the line as read, without its terminator, or for a
+record that comes as a value (a captured row), the compact JSON `orjson` makes of it. `validate` enforces it, so no
+source can pass a larger record (`RecordTooLarge`, with the size).
 
-Debezium change events on `profiles`: a JSON object with `op` c/u/r/d and `before`/`after` (with or without
-Debezium's `{"schema":..,"payload":{..}}` wrapper) becomes the record the `cdc` job writes for the same change:
-c/u/r an upsert of `after` (`user_id`, `name`, `country`), d a delete of `before`'s `user_id`. Its `ts` is
-`after.updated_at` when present and not null -- an ISO-8601 string (Debezium's `ZonedTimestamp`, its default for
-`timestamptz`) or an integer in the unit the schema names (`io.debezium.time.Timestamp` ms, `MicroTimestamp`
-us, `NanoTimestamp` ns; microseconds without a schema) -- else the commit time: `source.ts_ms`, or the event's
-`ts_ms` without it. A delete's `ts` is the commit time. Other ops (t, m) and events without the row are rejected.
+A table topic with `capture` also accepts Debezium change events (`changelog.debezium`), turned into the record
+the `cdc` job writes for the same change before they are judged by the same rules.
+
+The reasons are the words a producer acts on (`missing field 'user_id'`, `unknown op 'edit' (one of post,
+delete)`, `field 'ts' has no zone (add Z or +hh:mm): ...`); each names the field it is about.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
 
+from changelog.debezium import from_debezium
 from changelog.errors import InvalidRecord, RecordTooLarge
+from spec.model import Topic
 
 __all__ = [
     "MAX_RECORD_BYTES",
     "DEADLETTER_RAW_CHARS",
     "TS_MIN_MS",
     "TS_END_MS",
-    "TOPIC_FIELDS",
     "check_record_size",
     "record_size",
     "dead_letter_raw",
     "parse_ts",
     "parse_line",
+    "line_parser",
     "validate",
 ]
 
@@ -50,69 +66,14 @@ MAX_RECORD_BYTES = 1_048_576
 # A dead letter of a record over the maximum keeps this many characters of its line (`dead_letter_raw`).
 DEADLETTER_RAW_CHARS = 1_000
 
-TS_MIN_MS = 0  # 1970-01-01T00:00:00Z, the first valid `ts` (epoch ms)
-TS_END_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z, the first `ts` past the valid range
+TS_MIN_MS = 0  # 1970-01-01T00:00:00Z, the first valid timestamp (epoch ms)
+TS_END_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z, the first timestamp past the valid range
 _TS_RANGE = (
     "from 1970-01-01T00:00:00Z (0) up to, not including, 2100-01-01T00:00:00Z (4102444800000 epoch ms)"
 )
+_LONG_MIN, _LONG_END = -(2**63), 2**63
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-# field name -> (kind, required). kind: "id" (a string under the id rule above), "str" (any string), "ts".
-_F = dict[str, tuple[str, bool]]
-
-# Per topic: the allowed `op` values (None = topic has no op) and the fields per op.
-TOPIC_FIELDS: dict[str, dict[str | None, _F]] = {
-    "tweets": {
-        "post": {
-            "tweet_id": ("id", True),
-            "user_id": ("id", True),
-            "text": ("str", True),
-            "ts": ("ts", True),
-        },
-        "delete": {"tweet_id": ("id", True), "user_id": ("id", True), "ts": ("ts", True)},
-    },
-    "follows": {
-        op: {"follower_id": ("id", True), "followee_id": ("id", True), "ts": ("ts", True)}
-        for op in ("follow", "unfollow")
-    },
-    "searches": {
-        None: {
-            "search_id": ("id", True),
-            "session_id": ("id", True),
-            "query": ("str", True),
-            "ts": ("ts", True),
-        }
-    },
-    "clicks": {
-        None: {
-            "click_id": ("id", True),
-            "session_id": ("id", True),
-            "url": ("str", True),
-            "ts": ("ts", True),
-            "search_id": ("id", False),
-        }
-    },
-    "activity": {
-        None: {
-            "event_id": ("id", True),
-            "user_id": ("id", True),
-            "action": ("str", True),
-            "ts": ("ts", True),
-            "profile_version": ("id", False),
-        }
-    },
-    "profiles": {
-        "upsert": {
-            "user_id": ("id", True),
-            "name": ("str", True),
-            "country": ("str", True),
-            "ts": ("ts", True),
-        },
-        "delete": {"user_id": ("id", True), "ts": ("ts", True)},
-    },
-}
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -141,120 +102,34 @@ def record_size(obj: Any) -> int:
         raise InvalidRecord(f"not representable as JSON: {e}") from None
 
 
-def _in_range(ms: int, given: Any) -> int:
+def _in_range(ms: int, given: Any, name: str) -> int:
     if not TS_MIN_MS <= ms < TS_END_MS:
-        raise InvalidRecord(f"field 'ts' out of range: {given!r}; it must lie {_TS_RANGE}")
+        raise InvalidRecord(f"field {name!r} out of range: {given!r}; it must lie {_TS_RANGE}")
     return ms
 
 
-def parse_ts(value: Any) -> int:
-    """Event time -> epoch milliseconds. Accepts an int (epoch ms) or an ISO-8601 string that carries a zone;
-    either must lie in [`TS_MIN_MS`, `TS_END_MS`)."""
+def parse_ts(value: Any, name: str = "ts") -> int:
+    """A timestamp field's value -> epoch milliseconds. Accepts an int (epoch ms) or an ISO-8601 string that
+    carries a zone; either must lie in [`TS_MIN_MS`, `TS_END_MS`). `name` is the field's, for the reason."""
     if isinstance(value, bool):
         raise InvalidRecord(
-            "field 'ts' must be an ISO-8601 string with zone or integer epoch milliseconds, got a boolean"
+            f"field {name!r} must be an ISO-8601 string with zone or integer epoch milliseconds, got a boolean"
         )
     if isinstance(value, int):
-        return _in_range(value, value)
+        return _in_range(value, value, name)
     if isinstance(value, str):
         text = value.strip()
         try:
             dt = datetime.fromisoformat(text)
         except ValueError:
-            raise InvalidRecord(f"field 'ts' is not an ISO-8601 timestamp: {value!r}") from None
+            raise InvalidRecord(f"field {name!r} is not an ISO-8601 timestamp: {value!r}") from None
         if dt.tzinfo is None or dt.utcoffset() is None:
-            raise InvalidRecord(f"field 'ts' has no zone (add Z or +hh:mm): {value!r}")
-        return _in_range((dt - _EPOCH) // timedelta(milliseconds=1), value)
+            raise InvalidRecord(f"field {name!r} has no zone (add Z or +hh:mm): {value!r}")
+        return _in_range((dt - _EPOCH) // timedelta(milliseconds=1), value, name)
     raise InvalidRecord(
-        f"field 'ts' must be an ISO-8601 string with zone or integer epoch milliseconds, got {type(value).__name__}"
+        f"field {name!r} must be an ISO-8601 string with zone or integer epoch milliseconds, got"
+        f" {type(value).__name__}"
     )
-
-
-_DEBEZIUM_OPS = {"c": "upsert", "u": "upsert", "r": "upsert", "d": "delete", "t": None, "m": None}
-_DEBEZIUM_TIME = {
-    "io.debezium.time.Timestamp": 1,
-    "io.debezium.time.MicroTimestamp": 1_000,
-    "io.debezium.time.NanoTimestamp": 1_000_000,
-}
-
-
-def _debezium_unit(schema: Any) -> int:
-    """Divisor from `after.updated_at`'s integer unit (as the wrapper's schema names it) to milliseconds."""
-    try:
-        after = next(f for f in schema["fields"] if f.get("field") == "after")
-        col = next(f for f in after["fields"] if f.get("field") == "updated_at")
-        return _DEBEZIUM_TIME[col["name"]]
-    except (KeyError, TypeError, StopIteration):
-        return 1_000
-
-
-def _from_debezium(obj: dict) -> dict | None:
-    """The `profiles` record of a Debezium change event (see the module's docstring), None if `obj` is not one."""
-    schema = None
-    if isinstance(obj.get("payload"), dict) and "schema" in obj:
-        schema, obj = obj["schema"], obj["payload"]
-    op = obj.get("op")
-    if not isinstance(op, str) or op not in _DEBEZIUM_OPS or not ("before" in obj or "after" in obj):
-        return None
-    if _DEBEZIUM_OPS[op] is None:
-        raise InvalidRecord(f"Debezium event with op {op!r} is not a row change (c, u, r or d)")
-    side = "before" if op == "d" else "after"
-    row = obj.get(side)
-    if not isinstance(row, dict):
-        raise InvalidRecord(f"Debezium event with op {op!r} has no {side!r} row")
-    source = obj.get("source")
-    commit = source.get("ts_ms") if isinstance(source, dict) else None
-    commit = obj.get("ts_ms") if commit is None else commit
-    if commit is None:
-        raise InvalidRecord("Debezium event has neither source.ts_ms nor ts_ms (the commit time)")
-    if op == "d":
-        return {"op": "delete", "user_id": row.get("user_id"), "ts": commit}
-    ts = row.get("updated_at")
-    if isinstance(ts, int) and not isinstance(ts, bool):
-        ts //= _debezium_unit(schema)
-    fields = {k: row.get(k) for k in ("user_id", "name", "country")}
-    return {"op": "upsert", **fields, "ts": commit if ts is None else ts}
-
-
-def validate(topic: str, obj: Any, *, size: int | None = None) -> dict[str, Any]:
-    """Check one record against `topic`'s record definition and return the normalized record.
-
-    `obj` is the decoded JSON value, whatever its source. Its size is checked first, the same rule for every
-    source: `size` is the bytes of the line it was decoded from (`parse_line` gives it), and without a line it is
-    `record_size(obj)`; over `MAX_RECORD_BYTES` it is rejected with `RecordTooLarge`."""
-    check_record_size(record_size(obj) if size is None else size)
-    if not isinstance(obj, dict):
-        raise InvalidRecord(f"not a JSON object but {type(obj).__name__}")
-    if topic == "profiles" and obj.get("op") not in ("upsert", "delete"):
-        obj = _from_debezium(obj) or obj
-    ops = TOPIC_FIELDS[topic]
-    out: dict[str, Any] = {}
-    if None in ops:
-        fields = ops[None]
-    else:
-        op = obj.get("op")
-        if op is None:
-            raise InvalidRecord(f"missing field 'op' (one of {', '.join(ops)})")
-        if not isinstance(op, str) or op not in ops:
-            raise InvalidRecord(f"unknown op {op!r} (one of {', '.join(ops)})")
-        fields = ops[op]
-        out["op"] = op
-    for name, (kind, required) in fields.items():
-        v = obj.get(name)
-        if v is None:
-            if required:
-                raise InvalidRecord(f"missing field {name!r}")
-            out[name] = None
-            continue
-        if kind == "ts":
-            out[name] = parse_ts(v)
-        elif not isinstance(v, str):
-            raise InvalidRecord(f"field {name!r} must be a string, got {type(v).__name__}")
-        else:
-            if kind == "id":
-                _check_id(name, v)
-            out[name] = v
-    return out
 
 
 def _check_id(name: str, v: str) -> None:
@@ -269,6 +144,142 @@ def _check_id(name: str, v: str) -> None:
         )
 
 
+# A field's check, by declared type: the normalized value of a non-null `v`, or InvalidRecord.
+def _as_id(name: str, v: Any) -> str:
+    if type(v) is not str:
+        raise InvalidRecord(f"field {name!r} must be a string, got {type(v).__name__}")
+    if not v or v.isspace() or _CONTROL.search(v):
+        _check_id(name, v)
+    return v
+
+
+def _as_string(name: str, v: Any) -> str:
+    if type(v) is not str:
+        raise InvalidRecord(f"field {name!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _as_long(name: str, v: Any) -> int:
+    if type(v) is not int:
+        raise InvalidRecord(f"field {name!r} must be an integer, got {type(v).__name__}")
+    if not _LONG_MIN <= v < _LONG_END:
+        raise InvalidRecord(f"field {name!r} is out of the 64-bit integer range: {v}")
+    return v
+
+
+def _as_double(name: str, v: Any) -> float:
+    kind = type(v)
+    if kind is float:
+        if not math.isfinite(v):
+            raise InvalidRecord(f"field {name!r} must be a finite number, got {v!r}")
+        return v
+    if kind is int:
+        return float(v)
+    raise InvalidRecord(f"field {name!r} must be a number, got {kind.__name__}")
+
+
+def _as_boolean(name: str, v: Any) -> bool:
+    if type(v) is not bool:
+        raise InvalidRecord(f"field {name!r} must be true or false, got {type(v).__name__}")
+    return v
+
+
+def _as_timestamp(name: str, v: Any) -> int:
+    return parse_ts(v, name)
+
+
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "id": _as_id,
+    "string": _as_string,
+    "long": _as_long,
+    "double": _as_double,
+    "boolean": _as_boolean,
+    "timestamp": _as_timestamp,
+}
+
+# (name, check, required) of each field a record keeps, in declared order
+_Fields = tuple[tuple[str, Callable[[str, Any], Any], bool], ...]
+
+
+class _Rules:
+    """A topic's record rules, compiled once: the fields of an upsert (or event) and of a remove."""
+
+    __slots__ = ("topic", "op", "upsert", "remove", "ops_text", "debezium")
+
+    def __init__(self, topic: Topic):
+        self.topic = topic
+        self.op = topic.op
+        self.upsert: _Fields = tuple((n, _CHECKS[t], n not in topic.optional) for n, t in topic.fields)
+        kept = set(topic.identity) | {topic.time} | set(topic.remove_fields)
+        self.remove: _Fields = tuple((n, _CHECKS[t], True) for n, t in topic.fields if n in kept)
+        self.ops_text = ", ".join(topic.op) if topic.op else ""
+        self.debezium = topic.capture is not None and topic.kind == "table"
+
+
+_RULES: dict[
+    int, _Rules
+] = {}  # id(topic) -> its rules (the topic object is kept in them, so the id stays its own)
+
+
+def _rules(topic: Topic) -> _Rules:
+    rules = _RULES.get(id(topic))
+    if rules is None or rules.topic is not topic:
+        if not isinstance(topic, Topic):
+            raise TypeError(f"a record is validated against a spec.model.Topic, not {type(topic).__name__}")
+        if len(_RULES) > 256:  # topics of pipelines loaded and dropped by a long-lived process
+            _RULES.clear()
+        rules = _RULES[id(topic)] = _Rules(topic)
+    return rules
+
+
+def _judge(rules: _Rules, obj: Any) -> dict[str, Any]:
+    """`obj` (size already checked) as a record of the rules' topic, or InvalidRecord."""
+    if type(obj) is not dict:
+        raise InvalidRecord(f"not a JSON object but {type(obj).__name__}")
+    op = rules.op
+    if op is None:
+        out: dict[str, Any] = {}
+        fields = rules.upsert
+        if rules.debezium and "op" in obj and (record := from_debezium(rules.topic, obj)) is not None:
+            obj = record
+    else:
+        given = obj.get("op")
+        if given != op[0] and given != op[1] and rules.debezium:
+            record = from_debezium(rules.topic, obj)
+            if record is not None:
+                obj, given = record, record["op"]
+        if given == op[0]:
+            fields = rules.upsert
+        elif given == op[1]:
+            fields = rules.remove
+        elif given is None:
+            raise InvalidRecord(f"missing field 'op' (one of {rules.ops_text})")
+        else:
+            raise InvalidRecord(f"unknown op {given!r} (one of {rules.ops_text})")
+        out = {"op": given}
+    get = obj.get
+    for name, check, required in fields:
+        v = get(name)
+        if v is None:
+            if required:
+                raise InvalidRecord(f"missing field {name!r}")
+            out[name] = None
+        else:
+            out[name] = check(name, v)
+    return out
+
+
+def validate(topic: Topic, obj: Any, *, size: int | None = None) -> dict[str, Any]:
+    """Check one record against `topic`'s declaration (module docstring) and return the normalized record.
+
+    `obj` is the decoded JSON value, whatever its source. Its size is checked first, the same rule for every
+    source: `size` is the bytes of the line it was decoded from (`parse_line` gives it), and without a line it is
+    `record_size(obj)`; over `MAX_RECORD_BYTES` it is rejected with `RecordTooLarge`."""
+    rules = _rules(topic)
+    check_record_size(record_size(obj) if size is None else size)
+    return _judge(rules, obj)
+
+
 def _size(line: bytes | str) -> int:
     """Bytes of `line` without its line terminator (UTF-8 for a str)."""
     if isinstance(line, str):
@@ -278,19 +289,32 @@ def _size(line: bytes | str) -> int:
     return len(line) - 1 if line.endswith(b"\n") else len(line)
 
 
-def parse_line(topic: str, line: bytes | str) -> dict[str, Any]:
-    """Check one line's size, decode it with orjson and validate it. Raises `InvalidRecord` with the reason.
+def line_parser(topic: Topic) -> Callable[[bytes | str], dict[str, Any]]:
+    """`parse_line` bound to `topic`: for a source that judges many lines of one topic (its rules are looked up
+    once)."""
+    rules = _rules(topic)
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+
+    def parse(line: bytes | str) -> dict[str, Any]:
+        size = _size(line)
+        check_record_size(size)
+        if isinstance(line, bytes):
+            line = line[:size]
+        elif line.endswith("\n"):
+            line = line[:-2] if line.endswith("\r\n") else line[:-1]
+        try:
+            obj = loads(line)
+        except decode_error as e:
+            raise InvalidRecord(f"not valid JSON: {e}") from None
+        return _judge(rules, obj)
+
+    return parse
+
+
+def parse_line(topic: Topic, line: bytes | str) -> dict[str, Any]:
+    """Check one line's size, decode it with orjson and validate it against `topic`. Raises `InvalidRecord` with
+    the reason.
 
     A line terminator at its end is not part of the line: the verdict and reason of a line are the same with or
     without it (a line of a file, a Kafka message)."""
-    size = _size(line)
-    check_record_size(size)
-    if isinstance(line, bytes):
-        line = line[:size]
-    elif line.endswith("\n"):
-        line = line[:-2] if line.endswith("\r\n") else line[:-1]
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        raise InvalidRecord(f"not valid JSON: {e}") from None
-    return validate(topic, obj, size=size)
+    return line_parser(topic)(line)

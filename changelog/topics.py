@@ -1,18 +1,34 @@
-"""Topics as Delta tables: one append-only table per topic under `LAKE_DIR/topics/<topic>`.
+"""Topics as Delta tables: one append-only table per topic under `LAKE_DIR/topics/<topic>`, its columns those of
+the topic's declaration (`spec.model.Topic.columns()`: `op` first when the topic has one, then its fields; a
+timestamp or long as bigint, a double as double, a boolean as boolean, an id or string as string).
 
 A record's offset is (Delta commit version, index in the commit). Consumers read a topic as a stream from a
 checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batch`). `latest_version` reads the
 Delta log directory directly, so `mview status` can measure lag without starting Spark.
 `ensure_delta_table` creates the lake's other Delta tables (a join's state tables, a view's output log).
 
+A topic is given as its `spec.model.Topic`, or by name: a name is the topic of that name in the pipeline of
+`MVIEW_PIPELINE` in the process environment (the built-in pipeline when unset; `declared`).
+
 A topic's table is created and appended to without Spark (delta-rs, the `deltalake` package), with the plain
 protocol Spark writes too (reader 1, writer 2, no table properties), so Spark jobs, their streaming checkpoints
 and delta-rs writers share every topic log in both directions. Its schema is `topic_columns`, seen by Spark as
 `topic_schema` and by Arrow as `topic_arrow_schema`.
 
+**A declaration that changes.** `ensure_topic` (which ingest, the kafka and cdc jobs and every reader go through)
+compares the log's columns with the declaration's (`log_change`):
+- the same columns (in any order): nothing to do;
+- the declaration adds optional fields, and nothing else: the log's schema grows by those columns (a delta-rs
+  `ADD COLUMN` commit, appended at the end of the log's schema); old records hold null in them, for delta-rs and
+  Spark readers alike;
+- any other change (a field removed, renamed, of another type, a new field that is not optional, `op` added or
+  removed): refused with `TopicChanged` (one line that says what to do) when the log holds records; a log that
+  holds none takes the new columns (an overwrite of its schema).
+`check_topic` makes the same comparison without writing (for `mview produce` and `mview check`).
+
 Creating a topic is safe under concurrency: creators of the same topic take turns on an exclusive lock
 (`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
-first counts as done.
+first counts as done. A schema change is made under that exclusive lock too.
 
 Every commit made here is followed by its version checksum (`changelog.checksums`), as Spark's commits are.
 
@@ -33,19 +49,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from arro3.core import Array, RecordBatch, Table
+from arro3.core import Array, DataType, RecordBatch, Table
 
 from changelog.checksums import write_checksums
-from changelog.errors import UnknownTopic
-from changelog.records import TOPIC_FIELDS
+from changelog.errors import TopicChanged, UnknownTopic
+from spec.model import Topic
 
 __all__ = [
-    "TOPICS",
+    "declared",
     "topic_path",
     "topic_columns",
     "topic_schema",
     "topic_arrow_schema",
     "ensure_topic",
+    "open_topic",
+    "check_topic",
+    "log_change",
     "read_stream",
     "read_batch",
     "latest_version",
@@ -54,54 +73,68 @@ __all__ = [
     "append_table",
     "topic_lock",
     "RecordTable",
+    "table_version",
 ]
 
 _BATCH_ROWS = 50_000  # records per Arrow record batch of a RecordTable
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # a topic's name (spec.load's rule): safe as a directory name
 
-TOPICS: tuple[str, ...] = tuple(TOPIC_FIELDS)
-
-
-def _check(topic: str) -> None:
-    if topic not in TOPIC_FIELDS:
-        raise UnknownTopic(topic, TOPICS)
-
-
-def topic_path(lake_dir: Path, topic: str) -> Path:
-    _check(topic)
-    return Path(lake_dir) / "topics" / topic
+# A log column's SQL type (`Topic.columns()`) as Arrow's and as Delta's (what delta-rs and Spark write).
+_ARROW = {
+    "bigint": DataType.int64(),
+    "double": DataType.float64(),
+    "boolean": DataType.bool(),
+    "string": DataType.string(),
+}
+_DELTA = {"long": "bigint", "integer": "bigint", "double": "double", "boolean": "boolean", "string": "string"}
 
 
-def topic_columns(topic: str) -> list[tuple[str, str]]:
-    """(name, Spark SQL type) of the topic's table, in a fixed order: op first (if any), then fields."""
-    _check(topic)
-    cols: dict[str, str] = {}
-    ops = TOPIC_FIELDS[topic]
-    if None not in ops:
-        cols["op"] = "string"
-    for fields in ops.values():
-        for name, (kind, _required) in fields.items():
-            cols.setdefault(name, "bigint" if kind == "ts" else "string")
-    return list(cols.items())
+def declared(topic: Topic | str) -> Topic:
+    """`topic` itself, or the topic of that name in the pipeline of `MVIEW_PIPELINE` (the process environment;
+    the built-in pipeline when unset). `UnknownTopic` names that pipeline's topics; `spec.PipelineError` when the
+    pipeline is not valid."""
+    if isinstance(topic, Topic):
+        return topic
+    from spec.builtin import default_pipeline
+
+    pipeline = default_pipeline()
+    try:
+        return pipeline.topics[topic]
+    except KeyError:
+        raise UnknownTopic(topic, tuple(pipeline.topics), Path(pipeline.file).name) from None
 
 
-def topic_schema(topic: str):
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+def _name(topic: Topic | str) -> str:
+    name = topic.name if isinstance(topic, Topic) else topic
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UnknownTopic(str(name), ())
+    return name
 
-    return StructType(
-        [StructField(n, LongType() if t == "bigint" else StringType(), True) for n, t in topic_columns(topic)]
-    )
+
+def topic_path(lake_dir: Path, topic: Topic | str) -> Path:
+    """`LAKE_DIR/topics/<name>`: where the topic's log lives (whether or not it exists)."""
+    return Path(lake_dir) / "topics" / _name(topic)
 
 
-def topic_arrow_schema(topic: str):
-    """The topic's columns as an Arrow schema (arro3): bigint -> int64, string -> utf8, all nullable."""
-    from arro3.core import DataType, Field, Schema
+def topic_columns(topic: Topic | str) -> list[tuple[str, str]]:
+    """(name, SQL type) of the topic's table as declared: `op` first (if the topic has one), then its fields."""
+    return declared(topic).columns()
 
-    return Schema(
-        [
-            Field(n, DataType.int64() if t == "bigint" else DataType.string(), True)
-            for n, t in topic_columns(topic)
-        ]
-    )
+
+def topic_schema(topic: Topic | str):
+    """The topic's columns as a Spark schema (every column nullable)."""
+    from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+
+    spark = {"bigint": LongType(), "double": DoubleType(), "boolean": BooleanType(), "string": StringType()}
+    return StructType([StructField(n, spark[t], True) for n, t in topic_columns(topic)])
+
+
+def topic_arrow_schema(topic: Topic | str):
+    """The topic's columns as an Arrow schema (arro3): bigint -> int64, double -> float64, boolean -> bool,
+    string -> utf8, all nullable."""
+    from arro3.core import Field, Schema
+
+    return Schema([Field(n, _ARROW[t], True) for n, t in topic_columns(topic)])
 
 
 def _exists(path: Path) -> bool:
@@ -112,17 +145,10 @@ def _exists(path: Path) -> bool:
     )
 
 
-def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
-    """Create the topic's Delta table (version 0, empty) if it does not exist; return its path.
-
-    Needs no Spark: `spark` may be None. Concurrent callers, in this process or others, create it once: the rest
-    wait for the creator and go on."""
-    path = topic_path(lake_dir, topic)
-    if _exists(path):
-        return str(path)
+def _create(path: Path, topic: Topic) -> None:
+    """Create the log at `path` with the topic's columns unless it exists (under the exclusive lock)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{topic}.lock", "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file is closed
+    with topic_lock(path, exclusive=True):
         if not _exists(path):
             from deltalake import DeltaTable
 
@@ -132,7 +158,128 @@ def ensure_topic(spark, lake_dir: Path, topic: str) -> str:
                 if not _exists(path):  # not a writer outside the lock that created it first
                     raise
             write_checksums(path, table_version(path))
-    return str(path)
+
+
+def _log_columns(table) -> dict[str, str]:
+    """The columns of the loaded log `table` (a `deltalake.DeltaTable`) as name -> SQL type (an unknown type as
+    Delta names it)."""
+    out = {}
+    for f in table.schema().fields:
+        kind = getattr(f.type, "type", None)
+        out[f.name] = _DELTA.get(kind, str(kind if kind is not None else f.type))
+    return out
+
+
+def log_change(table, topic: Topic) -> tuple[str, list] | None:
+    """How the declaration of `topic` differs from its loaded log `table` (a `deltalake.DeltaTable`): None when
+    the columns are the same (in any order); ("grow", [(name, SQL type), ...]) when it only adds optional fields;
+    else ("change", [each change in words])."""
+    log, want = _log_columns(table), dict(topic.columns())
+    if log == want:
+        return None
+    added = [n for n in want if n not in log]
+    removed = [n for n in log if n not in want]
+    retyped = [n for n in log if n in want and log[n] != want[n]]
+    if not removed and not retyped and all(n in topic.optional for n in added):
+        return "grow", [(n, want[n]) for n in added]
+    changes = []
+    for n in removed:
+        changes.append(
+            "`op` is not declared any more" if n == "op" else f"field {n!r} is not declared any more"
+        )
+    for n in retyped:
+        changes.append(f"field {n!r} is declared {topic.type_of(n)}, the log holds {log[n]}")
+    for n in added:
+        if n == "op":
+            changes.append("`op` is new")
+        elif n not in topic.optional:
+            changes.append(f"field {n!r} is new and not optional")
+        else:
+            changes.append(f"field {n!r} is new (optional)")
+    return "change", changes
+
+
+def _holds_records(table) -> bool:
+    return bool(table.file_uris())
+
+
+def _where(topic: Topic) -> str | None:
+    """`<file>:<line>: topics.<name>.fields` of the topic's declaration in the pipeline of the environment, when
+    it is declared there."""
+    try:
+        from spec.builtin import default_pipeline
+
+        pipeline = default_pipeline()
+    except Exception:  # noqa: BLE001 - only a better message: the place is left out
+        return None
+    if pipeline.topics.get(topic.name) != topic:
+        return None
+    return pipeline.where("topics", topic.name, "fields")
+
+
+def open_topic(lake_dir: Path, topic: Topic | str, *, where: str | None = None):
+    """The topic's log, ready for records of its declaration: (path, the log loaded as a `deltalake.DeltaTable`).
+
+    Creates it (version 0, empty) if it does not exist; otherwise brings its schema to the declaration (module
+    docstring): grows it by new optional fields, takes any new columns when it holds no record, and raises
+    `TopicChanged` for any other change of a log that holds records (`where`: the declaration's place for the
+    message, default: looked up in the pipeline of the environment). Needs no Spark. Concurrent callers, in this
+    process or others, create or change it once: the rest wait for the first and go on."""
+    from deltalake import DeltaTable
+
+    topic = declared(topic)
+    path = topic_path(lake_dir, topic)
+    if not _exists(path):
+        _create(path, topic)
+    table = DeltaTable(str(path))
+    if log_change(table, topic) is None:
+        return str(path), table
+    with topic_lock(path, exclusive=True):
+        table.update_incremental()
+        change = log_change(table, topic)
+        if change is None:
+            return str(path), table
+        kind, what = change
+        if kind == "grow":
+            from deltalake import Field
+
+            delta = {"bigint": "long", "double": "double", "boolean": "boolean", "string": "string"}
+            table.alter.add_columns([Field(n, delta[t], nullable=True) for n, t in what])
+        elif not _holds_records(table):
+            from deltalake import write_deltalake
+
+            schema = topic_arrow_schema(topic)
+            write_deltalake(
+                str(path), Table.from_batches([], schema=schema), mode="overwrite", schema_mode="overwrite"
+            )
+        else:
+            raise TopicChanged(topic.name, str(path), what, where or _where(topic))
+        write_checksums(path, table_version(path))
+    return str(path), DeltaTable(str(path))
+
+
+def ensure_topic(spark, lake_dir: Path, topic: Topic | str) -> str:
+    """`open_topic`'s path: the topic's log created if it does not exist, its schema brought to the declaration.
+    `spark` is not used (None is fine); it stays first so callers holding a session need not change."""
+    return open_topic(lake_dir, topic)[0]
+
+
+def check_topic(lake_dir: Path, topic: Topic | str, *, where: str | None = None) -> tuple[str, list] | None:
+    """What `open_topic` would do to the topic's log, without writing: None (nothing, or no log yet), ("grow",
+    columns) or ("replace", changes) for a log without records; raises `TopicChanged` as `open_topic` would."""
+    from deltalake import DeltaTable
+
+    topic = declared(topic)
+    path = topic_path(lake_dir, topic)
+    if not _exists(path):
+        return None
+    table = DeltaTable(str(path))
+    change = log_change(table, topic)
+    if change is None or change[0] == "grow":
+        return change
+    if not _holds_records(table):
+        return "replace", change[1]
+    raise TopicChanged(topic.name, str(path), change[1], where or _where(topic))
 
 
 @contextmanager
@@ -178,13 +325,20 @@ def append_table(
 class RecordTable:
     """Validated records of one topic as Arrow record batches of the topic's schema, to be committed at once.
 
-    A record that does not fit the schema exactly (a value Arrow would convert, e.g. a bool as `ts`, or refuse, a
-    field that is not a column) sets `unfit`; later records are then not kept. Callers must refuse to commit an unfit table (`NotStored`)."""
+    A record that does not fit the schema exactly (a value Arrow would convert, e.g. a bool as a bigint or an int
+    as a double, or refuse, a field that is not a column) sets `unfit`; later records are then not kept. Callers
+    must refuse to commit an unfit table (`NotStored`)."""
 
-    def __init__(self, topic: str):
+    def __init__(self, topic: Topic | str):
+        topic = declared(topic)
         self.schema = topic_arrow_schema(topic)
-        self._columns = [(n, self.schema.field(n).type, t == "bigint") for n, t in topic_columns(topic)]
-        self._known = frozenset(n for n, _t, _i in self._columns)
+        exact = {
+            "bigint": int,
+            "double": float,
+            "boolean": bool,
+        }  # the one Python type a column's values have
+        self._columns = [(n, self.schema.field(n).type, exact.get(t)) for n, t in topic.columns()]
+        self._known = frozenset(n for n, _t, _e in self._columns)
         self._rows: list[dict] = []
         self._batches: list[RecordBatch] = []
         self.unfit: str | None = None
@@ -202,10 +356,12 @@ class RecordTable:
                 if not r.keys() <= self._known:
                     raise ValueError(f"fields {sorted(r.keys() - self._known)} are not columns of the topic")
             arrays = []
-            for name, kind, is_int in self._columns:
+            for name, kind, exact in self._columns:
                 values = [r.get(name) for r in rows]
-                if is_int and any(v is not None and type(v) is not int for v in values):
-                    raise TypeError(f"field {name!r} holds a value that is not an integer")  # e.g. a bool
+                if exact is not None and any(v is not None and type(v) is not exact for v in values):
+                    raise TypeError(
+                        f"field {name!r} holds a value that is not a {exact.__name__}"
+                    )  # e.g. a bool
                 arrays.append(
                     Array(values, type=kind)
                 )  # refuses a str for int64, an int for a string, > 64 bits
@@ -219,8 +375,9 @@ class RecordTable:
         return Table.from_batches(self._batches, schema=self.schema)
 
 
-def read_stream(spark, lake_dir: Path, topic: str, *, max_files_per_trigger: int | None = None):
-    """The topic as a streaming DataFrame, from the start of the log (the checkpoint decides where to resume)."""
+def read_stream(spark, lake_dir: Path, topic: Topic | str, *, max_files_per_trigger: int | None = None):
+    """The topic as a streaming DataFrame, from the start of the log (the checkpoint decides where to resume). The
+    log is made ready for the declaration first (`ensure_topic`: a changed declaration is refused here)."""
     path = ensure_topic(spark, lake_dir, topic)
     reader = spark.readStream.format("delta")
     if max_files_per_trigger:
@@ -228,7 +385,7 @@ def read_stream(spark, lake_dir: Path, topic: str, *, max_files_per_trigger: int
     return reader.load(path)
 
 
-def read_batch(spark, lake_dir: Path, topic: str, *, version: int | None = None):
+def read_batch(spark, lake_dir: Path, topic: Topic | str, *, version: int | None = None):
     """The topic as a batch DataFrame: every record, or every record committed up to `version`."""
     path = ensure_topic(spark, lake_dir, topic)
     reader = spark.read.format("delta")
@@ -248,12 +405,12 @@ def table_version(path: Path | str) -> int:
     return max((int(m.group(1)) for p in log.iterdir() if (m := _COMMIT.match(p.name))), default=-1)
 
 
-def latest_version(lake_dir: Path, topic: str) -> int:
+def latest_version(lake_dir: Path, topic: Topic | str) -> int:
     """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
     return table_version(topic_path(lake_dir, topic))
 
 
-def table_id(lake_dir: Path, topic: str) -> str | None:
+def table_id(lake_dir: Path, topic: Topic | str) -> str | None:
     """The id of the topic's Delta table (its `metaData.id`, fixed at creation; a Delta streaming source's offsets
     name it `reservoirId`), read from the log's first commit without Spark; None when that commit is not there."""
     try:

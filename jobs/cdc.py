@@ -1,5 +1,7 @@
-"""Job `cdc`: the PostgreSQL table PG_TABLE, captured by logical replication into the `profiles` log
-(`changelog.postgres`: snapshot, then every committed change, exactly once). A source job: no Spark, no views.
+"""Job `cdc`: the PostgreSQL tables of the pipeline's topics with `capture: {postgres: <table>}`, captured by
+logical replication into those topics' logs (`changelog.postgres`: snapshot, then every committed change, exactly
+once), through one publication and slot: PG_SLOT, default `mview_<the first captured topic>` (`mview_profiles`
+for the built-in pipeline). A source job: no Spark, no views.
 
 - `run_cdc(once=True)`: everything committed before the start, then returns the counts.
 - Deployed (`once=False`, see `jobs.source`): streams until SIGTERM; each commit of the log updates the status
@@ -12,8 +14,8 @@
 - `lag`: WAL bytes the slot has not confirmed (`mview status`); `drop`: removes the slot and the publication
   (`mview stop cdc --drop-slot`).
 - Metrics (`jobs.metrics`, `metrics_url` in the status), `mview run` and deployed alike: per Delta commit of the
-  log (the snapshot's, then the stream's), `mview_input_records_total{topic="profiles"}` counts the changes it
-  holds (appended or dead-lettered), `mview_batches_total` and `mview_batch_duration_seconds` the commit; at each
+  logs (the snapshot's, then the stream's), `mview_input_records_total{topic=...}` counts the changes each
+  topic's commits hold (appended or dead-lettered), `mview_batches_total` and `mview_batch_duration_seconds` the commit; at each
   scrape `mview_lag_bytes` is `lag`, `mview_rejected_records_total` the dead letters and
   `mview_last_batch_timestamp_seconds` the last commit.
 """
@@ -25,14 +27,22 @@ import time
 import psycopg2
 
 from changelog.errors import CdcFailed, PostgresMisconfigured, PostgresUnavailable, redact
-from changelog.postgres import PgSource, capture, drop_slot, shown_dsn, wal_lag
+from changelog.postgres import PgSource, capture, captured_topics, drop_slot, shown_dsn, wal_lag
 from changelog.postgres import probe as _probe
 from jobs import runtime
 from jobs.metrics import metrics_for
 from jobs.runtime import job_dir, log, write_status
 from jobs.settings import Settings
 
-__all__ = ["run_cdc", "lag", "drop", "probe"]
+__all__ = ["run_cdc", "lag", "drop", "probe", "slot_name"]
+
+
+def slot_name(settings: Settings) -> str:
+    """PG_SLOT, or `mview_<the first topic of the pipeline with capture>` (`mview` when none has one)."""
+    if settings.pg_slot:
+        return settings.pg_slot
+    topics = captured_topics(settings.pipeline().topics.values())
+    return f"mview_{topics[0].name}" if topics else "mview"
 
 
 def _source(settings: Settings) -> PgSource:
@@ -40,11 +50,19 @@ def _source(settings: Settings) -> PgSource:
         raise CdcFailed(
             "PG_DSN is empty: set it to the database to capture (`make postgres` starts a local one)"
         )
-    return PgSource(settings.pg_dsn, settings.pg_table, settings.pg_slot)
+    pipeline = settings.pipeline()
+    topics = captured_topics(pipeline.topics.values())
+    if not topics:
+        raise CdcFailed(
+            f"no topic of the pipeline {pipeline.file} has `capture: {{postgres: <table>}}`: declare the table a"
+            " topic captures, or do not run the cdc job"
+        )
+    return PgSource(settings.pg_dsn, topics, slot_name(settings))
 
 
 def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | None = None) -> dict:
-    """Capture PG_TABLE into the `profiles` log; `spark` and `generation` are not used (a source job)."""
+    """Capture the pipeline's captured tables into their topics' logs; `spark` and `generation` are not used (a
+    source job)."""
     source = _source(settings)
     metrics = metrics_for(settings, "cdc")
     write_status(settings, "cdc", metrics_url=metrics.url if metrics else None)
@@ -66,7 +84,9 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
         started = time.monotonic()
         try:
             write_status(settings, "cdc", state="running", error=None, retry_in_s=None)
-            log(f"cdc: capturing {source.table} (slot {source.slot}) at PG_DSN ({shown_dsn(source.dsn)})")
+            log(
+                f"cdc: capturing {source.shown_tables} (slot {source.slot}) at PG_DSN ({shown_dsn(source.dsn)})"
+            )
             capture(
                 source,
                 settings.lake_dir,
@@ -92,14 +112,14 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
 
 
 def _meter(metrics, seen: dict, then):
-    """The progress callback of one capture: counts each Delta commit's changes in `metrics` (the capture's
-    counts are cumulative: `seen` keeps the last), then calls `then`."""
+    """The progress callback of one capture: counts each Delta commit's changes per topic in `metrics` (the
+    capture's counts are cumulative: `seen` keeps the last), then calls `then`."""
 
     def progress(p: dict) -> None:
-        n = p["appended"] + p["rejected"]
+        counts = p.get("topics", {})
         if metrics is not None:
-            metrics.count({"profiles": n - seen.get("n", 0)}, p.get("seconds", 0.0))
-        seen["n"] = n
+            metrics.count({t: n - seen.get(t, 0) for t, n in counts.items()}, p.get("seconds", 0.0))
+        seen.update(counts)
         if then is not None:
             then(p)
 
@@ -107,8 +127,13 @@ def _meter(metrics, seen: dict, then):
 
 
 def lag(settings: Settings) -> int | None:
-    """WAL bytes not yet captured; None without PG_DSN, a slot, or an answering database."""
-    return wal_lag(_source(settings)) if settings.pg_dsn else None
+    """WAL bytes not yet captured; None without PG_DSN, a captured topic, a slot, or an answering database."""
+    if not settings.pg_dsn:
+        return None
+    try:
+        return wal_lag(_source(settings))
+    except CdcFailed:  # no topic to capture
+        return None
 
 
 def drop(settings: Settings) -> list[str]:

@@ -1,4 +1,8 @@
-"""`mview`: the command line. Commands that only read Redis or the lake never start Spark."""
+"""`mview`: the command line. Commands that only read Redis or the lake never start Spark.
+
+Topics are those of the pipeline of `MVIEW_PIPELINE` (the built-in one when unset). A command that writes a
+topic's log or starts a job reading it (`ingest`, `produce`, `run`, `deploy`, `replay`) first refuses a topic whose
+declaration no longer fits the records its log holds (`changelog.topics.check_topic`)."""
 
 from __future__ import annotations
 
@@ -43,6 +47,47 @@ def _redis(settings):
         raise SystemExit(f"mview: {e}") from None
 
 
+def _pipeline(settings):
+    """The settings' pipeline (`spec.PipelineError` when it is not valid)."""
+    return settings.pipeline()
+
+
+def _topic(settings, name: str):
+    """The pipeline's topic `name`; an unknown one is one line naming the pipeline's topics."""
+    from changelog.errors import UnknownTopic
+
+    pipeline = _pipeline(settings)
+    if name not in pipeline.topics:
+        raise UnknownTopic(name, tuple(pipeline.topics), os.path.basename(pipeline.file))
+    return pipeline.topics[name]
+
+
+def _check_topics(settings, topics) -> None:
+    """Refuse (`TopicChanged`, one line) when the declaration of one of `topics` no longer fits the records its
+    log holds; a log that only needs to grow, or does not exist yet, is fine (it is brought to the declaration when
+    it is opened)."""
+    from changelog.topics import check_topic
+
+    pipeline = _pipeline(settings)
+    for topic in topics:
+        check_topic(settings.lake_dir, topic, where=pipeline.where("topics", topic.name, "fields"))
+
+
+def _job_topics(settings, job: str) -> list:
+    """The topics the job `job` reads (a pipeline job) or writes (kafka: every topic; cdc: the captured ones)."""
+    from changelog.postgres import captured_topics
+    from jobs.registry import job_spec
+
+    pipeline = _pipeline(settings)
+    if job in pipeline.jobs:
+        return [pipeline.topics[t] for t in pipeline.jobs[job].topics]
+    if job == "kafka":
+        return list(pipeline.topics.values())
+    if job == "cdc":
+        return list(captured_topics(pipeline.topics.values()))
+    return [pipeline.topics[t] for t in job_spec(job).topics if t in pipeline.topics]
+
+
 def _commit_bound() -> dict:
     """`mview ingest`'s commit bound: INGEST_COMMIT_RECORDS and INGEST_COMMIT_BYTES (positive integers), each
     defaulting to `changelog.ingest`'s."""
@@ -75,13 +120,11 @@ def _ingested(topic: str, files: list[dict]) -> None:
 
 
 def cmd_ingest(args) -> int:
-    from changelog.errors import IngestFailed, NotStored, UnknownTopic
+    from changelog.errors import IngestFailed, NotStored
     from changelog.ingest import deadletter_path, ingest
-    from changelog.topics import TOPICS
 
     settings = _settings()
-    if args.topic not in TOPICS:
-        raise SystemExit(f"mview: {UnknownTopic(args.topic, TOPICS)}")
+    topic = _topic(settings, args.topic)
     bound = _commit_bound()
     _lake(settings, write=True)
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
@@ -91,7 +134,7 @@ def cmd_ingest(args) -> int:
         result = ingest(
             None,
             settings.lake_dir,
-            args.topic,
+            topic,
             args.files,
             progress=lambda m: print(m, file=sys.stderr, flush=True),
             quiet=True,  # a failure is one line: delta-rs's Rust panic report is not shown
@@ -116,13 +159,11 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_produce(args) -> int:
-    from changelog.errors import NotProduced, UnknownTopic
+    from changelog.errors import NotProduced
     from changelog.kafka import publish
-    from changelog.topics import TOPICS
 
     settings = _settings()
-    if args.topic not in TOPICS:
-        raise SystemExit(f"mview: {UnknownTopic(args.topic, TOPICS)}")
+    topic = _topic(settings, args.topic)
     if not settings.kafka_bootstrap:
         raise SystemExit(
             "mview: Kafka is not configured: set KAFKA_BOOTSTRAP (e.g. 127.0.0.1:9092 after `make kafka`)"
@@ -130,8 +171,10 @@ def cmd_produce(args) -> int:
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:
         raise SystemExit(f"mview: no such file: {missing[0]}")
+    if settings.lake_dir.is_dir():  # the logs the kafka job will copy into (a lake elsewhere: not checked)
+        _check_topics(settings, [topic])
     try:
-        result = publish(settings.kafka_bootstrap, settings.kafka_topic_prefix, args.topic, args.files)
+        result = publish(settings.kafka_bootstrap, settings.kafka_topic_prefix, topic, args.files)
     except NotProduced as e:  # what did reach the broker, then the one line of the failure
         _published(e.result, args.json)
         sys.stdout.flush()
@@ -165,6 +208,7 @@ def cmd_run(args) -> int:
     spec = job_spec(args.job)
     settings = _settings()
     _lake(settings, write=True)
+    _check_topics(settings, _job_topics(settings, spec.name))
     if spec.source:  # copies an outside system into the logs: no Spark, no Redis, no generations
         if not args.once:
             from jobs.source import serve_source
@@ -249,6 +293,8 @@ def cmd_deploy(args) -> int:
 
     settings = _settings()
     _lake(settings, write=True)
+    if args.job in _pipeline(settings).jobs or args.job in ("kafka", "cdc"):
+        _check_topics(settings, _job_topics(settings, args.job))
     return deploy(settings, args.job)
 
 
@@ -278,6 +324,7 @@ def cmd_replay(args) -> int:
         )
     settings = _settings()
     _lake(settings, write=True)
+    _check_topics(settings, _job_topics(settings, args.job))
     _redis(settings)
     return replay(_spark(settings, f"mview-replay-{args.job}"), settings, args.job)
 

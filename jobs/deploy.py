@@ -38,14 +38,16 @@ from views.redis_io import probe
 __all__ = ["deploy", "stop", "pid_of", "log_path", "settings_env"]
 
 # Settings fields whose environment variable is not simply the field name in upper case.
-_ENV_NAMES = {"driver_memory": "SPARK_DRIVER_MEMORY"}
+_ENV_NAMES = {"driver_memory": "SPARK_DRIVER_MEMORY", "pipeline_file": "MVIEW_PIPELINE"}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment variables that reproduce `settings` in a child process."""
-    env = {}
+    """The environment variables that reproduce `settings` in a child process: the environment they were read
+    from (what the pipeline file's `${VAR}` read, e.g. the built-in file's PG_TABLE), then one variable per
+    setting."""
+    env = dict(settings.env)
     for f in dataclasses.fields(settings):
-        if not f.init:  # derived (the parsed durations)
+        if not f.init or f.name == "env":  # derived (the parsed durations); the environment, above
             continue
         value = getattr(settings, f.name)
         if value is None:  # an optional feature turned off (JVM_CACHE, METRICS_PORT)

@@ -1,21 +1,17 @@
-"""The `kafka` job: every topic's Kafka topic (`<KAFKA_TOPIC_PREFIX><topic>`) copied into that topic's Delta log.
+"""The `kafka` job: the Kafka topic `<KAFKA_TOPIC_PREFIX><topic>` of every topic of the pipeline, copied into that
+topic's Delta log.
 
-A source job (no views, no generations; `jobs.skeleton`): one streaming query with Spark's Kafka source subscribed
-to the six Kafka topics (created with `changelog.kafka.PARTITIONS` partitions if missing), from the earliest
-offset the broker holds on its first run, then from its checkpoint. Per micro-batch (at most
-`MAX_MESSAGES_PER_BATCH` messages) the driver validates every message with the rules `mview ingest` uses and
-appends the valid records to the topics' logs and the rest to the dead letters, exactly once per batch id
-(`changelog.kafka.copy_batch`, keyed by this checkpoint's id and the batch id). A batch replayed after a crash has
-the same offsets, so each message reaches the Delta log exactly once across crashes and restarts.
-
-- `--once` copies what the broker holds when it starts (availableNow) and returns per topic
-  {"accepted": n, "rejected": m} of that run.
-- Broker unreachable: `KafkaUnavailable` (one line naming KAFKA_BOOTSTRAP); a deployed job restarts its query
-  with backoff and writes `kafka: "ok"` / `"waiting for Kafka at ... since ..."` into its status (`mview status`
-  then shows `state: "waiting"`); the failure is `last_error` until the restarted query completes a trigger (or a
-  micro-batch).
-  KAFKA_BOOTSTRAP empty: `SourceNotConfigured`.
-- Lag (`kafka_lag`, `mview status`'s `lag_versions`): messages the broker holds that the checkpoint has not
+A source job (no views, no generations; `jobs.skeleton`): one streaming query of Spark's Kafka source over those
+Kafka topics (created with `changelog.kafka.PARTITIONS` partitions if missing), from the earliest offset the broker
+holds, then from its checkpoint. Each micro-batch (at most `MAX_MESSAGES_PER_BATCH` messages) is validated in the
+driver by `mview ingest`'s rules and copied exactly once per batch id (`changelog.kafka.copy_batch`, keyed by this
+checkpoint's id and the batch id; a batch replayed after a crash has the same offsets). A topic whose log's records
+do not follow its declaration is refused (`TopicChanged`) before the query starts.
+- `--once`: what the broker holds at the start (availableNow); returns per topic {"accepted": n, "rejected": m}.
+- Broker away: `KafkaUnavailable` (one line naming KAFKA_BOOTSTRAP); deployed, the query restarts with backoff and
+  the status says `kafka: "waiting for Kafka at ... since ..."` (`state: "waiting"`) until it answers (`"ok"`); the
+  failure is `last_error` until a restarted query completes a trigger. KAFKA_BOOTSTRAP empty: `SourceNotConfigured`.
+- Lag (`kafka_lag`, `lag_versions` in `mview status`): messages the broker holds that the checkpoint has not
   committed, summed over partitions; None when the broker does not answer or Kafka is not configured.
 """
 
@@ -26,7 +22,7 @@ import time
 
 from changelog.errors import KafkaUnavailable
 from changelog.kafka import broker_watch, copy_batch, ensure_kafka_topics, kafka_topic, lag
-from changelog.topics import TOPICS, ensure_topic
+from changelog.topics import ensure_topic
 from jobs import runtime
 from jobs.errors import SourceNotConfigured
 from jobs.runtime import checkpoint_dir, log, read_status, write_status
@@ -43,8 +39,9 @@ _TEXT = "if(is_valid_utf8(value), cast(value AS string), null) AS text"
 _BINARY = "if(is_valid_utf8(value), null, value) AS value"
 
 
-def _names(settings: Settings) -> dict[str, str]:
-    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in TOPICS}
+def _names(settings: Settings) -> dict:
+    """Kafka topic -> the pipeline's topic (`spec.model.Topic`) it is copied into, for every topic."""
+    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in settings.pipeline().topics.values()}
 
 
 def preflight(settings: Settings, *, reach: bool = True) -> None:
@@ -84,7 +81,7 @@ def _wire(run: JobRun) -> Wiring:
     s = run.settings
     preflight(s)
     names = _names(s)
-    for t in TOPICS:
+    for t in names.values():  # a changed declaration is refused here, before the query starts
         ensure_topic(None, s.lake_dir, t)
     write_status(s, "kafka", kafka="ok")
     app: list[str] = []
@@ -122,16 +119,12 @@ def _wire(run: JobRun) -> Wiring:
 def _waiting(settings: Settings, e: KafkaUnavailable) -> None:
     """Say in the status that the job waits for the broker (`kafka`), keeping since when if it already did."""
     if not str(read_status(settings, "kafka").get("kafka", "")).startswith("waiting"):
+        since = time.strftime("%H:%M:%S")
         write_status(
             settings,
             "kafka",
-            kafka=f"waiting for Kafka at KAFKA_BOOTSTRAP={e.bootstrap} since {time.strftime('%H:%M:%S')} "
-            f"({e.cause})",
+            kafka=f"waiting for Kafka at KAFKA_BOOTSTRAP={e.bootstrap} since {since} ({e.cause})",
         )
-
-
-def _per_topic(totals: dict) -> dict:
-    return {t: {k: totals.get(f"{t}.{k}", 0) for k in ("accepted", "rejected")} for t in TOPICS}
 
 
 def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) -> dict:
@@ -143,7 +136,11 @@ def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) 
 
         spark = get_spark(settings, "mview-kafka")
     if once:
-        return _per_topic(run_job(spark, settings, "kafka", _wire, once=True, generation=generation))
+        totals = run_job(spark, settings, "kafka", _wire, once=True, generation=generation)
+        return {
+            t: {k: totals.get(f"{t}.{k}", 0) for k in ("accepted", "rejected")}
+            for t in settings.pipeline().topics
+        }
     restarts = _Restarts(settings, "kafka")  # a failed query (the broker went away) restarts after a backoff
     while not runtime.STOP.is_set():
         started = time.monotonic()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import import_module
 
-from changelog.topics import TOPICS
 from jobs.errors import UnknownName
 
 __all__ = ["JobSpec", "JOBS", "VIEWS", "job_spec", "view_job"]
@@ -40,6 +39,22 @@ class JobSpec:
         return self.call("runner", spark, settings, **kwargs)
 
 
+def _source_topics() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(every topic, the captured topics) of the pipeline of the environment (`MVIEW_PIPELINE`): what the kafka
+    and cdc jobs copy into. An invalid pipeline has none here: every command refuses it before it starts."""
+    from changelog.postgres import captured_topics
+    from spec import PipelineError
+    from spec.builtin import default_pipeline
+
+    try:
+        topics = default_pipeline().topics
+    except PipelineError:
+        return (), ()
+    return tuple(topics), tuple(t.name for t in captured_topics(topics.values()))
+
+
+_ALL, _CAPTURED = _source_topics()
+
 JOBS: dict[str, JobSpec] = {
     "timeline": JobSpec(
         "timeline",
@@ -57,7 +72,7 @@ JOBS: dict[str, JobSpec] = {
     ),
     "kafka": JobSpec(
         "kafka",
-        TOPICS,
+        _ALL,
         (),
         "jobs.kafka:run_kafka",
         lag="jobs.kafka:kafka_lag",
@@ -66,7 +81,7 @@ JOBS: dict[str, JobSpec] = {
     ),
     "cdc": JobSpec(
         "cdc",
-        ("profiles",),
+        _CAPTURED,
         (),
         "jobs.cdc:run_cdc",
         lag="jobs.cdc:lag",

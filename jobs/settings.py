@@ -131,8 +131,9 @@ class Settings:
     kafka_topic_prefix: KAFKA_TOPIC_PREFIX, topic T is the Kafka topic <prefix>T (default "mview.").
     pg_dsn: PG_DSN, libpq connection string of the PostgreSQL database the `cdc` job captures (default empty =
         no CDC). May hold a password: never in a repr, log, status or error message.
-    pg_table: PG_TABLE, the captured table (default "profiles").
-    pg_slot: PG_SLOT, the logical replication slot and publication the `cdc` job owns (default "mview_profiles").
+    pg_slot: PG_SLOT, the logical replication slot and publication the `cdc` job owns (default empty:
+        `mview_<the first topic with capture>`, `mview_profiles` for the built-in pipeline; `jobs.cdc`). The tables
+        it captures are the pipeline's (`capture: {postgres: ...}`); the built-in file reads PG_TABLE for its own.
     redis_cluster: REDIS_CLUSTER, REDIS_URL names a node of a Redis Cluster (default false). The mode is read
         from the server either way; true makes every connection refuse a server that is not a cluster node.
     fanout_limit: FANOUT_LIMIT, authors with more current followers than this are not fanned out on write;
@@ -165,8 +166,7 @@ class Settings:
     kafka_bootstrap: str = ""
     kafka_topic_prefix: str = "mview."
     pg_dsn: str = field(default="", repr=False)  # may hold a password
-    pg_table: str = "profiles"
-    pg_slot: str = "mview_profiles"
+    pg_slot: str = ""
     redis_cluster: bool = False
     fanout_limit: int | None = None
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
@@ -213,8 +213,7 @@ class Settings:
             kafka_bootstrap=e.get("KAFKA_BOOTSTRAP", "").strip(),
             kafka_topic_prefix=e.get("KAFKA_TOPIC_PREFIX", "mview."),
             pg_dsn=e.get("PG_DSN", "").strip(),
-            pg_table=e.get("PG_TABLE", "profiles").strip() or "profiles",
-            pg_slot=e.get("PG_SLOT", "mview_profiles").strip() or "mview_profiles",
+            pg_slot=e.get("PG_SLOT", "").strip(),
             redis_cluster=_flag(e.get("REDIS_CLUSTER", "false")),
             fanout_limit=_limit(e.get("FANOUT_LIMIT", "")),
         )

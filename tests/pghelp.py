@@ -49,6 +49,13 @@ class PgTable:
     def env(self) -> dict[str, str]:
         return {"PG_DSN": self.dsn, "PG_TABLE": self.name, "PG_SLOT": self.slot}
 
+    def topics(self) -> tuple:
+        """The built-in pipeline's `profiles` topic captured from this table (what the cdc job captures with
+        `env()`), as `changelog.postgres.PgSource` takes it."""
+        from spec.builtin import builtin_pipeline
+
+        return (builtin_pipeline({"PG_TABLE": self.name}).topics["profiles"],)
+
 
 @pytest.fixture
 def pg(pg_server):
@@ -94,16 +101,16 @@ def password_role(pg_server, pg: PgTable, password: str) -> str:
     raise AssertionError(f"the server does not check the password of {role} after a reload of {hba}")
 
 
-def log_commits(lake_dir) -> list[list[dict]]:
-    """The `profiles` log's records per Delta commit (version 1 on), each commit's in the order written, read
-    with delta-rs (no Spark)."""
+def log_commits(lake_dir, topic: str = "profiles") -> list[list[dict]]:
+    """The records per Delta commit (version 1 on) of the log of `topic` (default: the built-in `profiles`), each
+    commit's in the order written, read with delta-rs (no Spark)."""
     from collections import Counter
 
     from deltalake import DeltaTable, QueryBuilder
 
     from changelog.topics import topic_path
 
-    path = str(topic_path(lake_dir, "profiles"))
+    path = str(topic_path(lake_dir, topic))
 
     def rows(version: int) -> list[tuple]:
         t = (

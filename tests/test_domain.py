@@ -114,10 +114,6 @@ def _files() -> list[Path]:
 
 # Modules still to be made generic (issue #34). The list only shrinks; it is empty when the work is done.
 NOT_YET = {
-    "changelog/debezium.py",
-    "changelog/kafka.py",
-    "changelog/postgres.py",
-    "changelog/records.py",
     "joins/asof.py",
     "joins/asof_state.py",
     "joins/interval_state.py",
@@ -125,7 +121,6 @@ NOT_YET = {
     "views/enrichment.py",
     "views/read.py",
     "jobs/__init__.py",
-    "jobs/cdc.py",
     "jobs/cli.py",
     "jobs/clicks.py",
     "jobs/devredis.py",

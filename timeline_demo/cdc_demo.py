@@ -47,6 +47,11 @@ def _settings():
     return Settings.from_env(env)
 
 
+def _table(settings) -> str:
+    """The table the built-in pipeline captures into `profiles` (PG_TABLE, read by its file)."""
+    return settings.pipeline().topics["profiles"].capture.postgres
+
+
 def _sql(settings, *statements: str, params=None) -> None:
     import psycopg2
 
@@ -54,7 +59,7 @@ def _sql(settings, *statements: str, params=None) -> None:
     try:
         with conn, conn.cursor() as cur:
             for s in statements:
-                cur.execute(s.replace("{t}", settings.pg_table), params)
+                cur.execute(s.replace("{t}", _table(settings)), params)
     finally:
         conn.close()
 
@@ -67,7 +72,7 @@ def _has_updated_at(settings) -> bool:
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT 1 FROM information_schema.columns WHERE table_name = %s AND column_name = 'updated_at'",
-                (settings.pg_table,),
+                (_table(settings).rpartition(".")[2],),
             )
             return cur.fetchone() is not None
     finally:
@@ -163,7 +168,7 @@ def run_demo(settings) -> bool:
             f" DO UPDATE SET country = 'DE'{stamp}",
             params={"u": user},
         )
-    _say(f"profiles in PostgreSQL ({settings.pg_table}): {', '.join(_USERS)} in DE")
+    _say(f"profiles in PostgreSQL ({_table(settings)}): {', '.join(_USERS)} in DE")
     ensure_topic(None, settings.lake_dir, "activity")
     started = [j for j in _JOBS if pid_of(settings, j) is None]
     for job in started:
@@ -176,7 +181,7 @@ def run_demo(settings) -> bool:
         )
         time.sleep(0.05)
         changed = [u for u, c in _USERS.items() if c]
-        _say(f"SQL: UPDATE {settings.pg_table} SET country = 'FR' WHERE user_id IN ({', '.join(changed)})")
+        _say(f"SQL: UPDATE {_table(settings)} SET country = 'FR' WHERE user_id IN ({', '.join(changed)})")
         _sql(
             settings,
             f"UPDATE {{t}} SET country = 'FR'{stamp} WHERE user_id = ANY(%(users)s)",
@@ -187,9 +192,7 @@ def run_demo(settings) -> bool:
             settings, _events(tag, "after", int(time.time() * 1000)), settings.lake_dir / "cdc-demo-2.jsonl"
         )
         time.sleep(0.05)
-        _say(
-            f"SQL: INSERT INTO {settings.pg_table} VALUES ('dave-{tag}', ...) (moves the profiles watermark)"
-        )
+        _say(f"SQL: INSERT INTO {_table(settings)} VALUES ('dave-{tag}', ...) (moves the profiles watermark)")
         _sql(
             settings,
             "INSERT INTO {t} (user_id, name, country) VALUES (%s, 'dave', 'IT')",

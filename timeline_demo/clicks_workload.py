@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from changelog.records import validate
+from spec.builtin import builtin_pipeline
 from timeline_demo.workload import T0, to_iso
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "write_clicks_topics",
     "WINDOW_MS",
 ]
+
+_BUILTIN = builtin_pipeline().topics  # records are judged by the built-in topics' declarations
 
 WINDOW_MS = 3_600_000
 _QUERIES = [f"q{i}" for i in range(40)]
@@ -133,11 +136,11 @@ def expected_clicks(searches: list[dict], clicks: list[dict], lateness_ms: int):
     """({search_id: export line of search_clicks}, {query: export line of ctr}) per the contract."""
     s_by_id: dict[str, dict] = {}
     for raw in searches:
-        r = validate("searches", raw)
+        r = validate(_BUILTIN["searches"], raw)
         s_by_id.setdefault(r["search_id"], r)
     c_by_id: dict[str, dict] = {}
     for raw in clicks:
-        r = validate("clicks", raw)
+        r = validate(_BUILTIN["clicks"], raw)
         c_by_id.setdefault(r["click_id"], r)
     all_ts = [r["ts"] for r in s_by_id.values()] + [r["ts"] for r in c_by_id.values()]
     if not all_ts:

@@ -19,9 +19,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from changelog.records import validate
+from spec.builtin import builtin_pipeline
 from timeline_demo.workload import T0, to_iso
 
 __all__ = ["EnrichmentWorkload", "generate_enrichment", "expected_enriched", "expected_by_country"]
+
+_BUILTIN = builtin_pipeline().topics  # records are judged by the built-in topics' declarations
 
 COUNTRIES = ("DE", "FR", "US", "JP", "BR", "IN", "NG")
 CLOCK_USER = "~clock"
@@ -124,7 +127,7 @@ def _versions(profiles: list[dict]) -> dict[str, list[tuple[int, bool, str | Non
     greater (name, country)."""
     best: dict[tuple[str, int], tuple] = {}
     for raw in profiles:
-        r = validate("profiles", raw)
+        r = validate(_BUILTIN["profiles"], raw)
         deleted = r["op"] == "delete"
         value = (deleted, None if deleted else r["name"], None if deleted else r["country"])
         rank = (value[0], value[1] or "", value[2] or "")
@@ -145,7 +148,7 @@ def expected_enriched(profiles: list[dict], activity: list[dict]) -> dict[str, d
     by_id = {(u, t): (d, n, c) for u, vs in versions.items() for t, d, n, c in vs}
     events: dict[str, tuple] = {}
     for raw in activity:
-        r = validate("activity", raw)
+        r = validate(_BUILTIN["activity"], raw)
         pv = r["profile_version"]
         key = (r["ts"], r["user_id"], r["action"], pv is not None, pv or "")
         if r["event_id"] not in events or key < events[r["event_id"]][0]:

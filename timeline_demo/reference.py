@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from changelog.records import validate
+from spec.builtin import builtin_pipeline
 
 __all__ = ["current_tables", "expected_timelines"]
+
+_BUILTIN = builtin_pipeline().topics  # records are judged by the built-in topics' declarations
 
 
 def current_tables(tweets: list[dict], follows: list[dict]):
@@ -18,7 +21,7 @@ def current_tables(tweets: list[dict], follows: list[dict]):
     posts: dict[str, tuple] = {}
     deleted: set[str] = set()
     for raw in tweets:
-        r = validate("tweets", raw)
+        r = validate(_BUILTIN["tweets"], raw)
         if r["op"] == "post":
             cand = (r["ts"], r["user_id"], r["text"])
             if r["tweet_id"] not in posts or cand > posts[r["tweet_id"]]:
@@ -28,7 +31,7 @@ def current_tables(tweets: list[dict], follows: list[dict]):
     live = {tid: (p[1], p[0]) for tid, p in posts.items() if tid not in deleted}
     last: dict[tuple[str, str], tuple] = {}
     for raw in follows:
-        r = validate("follows", raw)
+        r = validate(_BUILTIN["follows"], raw)
         key = (r["follower_id"], r["followee_id"])
         cand = (r["ts"], 1 if r["op"] == "unfollow" else 0)
         if key not in last or cand > last[key]:

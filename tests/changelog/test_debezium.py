@@ -182,3 +182,189 @@ def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
     u3 = [(r["name"], r["country"], r["ts"]) for r in _by_user(copied)["u3"]]
     assert u3[1:] == [("c2", "IT", u3[1][2]), ("c2", "PT", u3[1][2])]
     assert _versions(copied) == _versions(expected)
+
+
+# Debezium change events of a pipeline's own captured table: the shop's `customers` (`ts` <- column updated_at),
+# judged without a connector. Each: the event (plain, or in the schema/payload wrapper) and the record stored.
+_SHOP = None
+
+
+def _shop():
+    global _SHOP
+    if _SHOP is None:
+        from spec.builtin import BUILTIN_FILE
+        from spec.load import load_pipeline
+
+        _SHOP = load_pipeline(BUILTIN_FILE.with_name("shop.yml"))
+    return _SHOP
+
+
+_CUST_SRC = {
+    "connector": "postgresql",
+    "db": "shop",
+    "schema": "public",
+    "table": "customers",
+    "ts_ms": 1767261600000,
+}
+_CUST = {
+    "customer_id": "c1",
+    "name": "Ann",
+    "tier": "gold",
+    "country": "DE",
+    "updated_at": "2026-01-01T10:00:00.250Z",
+}
+_CUST_UP = {
+    "op": "upsert",
+    "customer_id": "c1",
+    "name": "Ann",
+    "tier": "gold",
+    "country": "DE",
+    "ts": 1767261600250,
+}
+
+
+def _wrapped(payload: dict, unit: str | None) -> dict:
+    """`payload` in Debezium's JSON converter wrapper, its `updated_at` of the integer time type `unit`."""
+    col = {"field": "updated_at", "type": "int64", "optional": True}
+    if unit:
+        col["name"] = unit
+    after = {"field": "after", "type": "struct", "optional": True, "fields": [col]}
+    schema = {"type": "struct", "fields": [{"field": "before", "type": "struct", "fields": []}, after]}
+    return {"schema": schema, "payload": payload}
+
+
+@pytest.mark.parametrize(
+    "event, expected",
+    [
+        ({"before": None, "after": _CUST, "source": _CUST_SRC, "op": "c"}, _CUST_UP),
+        ({"before": None, "after": _CUST, "source": _CUST_SRC, "op": "r"}, _CUST_UP),
+        (
+            {"before": _CUST, "after": {**_CUST, "tier": "silver"}, "source": _CUST_SRC, "op": "u"},
+            {**_CUST_UP, "tier": "silver"},
+        ),
+        # no updated_at (null, or no such column): the commit time, source.ts_ms, else the event's ts_ms
+        (
+            {"after": {**_CUST, "updated_at": None}, "source": _CUST_SRC, "op": "u", "ts_ms": 9},
+            {**_CUST_UP, "ts": 1767261600000},
+        ),
+        (
+            {
+                "after": {k: v for k, v in _CUST.items() if k != "updated_at"},
+                "op": "c",
+                "ts_ms": 1767261609999,
+            },
+            {**_CUST_UP, "ts": 1767261609999},
+        ),
+        # an extra column is dropped; a delete names only the key, at the commit time
+        ({"after": {**_CUST, "vip": True}, "source": _CUST_SRC, "op": "c"}, _CUST_UP),
+        (
+            {"before": {"customer_id": "c1", "name": None}, "after": None, "source": _CUST_SRC, "op": "d"},
+            {"op": "delete", "customer_id": "c1", "ts": 1767261600000},
+        ),
+        # integers in the unit the wrapper's schema names; without a schema, microseconds
+        (
+            _wrapped(
+                {"after": {**_CUST, "updated_at": 1767261600250999}, "source": _CUST_SRC, "op": "c"},
+                "io.debezium.time.MicroTimestamp",
+            ),
+            _CUST_UP,
+        ),
+        (
+            _wrapped(
+                {"after": {**_CUST, "updated_at": 1767261600250}, "source": _CUST_SRC, "op": "c"},
+                "io.debezium.time.Timestamp",
+            ),
+            _CUST_UP,
+        ),
+        (
+            _wrapped(
+                {"after": {**_CUST, "updated_at": 1767261600250000001}, "source": _CUST_SRC, "op": "c"},
+                "io.debezium.time.NanoTimestamp",
+            ),
+            _CUST_UP,
+        ),
+        (
+            _wrapped({"after": {**_CUST, "updated_at": 1767261600250}, "source": _CUST_SRC, "op": "c"}, None),
+            _CUST_UP,
+        ),
+        ({"after": {**_CUST, "updated_at": 1767261600250999}, "source": _CUST_SRC, "op": "c"}, _CUST_UP),
+        (
+            {
+                "after": {**_CUST, "updated_at": "2026-01-01T12:00:00.25+02:00"},
+                "source": _CUST_SRC,
+                "op": "c",
+            },
+            _CUST_UP,
+        ),
+    ],
+)
+def test_debezium_events_of_a_pipelines_captured_table_are_its_records(event, expected):
+    import orjson
+
+    from changelog.records import parse_line, validate
+
+    customers = _shop().topics["customers"]
+    assert validate(customers, event) == expected
+    assert parse_line(customers, orjson.dumps(event)) == expected
+
+
+@pytest.mark.parametrize(
+    "event, reason",
+    [
+        ({"after": {**_CUST, "tier": None}, "source": _CUST_SRC, "op": "c"}, "missing field 'tier'"),
+        (
+            {"after": {**_CUST, "customer_id": " "}, "source": _CUST_SRC, "op": "c"},
+            "field 'customer_id' is blank",
+        ),
+        ({"after": None, "source": _CUST_SRC, "op": "u"}, "Debezium event with op 'u' has no 'after' row"),
+        ({"before": None, "source": _CUST_SRC, "op": "d"}, "Debezium event with op 'd' has no 'before' row"),
+        (
+            {"before": None, "after": None, "source": _CUST_SRC, "op": "t"},
+            "Debezium event with op 't' is not a row change",
+        ),
+        (
+            {"after": {**_CUST, "updated_at": None}, "op": "c"},
+            "Debezium event has neither source.ts_ms nor ts_ms",
+        ),
+        (
+            {"after": {**_CUST, "updated_at": "2026-01-01T10:00:00"}, "source": _CUST_SRC, "op": "c"},
+            "field 'ts' has no zone",
+        ),
+        (
+            {"after": {**_CUST, "updated_at": 1.5}, "source": _CUST_SRC, "op": "c"},
+            "field 'ts' must be an ISO-8601 string",
+        ),
+    ],
+)
+def test_bad_debezium_events_of_a_pipelines_captured_table_are_rejected_with_the_reason(event, reason):
+    from changelog.errors import InvalidRecord
+    from changelog.records import validate
+
+    with pytest.raises(InvalidRecord) as e:
+        validate(_shop().topics["customers"], event)
+    assert e.value.reason.startswith(reason), e.value.reason
+
+
+def test_only_a_table_topic_with_capture_takes_debezium_events():
+    """`open_orders` (a table topic of the shop without `capture`) judges a Debezium event as any record: its op
+    is no op of the topic. A captured topic without `op:` takes upserts, and refuses a delete in words."""
+    from changelog.errors import InvalidRecord
+    from changelog.records import validate
+    from spec.load import parse_pipeline
+
+    event = {"after": {"order_id": "o1", "customer_id": "c1", "amount": 2.0}, "source": _CUST_SRC, "op": "c"}
+    with pytest.raises(InvalidRecord, match=r"unknown op 'c' \(one of open, close\)"):
+        validate(_shop().topics["open_orders"], event)
+    plain = parse_pipeline(
+        "topics:\n  stock:\n    fields: {sku: id, qty: long, at: timestamp}\n    key: sku\n    time: at\n"
+        "    capture: {postgres: stock}\n",
+        "stock.yml",
+    ).topics["stock"]
+    row = {"sku": "k1", "qty": 4, "at": None}
+    assert validate(plain, {"after": row, "source": _CUST_SRC, "op": "u"}) == {
+        "sku": "k1",
+        "qty": 4,
+        "at": 1767261600000,
+    }
+    with pytest.raises(InvalidRecord, match="topic 'stock' has no remove records"):
+        validate(plain, {"before": row, "source": _CUST_SRC, "op": "d"})

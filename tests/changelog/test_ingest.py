@@ -80,7 +80,7 @@ def test_a_line_over_the_maximum_record_size_is_dead_lettered_with_a_bounded_pre
 def test_a_validated_record_that_does_not_fit_the_topic_schema_exactly_is_not_stored(tmp_path, monkeypatch):
     """A validation bug that lets a boolean through as `ts` (Arrow would store it as 1) fails the whole file:
     nothing of it is committed."""
-    monkeypatch.setattr(records, "parse_ts", lambda value: True)
+    monkeypatch.setattr(records, "parse_ts", lambda value, name="ts": True)
     lake, src = tmp_path / "lake", tmp_path / "bool.jsonl"
     src.write_bytes(_post("t1") + b"\n" + _post("t2") + b"\n")
     with pytest.raises(NotStored) as e:

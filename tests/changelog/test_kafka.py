@@ -13,7 +13,8 @@ import time
 import orjson
 from confluent_kafka import Consumer
 
-from changelog.kafka import PARTITIONS, end_offsets, entity_key, kafka_topic, probe
+from changelog.kafka import PARTITIONS, end_offsets, kafka_key, kafka_topic, probe
+from spec.builtin import builtin_pipeline
 
 
 def _consume(bootstrap: str, name: str, n: int) -> list:
@@ -55,7 +56,7 @@ def test_produce_every_nonblank_line_keyed_by_entity(tmp_path, kafka, monkeypatc
     msgs = _consume(kafka["KAFKA_BOOTSTRAP"], name, len(lines) + 1)
     assert sorted(m.value() for m in msgs) == sorted([*lines, lines[0]])
     for m in msgs:
-        assert m.key() == entity_key("follows", m.value())
+        assert m.key() == kafka_key(builtin_pipeline().topics["follows"], m.value())
     keys = {m.value(): m.key() for m in msgs}
     assert keys[lines[0]] == b"u1\x00u2" and keys[b"not json"] is None and keys[lines[4]] is None
     same = {m.partition() for m in msgs if m.key() == b"u1\x00u2"}
@@ -98,7 +99,7 @@ def test_a_line_terminator_never_changes_a_verdict():
         reasons = set()
         for form in (line, line + b"\n", line + b"\r\n", line.decode(), line.decode() + "\n"):
             try:
-                parse_line("follows", form)
+                parse_line(builtin_pipeline().topics["follows"], form)
             except InvalidRecord as e:
                 reasons.add(e.reason)
         assert len(reasons) == 1, reasons
@@ -223,3 +224,44 @@ def test_produce_says_exactly_which_lines_the_broker_did_not_acknowledge(tmp_pat
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert sorted(m.value() for m in _consume(bootstrap, name, len(lines))) == sorted(lines)
     assert _sent(bootstrap, name) == len(lines)  # each line once: none lost, none doubled
+
+
+def test_a_message_key_is_the_records_id_or_key_composite_ones_joined():
+    """`kafka_key`: an event topic's `id` fields, a table topic's `key` fields, several joined by U+0000 (ids hold
+    no control character), a long as its decimal text; no key when a line does not hold them all."""
+    from spec.load import parse_pipeline
+
+    own = parse_pipeline(
+        """
+topics:
+  visits:
+    fields: {site: id, visit: long, page: string, at: timestamp}
+    id: [site, visit]
+    time: at
+  carts:
+    fields: {shop: string, cart: id, total: double, at: timestamp}
+    key: [shop, cart]
+    time: at
+    op: {upsert: put, remove: drop}
+""",
+        "own.yml",
+    ).topics
+    builtin = builtin_pipeline().topics
+    cases = [
+        (own["visits"], {"site": "s1", "visit": 42, "page": "/", "at": 1}, b"s1\x0042"),
+        (own["visits"], {"site": "s1", "visit": -7}, b"s1\x00-7"),
+        (own["carts"], {"op": "drop", "shop": "berlin", "cart": "c9", "at": 1}, b"berlin\x00c9"),
+        (builtin["follows"], {"op": "follow", "follower_id": "u1", "followee_id": "u2"}, b"u1\x00u2"),
+        (builtin["tweets"], {"op": "delete", "tweet_id": "t1", "user_id": "u1"}, b"t1"),
+        (builtin["searches"], {"search_id": "s1", "session_id": "x"}, b"s1"),  # its id, not its session
+        (builtin["activity"], {"event_id": "e1", "user_id": "u1"}, b"e1"),
+        (builtin["profiles"], {"op": "upsert", "user_id": "\u00e9t\u00e9"}, "\u00e9t\u00e9".encode()),
+        (own["visits"], {"site": "s1"}, None),  # a part missing
+        (own["visits"], {"site": "s1", "visit": True}, None),
+        (own["carts"], {"shop": "", "cart": "c9"}, None),  # an empty part
+        (own["carts"], {"shop": None, "cart": "c9"}, None),
+    ]
+    for topic, record, key in cases:
+        assert kafka_key(topic, orjson.dumps(record)) == key, (topic.name, record)
+    for line in (b"not json", b"[1,2]", b'"s1"', b""):
+        assert kafka_key(own["visits"], line) is None

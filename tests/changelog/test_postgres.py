@@ -16,7 +16,7 @@ from tests.pghelp import fold, log_commits
 
 
 def _capture(pg, lake, **kw):
-    return capture(PgSource(pg.dsn, pg.name, pg.slot), lake, lake / "state", once=True, **kw)
+    return capture(PgSource(pg.dsn, pg.topics(), pg.slot), lake, lake / "state", once=True, **kw)
 
 
 def _capture_killed_in_append(monkeypatch, pg, lake, *, after_commit: bool) -> None:
@@ -81,7 +81,7 @@ def test_snapshot_and_stream_with_writes_during_the_snapshot_lose_and_double_not
     inserted = {u for u, n in upserts if u.startswith("w")}  # every insert once, by snapshot or stream
     assert inserted == {f"w{i}" for i in range(1, writes["n"] + 1)}
     assert (
-        wal_lag(PgSource(pg.dsn, pg.name, pg.slot)) < 8192
+        wal_lag(PgSource(pg.dsn, pg.topics(), pg.slot)) < 8192
     )  # caught up (the server writes some WAL of its own)
 
 
@@ -169,7 +169,7 @@ def test_drop_slot_removes_slot_and_publication_and_the_next_start_snapshots_aga
     lake = tmp_path / "lake"
     pg.sql("INSERT INTO {t} VALUES ('u1', 'a', 'DE', '2026-01-01T00:00:00Z')")
     _capture(pg, lake)
-    source = PgSource(pg.dsn, pg.name, pg.slot)
+    source = PgSource(pg.dsn, pg.topics(), pg.slot)
     assert drop_slot(source) == [f"replication slot {pg.slot}", f"publication {pg.slot}"]
     assert pg.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", params=(pg.slot,)) == [
         (0,)
@@ -179,7 +179,7 @@ def test_drop_slot_removes_slot_and_publication_and_the_next_start_snapshots_aga
 
 
 def test_unreachable_database_and_unfit_table_are_one_line_errors(pg, tmp_path):
-    bad = PgSource("host=127.0.0.1 port=1 dbname=x user=y password=s3cret", pg.name, pg.slot)
+    bad = PgSource("host=127.0.0.1 port=1 dbname=x user=y password=s3cret", pg.topics(), pg.slot)
     with pytest.raises(PostgresUnavailable) as e:
         capture(bad, tmp_path, tmp_path, once=True)
     assert "port=1" in str(e.value) and "s3cret" not in str(e.value) and "\n" not in str(e.value)
@@ -192,11 +192,11 @@ def test_a_role_without_replication_is_told_what_to_grant(pg, tmp_path):
     pg.sql("DROP ROLE IF EXISTS plain", "CREATE ROLE plain LOGIN", "GRANT SELECT ON {t} TO plain")
     dsn = pg.dsn.replace("user=mview", "user=plain")
     with pytest.raises(CdcFailed, match=f"run CREATE PUBLICATION {pg.slot} FOR TABLE {pg.name}") as e:
-        capture(PgSource(dsn, pg.name, pg.slot), tmp_path, tmp_path, once=True)
+        capture(PgSource(dsn, pg.topics(), pg.slot), tmp_path, tmp_path, once=True)
     assert "user=plain" in str(e.value) and "\n" not in str(e.value)
     pg.sql(f"CREATE PUBLICATION {pg.slot} FOR TABLE {{t}}")  # as the owner: then the slot needs REPLICATION
     with pytest.raises(CdcFailed, match="ALTER ROLE <user> REPLICATION"):
-        capture(PgSource(dsn, pg.name, pg.slot), tmp_path, tmp_path, once=True)
+        capture(PgSource(dsn, pg.topics(), pg.slot), tmp_path, tmp_path, once=True)
     pg.sql(f"DROP PUBLICATION {pg.slot}")
 
 
@@ -254,3 +254,206 @@ def test_a_first_start_that_dies_before_its_snapshot_commit_starts_over(pg, tmp_
         again["snapshot_rows"] == 50 and len(_records(lake)) == 50
     )  # a new snapshot, which holds the update
     assert fold(_records(lake)) == _table(pg)
+
+
+# A pipeline's own captured tables: the shop's customers with a long, a double and a boolean column (`name` from the
+# column full_name, `ts` from updated_at, an optional field without a column), and a second table of stores keyed by
+# a bigint, its time a `timestamp` column (read as UTC), without `op:` (every change an upsert).
+_OWN = """
+topics:
+  customers:
+    fields: {customer_id: id, name: string, tier: string, visits: long, balance: double, vip: boolean, ts: timestamp,
+             note: string}
+    optional: [note]
+    key: customer_id
+    time: ts
+    op: {upsert: upsert, remove: delete}
+    capture: {postgres: "public.{t}_customers", columns: {ts: updated_at, name: full_name}}
+  stores:
+    fields: {store_id: long, city: string, opened: timestamp}
+    key: store_id
+    time: opened
+    capture: {postgres: "{t}_stores"}
+  orders:
+    fields: {order_id: id, ts: timestamp}
+    id: order_id
+    time: ts
+"""
+
+
+def _own(pg, tables: bool = True):
+    """(the source capturing the two tables of `_OWN` for `pg`, the pipeline's topics); the tables made first."""
+    from changelog.postgres import captured_topics
+    from spec.load import parse_pipeline
+
+    if tables:
+        pg.sql(
+            "CREATE TABLE {t}_customers (customer_id text PRIMARY KEY, full_name text, tier varchar(10),"
+            " visits integer, balance numeric, vip boolean, updated_at timestamptz)",
+            "CREATE TABLE {t}_stores (store_id bigint PRIMARY KEY, city text, opened timestamp)",
+        )
+    topics = parse_pipeline(_OWN.replace("{t}", pg.name), "own.yml").topics
+    captured = captured_topics(topics.values())
+    assert [t.name for t in captured] == ["customers", "stores"]
+    return PgSource(pg.dsn, captured, pg.slot), topics
+
+
+def _dead(lake, topic: str) -> list[dict]:
+    path = deadletter_path(lake, topic)
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+_JAN1 = 1767225600000  # 2026-01-01T00:00:00Z
+
+
+def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_type(pg, tmp_path):
+    """Two tables in one publication and one slot: the snapshot, then every change in commit order, each column
+    read as its field's type (integer, numeric as a float, boolean, timestamptz and timestamp), a value that does
+    not fit (NaN, a numeric past a float's range) and a delete of a topic without `op:` dead letters in their
+    topic's log; each change once across runs."""
+    lake = tmp_path / "lake"
+    source, _topics = _own(pg)
+    pg.sql(
+        "INSERT INTO {t}_customers VALUES ('c1', 'Ann', 'gold', 3, 12.50, true, '2026-01-01 10:00:00+00'),"
+        " ('c2', 'Bob', 'silver', 0, -0.25, false, NULL)",
+        "INSERT INTO {t}_stores VALUES (1, 'Berlin', '2026-01-01 08:00:00'), (2, 'Paris', NULL)",
+    )
+    first = capture(source, lake, lake / "state", once=True)
+    assert first["snapshot_rows"] == 4 and first["rejected"] == 0
+    assert first["topics"] == {
+        "customers": {"appended": 2, "rejected": 0},
+        "stores": {"appended": 2, "rejected": 0},
+    }
+    ((c1, c2),) = log_commits(lake, "customers")
+    ((s1, s2),) = log_commits(lake, "stores")
+    taken = c2["ts"]  # no updated_at: the time the snapshot was taken
+    assert c1 == {
+        "op": "upsert", "customer_id": "c1", "name": "Ann", "tier": "gold", "visits": 3, "balance": 12.5,
+        "vip": True, "ts": _JAN1 + 10 * 3_600_000,
+    }  # fmt: skip
+    assert c2 == {
+        "op": "upsert", "customer_id": "c2", "name": "Bob", "tier": "silver", "visits": 0, "balance": -0.25,
+        "vip": False, "ts": taken,
+    }  # fmt: skip
+    assert (s1, s2) == (
+        {"store_id": 1, "city": "Berlin", "opened": _JAN1 + 8 * 3_600_000},
+        {"store_id": 2, "city": "Paris", "opened": taken},
+    )
+    assert taken == s2["opened"] > _JAN1
+
+    pg.sql("UPDATE {t}_customers SET visits = visits + 1, balance = 99.75 WHERE customer_id = 'c1'")
+    pg.sql("UPDATE {t}_customers SET balance = 'NaN' WHERE customer_id = 'c2'")
+    pg.sql("UPDATE {t}_customers SET balance = 1e400 WHERE customer_id = 'c2'")
+    pg.sql("DELETE FROM {t}_customers WHERE customer_id = 'c2'")
+    pg.sql("UPDATE {t}_customers SET customer_id = 'c9' WHERE customer_id = 'c1'")
+    pg.sql("DELETE FROM {t}_stores WHERE store_id = 1")
+    pg.sql("UPDATE {t}_stores SET city = 'Lyon' WHERE store_id = 2")
+    pg.sql(  # one transaction, both tables
+        "INSERT INTO {t}_customers VALUES ('c5', 'Eve', 'bronze', 2147483647, 0, true, NULL)",
+        "INSERT INTO {t}_stores VALUES (9000000000, 'Rome', '2026-02-01 00:00:00')",
+    )
+    second = capture(source, lake, lake / "state", once=True)
+    assert second["topics"] == {
+        "customers": {"appended": 5, "rejected": 2},
+        "stores": {"appended": 2, "rejected": 1},
+    }
+    customers = [r for c in log_commits(lake, "customers")[1:] for r in c]
+    stores = [r for c in log_commits(lake, "stores")[1:] for r in c]
+    assert [(r["op"], r["customer_id"], r.get("visits"), r.get("balance")) for r in customers] == [
+        ("upsert", "c1", 4, 99.75),
+        ("delete", "c2", None, None),
+        ("delete", "c1", None, None),
+        ("upsert", "c9", 4, 99.75),
+        ("upsert", "c5", 2147483647, 0.0),
+    ]
+    assert customers[0]["ts"] == _JAN1 + 10 * 3_600_000  # its updated_at, not the commit time
+    assert customers[1]["ts"] > taken and set(customers[1]) == {"op", "customer_id", "ts"}
+    assert (
+        customers[4]["vip"] is True and "note" not in customers[4]
+    )  # no column: null (absent when read back)
+    assert stores == [
+        {"store_id": 2, "city": "Lyon", "opened": stores[0]["opened"]},
+        {"store_id": 9000000000, "city": "Rome", "opened": _JAN1 + 31 * 86_400_000},
+    ]
+    assert stores[0]["opened"] > taken  # no opened: the commit time
+    dead = _dead(lake, "customers")
+    assert [d["reason"].split(": ", 1)[1] for d in dead] == [
+        "field 'balance' must be a finite number, got nan",
+        "field 'balance' must be a finite number, got inf",
+    ]
+    assert all(d["file"] == f"postgresql:public.{pg.name}_customers" and "/" in d["lsn"] for d in dead)
+    (gone,) = _dead(lake, "stores")
+    assert (
+        "topic stores has no remove records" in gone["reason"]
+        and orjson.loads(gone["raw"])["store_id"] == "1"
+    )
+    published = pg.sql("SELECT tablename FROM pg_publication_tables WHERE pubname = %s", params=(pg.slot,))
+    assert sorted(t for (t,) in published) == [f"{pg.name}_customers", f"{pg.name}_stores"]
+    assert capture(source, lake, lake / "state", once=True)["appended"] == 0  # nothing twice
+
+
+def test_a_table_that_cannot_fill_its_topic_is_refused_in_one_line_before_anything_is_captured(pg, tmp_path):
+    from changelog.errors import CdcFailed
+
+    lake = tmp_path / "lake"
+    pg.sql(
+        "CREATE TABLE {t}_customers (customer_id text, full_name text, tier text, visits integer, balance real,"
+        " vip boolean, updated_at timestamptz)",
+        "CREATE TABLE {t}_stores (store_id bigint PRIMARY KEY, city text, opened timestamp)",
+    )
+    source, _topics = _own(pg, tables=False)
+    with pytest.raises(CdcFailed) as e:
+        capture(source, lake, lake / "state", once=True)
+    assert str(e.value) == (
+        f"table public.{pg.name}_customers has no primary key, so PostgreSQL cannot publish its updates and"
+        f" deletes: add one (customer_id) or ALTER TABLE public.{pg.name}_customers REPLICA IDENTITY FULL"
+    )
+    pg.sql(
+        "ALTER TABLE {t}_customers ADD PRIMARY KEY (customer_id)",
+        "ALTER TABLE {t}_customers ALTER visits TYPE text",
+    )
+    with pytest.raises(
+        CdcFailed, match=r"column public\.\w+_customers\.visits has type text, which does not fill the long"
+    ):
+        capture(source, lake, lake / "state", once=True)
+    pg.sql("ALTER TABLE {t}_customers DROP COLUMN visits")
+    with pytest.raises(CdcFailed, match="has no column 'visits' \\(dropped or renamed\\?\\)"):
+        capture(source, lake, lake / "state", once=True)
+    count = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s"
+    assert pg.sql(count, params=(pg.slot,)) == [(0,)]  # nothing captured: no slot made
+
+
+def test_a_first_start_killed_between_the_topics_snapshot_commits_completes_them_once(
+    pg, tmp_path, monkeypatch
+):
+    """The snapshot of several tables is staged before its commits: killed after the first topic's commit, the next
+    start commits the others from it (the slot and its consistent point are kept), then streams; no row twice."""
+    from changelog import postgres
+
+    lake = tmp_path / "lake"
+    source, _topics = _own(pg)
+    pg.sql(
+        "INSERT INTO {t}_customers SELECT 'c' || i, 'n', 'gold', i, i, true, NULL FROM generate_series(1, 20) i",
+        "INSERT INTO {t}_stores SELECT i, 'city', NULL FROM generate_series(1, 5) i",
+    )
+    real, calls = postgres._Log._commit, []
+
+    def commit_then_die(self, *args, **kw):
+        if calls:
+            raise SystemExit("killed")
+        calls.append(args[0])
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(postgres._Log, "_commit", commit_then_die)
+    with pytest.raises(SystemExit):
+        capture(source, lake, lake / "state", once=True)
+    monkeypatch.undo()
+    assert calls == ["customers"] and len(log_commits(lake, "customers")) == 1
+    assert len(log_commits(lake, "stores")) == 0 and (lake / "state" / f"snapshot-{pg.slot}" / "lsn").exists()
+    pg.sql("UPDATE {t}_stores SET city = 'moved' WHERE store_id = 3")  # after the slot's consistent point
+    again = capture(source, lake, lake / "state", once=True)
+    assert again["snapshot_rows"] == 0 and again["topics"]["stores"]["appended"] == 5 + 1
+    assert [len(c) for c in log_commits(lake, "customers")] == [20]
+    assert [sorted(r["store_id"] for r in c) for c in log_commits(lake, "stores")] == [[1, 2, 3, 4, 5], [3]]
+    assert log_commits(lake, "stores")[1][0]["city"] == "moved"
+    assert not (lake / "state" / f"snapshot-{pg.slot}").exists()

@@ -1,6 +1,9 @@
-"""The lake's Delta tables other than the topic logs (`changelog.topics.ensure_delta_table`)."""
+"""The lake's Delta tables: the topic logs as their declarations say (a topic that gains optional fields, any other
+change refused) and the other tables (`changelog.topics.ensure_delta_table`)."""
 
 from __future__ import annotations
+
+import pytest
 
 from changelog.topics import ensure_delta_table, table_version
 
@@ -18,3 +21,147 @@ def test_a_table_whose_creator_died_before_its_first_commit_is_created_then_kept
     )
     ensure_delta_table(spark, path, "k string, v bigint")
     assert table_version(path) == 1 and spark.read.format("delta").load(str(path)).count() == 1
+
+
+_V1 = """
+topics:
+  orders:
+    fields: {order_id: id, amount: double, ts: timestamp}
+    id: order_id
+    time: ts
+"""
+
+
+def _orders(text: str = _V1, **over):
+    """The `orders` topic of a pipeline `text`, its fields changed by `over` (field -> type, None: removed;
+    `optional` a list)."""
+    from spec.load import parse_pipeline
+
+    optional = over.pop("optional", [])
+    fields = {"order_id": "id", "amount": "double", "ts": "timestamp"}
+    for name, kind in over.items():
+        if kind is None:
+            fields.pop(name)
+        else:
+            fields[name] = kind
+    body = ", ".join(f"{n}: {t}" for n, t in fields.items())
+    text = text.replace("{order_id: id, amount: double, ts: timestamp}", "{" + body + "}")
+    text = text.replace("    id: order_id\n", f"    id: order_id\n    optional: [{', '.join(optional)}]\n")
+    return parse_pipeline(text, "orders.yml").topics["orders"]
+
+
+def _log(lake, topic) -> list[dict]:
+    from deltalake import DeltaTable, QueryBuilder
+
+    from changelog.topics import topic_path
+
+    t = (
+        QueryBuilder()
+        .register("t", DeltaTable(str(topic_path(lake, topic))))
+        .execute("SELECT * FROM t")
+        .read_all()
+    )
+    cols = {n: t.column(n).to_pylist() for n in t.column_names}
+    return sorted(
+        (dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)),
+        key=lambda r: r["order_id"],
+    )
+
+
+def _jsonl(path, records) -> str:
+    import orjson
+
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return str(path)
+
+
+def test_a_topic_that_gains_optional_fields_grows_its_log_and_old_records_hold_null(spark, tmp_path):
+    """A topic that holds records gains an optional field (declared between two others): the next ingest grows the
+    log's schema (an `ADD COLUMN` commit with its checksum), then appends; delta-rs and Spark readers see the new
+    column, null in the old records. Declared again without it, the topic is refused (its records hold it)."""
+    from changelog.errors import TopicChanged
+    from changelog.ingest import ingest
+    from changelog.topics import check_topic, read_batch, table_version, topic_path
+
+    lake, v1 = tmp_path / "lake", _orders()
+    ingest(None, lake, v1, [_jsonl(tmp_path / "a.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
+    v2 = _orders(
+        _V1.replace("amount: double, ts", "amount: double, coupon: string, ts"),
+        coupon="string",
+        optional=["coupon"],
+    )
+    assert [n for n, _ in v2.columns()] == ["order_id", "amount", "coupon", "ts"]
+    assert check_topic(lake, v2) == ("grow", [("coupon", "string")])
+    new = [
+        {"order_id": "o2", "amount": 1.5, "coupon": "C", "ts": 6},
+        {"order_id": "o3", "amount": 3, "ts": 7},
+    ]
+    result = ingest(None, lake, v2, [_jsonl(tmp_path / "b.jsonl", new)])
+    assert (result.accepted, result.rejected) == (2, 0)
+    assert _log(lake, v2) == [
+        {"order_id": "o1", "amount": 2.0, "ts": 5, "coupon": None},
+        {"order_id": "o2", "amount": 1.5, "ts": 6, "coupon": "C"},
+        {"order_id": "o3", "amount": 3.0, "ts": 7, "coupon": None},
+    ]
+    path = topic_path(lake, v2)
+    history = [(path / "_delta_log" / f"{v:020d}.json").read_text() for v in range(table_version(path) + 1)]
+    assert ['"operation":"ADD COLUMN"' in h for h in history] == [False, False, True, False]
+    assert all((path / "_delta_log" / f"{v:020d}.crc").exists() for v in range(len(history)))
+    assert check_topic(lake, v2) is None
+    rows = read_batch(spark, lake, v2).orderBy("order_id").collect()
+    assert [(r["order_id"], r["amount"], r["coupon"], r["ts"]) for r in rows] == [
+        ("o1", 2.0, None, 5),
+        ("o2", 1.5, "C", 6),
+        ("o3", 3.0, None, 7),
+    ]
+    with pytest.raises(TopicChanged, match="field 'coupon' is not declared any more"):
+        ingest(None, lake, v1, [_jsonl(tmp_path / "c.jsonl", [])])
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"amount": "long"}, "field 'amount' is declared long, the log holds double"),
+        ({"order_id": "long"}, "field 'order_id' is declared long, the log holds string"),
+        ({"note": "string"}, "field 'note' is new and not optional"),
+        ({"amount": None}, "field 'amount' is not declared any more"),
+        (
+            {"amount": None, "total": "double"},
+            "field 'amount' is not declared any more; field 'total' is new and not",
+        ),
+    ],
+)
+def test_any_other_change_of_a_topic_that_holds_records_is_refused_in_one_line(tmp_path, change, says):
+    """Every path refuses it before it writes anything (ingest, the kafka job's copy, `check_topic`), in one line
+    that names the change and says what to do; the log is untouched. Without records, the log takes the change."""
+    from changelog.errors import TopicChanged
+    from changelog.ingest import deadletter_path, ingest
+    from changelog.kafka import copy_batch
+    from changelog.topics import check_topic, ensure_topic, table_version, topic_path
+
+    lake = tmp_path / "lake"
+    ingest(None, lake, _orders(), [_jsonl(tmp_path / "a.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
+    changed = _orders(**dict(change))
+    before = table_version(topic_path(lake, changed))
+    refusals = [
+        lambda: ingest(None, lake, changed, [_jsonl(tmp_path / "b.jsonl", [{"order_id": "o2"}])]),
+        lambda: copy_batch(
+            lake, {"k.orders": changed}, [("k.orders", 0, 0, b'{"order_id":"o2"}')], app_id="a", version=0
+        ),
+        lambda: check_topic(lake, changed),
+        lambda: ensure_topic(None, lake, changed),
+    ]
+    for refuse in refusals:
+        with pytest.raises(TopicChanged) as e:
+            refuse()
+        text = str(e.value)
+        assert says in text and "\n" not in text, text
+        assert "declare the new fields as a new topic" in text and "`mview replay`" in text
+        assert e.value.topic == "orders" and e.value.path == str(topic_path(lake, changed))
+    assert table_version(topic_path(lake, changed)) == before and not deadletter_path(lake, "orders").exists()
+
+    empty = tmp_path / "empty"
+    ensure_topic(None, empty, _orders())
+    assert check_topic(empty, changed)[0] == "replace"
+    ensure_topic(None, empty, changed)
+    assert check_topic(empty, changed) is None and _log(empty, changed) == []

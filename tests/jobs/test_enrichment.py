@@ -71,7 +71,10 @@ def test_every_enriched_event_equals_the_truth(spark, tmp_path, redis_url, rclie
     )
     status = read_status(settings, "enrichment")
     assert status["held"] == 0
-    versions = {f"{p['user_id']}@{p['ts']}" for p in map(lambda r: validate("profiles", r), wl.profiles)}
+    versions = {
+        f"{p['user_id']}@{p['ts']}"
+        for p in map(lambda r: validate(builtin_pipeline().topics["profiles"], r), wl.profiles)
+    }
     pinned_unknown = [
         e for e in truth.values() if e["profile_version"] and e["profile_version"] not in versions
     ]

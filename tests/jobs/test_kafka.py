@@ -28,13 +28,15 @@ import orjson
 
 from changelog.ingest import deadletter_path, ingest
 from changelog.records import MAX_RECORD_BYTES
-from changelog.topics import TOPICS, table_version, topic_columns, topic_path
+from changelog.topics import table_version, topic_columns, topic_path
 from jobs.deploy import deploy, settings_env, stop
 from jobs.runtime import checkpoint_dir
+from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import batch_in_flight, mview_here, status_of, wait_for
 
 JOB = "kafka"
+TOPICS = tuple(builtin_pipeline().topics)  # the built-in pipeline's topics: the kafka job copies every one
 
 
 def _records(lake, topic) -> list[dict]:
