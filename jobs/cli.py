@@ -1,8 +1,10 @@
 """`mview`: the command line. Commands that only read Redis or the lake never start Spark.
 
-Topics are those of the pipeline of `MVIEW_PIPELINE` (the built-in one when unset). A command that writes a
-topic's log or starts a job reading it (`ingest`, `produce`, `run`, `deploy`, `replay`) first refuses a topic whose
-declaration no longer fits the records its log holds (`changelog.topics.check_topic`)."""
+Every command works on the pipeline of `MVIEW_PIPELINE` (the built-in one when unset): `main` refuses an invalid
+pipeline before any command starts anything, with its problems one line each (`<file>:<line>: <key>: <what>`),
+exactly as `mview check` prints them; `mview check [FILE]` validates a pipeline file without Spark. A command that
+writes a topic's log or starts a job reading it (`ingest`, `produce`, `run`, `deploy`, `replay`) first refuses a
+topic whose declaration no longer fits the records its log holds (`changelog.topics.check_topic`)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def _redis(settings):
 
 
 def _pipeline(settings):
-    """The settings' pipeline (`spec.PipelineError` when it is not valid)."""
+    """The settings' pipeline (`main` has refused an invalid one)."""
     return settings.pipeline()
 
 
@@ -344,6 +346,50 @@ def cmd_maintain(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    """Validate the pipeline file `args.file` (default: MVIEW_PIPELINE's, else the built-in one) without Spark:
+    its problems one line each and exit 1, or a short summary and exit 0. Where LAKE_DIR exists, each topic's log
+    is compared with its declaration too (a change its records do not follow is a problem)."""
+    from pathlib import Path
+
+    from changelog.errors import TopicChanged
+    from changelog.postgres import captured_topics
+    from changelog.topics import check_topic
+    from spec import PipelineError, load_pipeline
+    from spec.builtin import pipeline_file
+
+    file = args.file or pipeline_file()
+    try:
+        pipeline = load_pipeline(file)
+    except PipelineError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    lake = Path(os.environ.get("LAKE_DIR", "./lake"))
+    problems = []
+    if lake.is_dir():
+        for name, topic in pipeline.topics.items():
+            try:
+                check_topic(lake, topic, where=pipeline.where("topics", name, "fields"))
+            except TopicChanged as e:
+                problems.append(str(e))
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    captured = {t.name: t.capture.postgres for t in captured_topics(pipeline.topics.values())}
+    views = pipeline.views
+    print(f"{file}: valid: {len(pipeline.topics)} topics, {len(pipeline.jobs)} jobs, {len(views)} views")
+    topics = [
+        f"{n} ({t.kind}{', captured from ' + captured[n] if n in captured else ''})"
+        for n, t in pipeline.topics.items()
+    ]
+    print(f"topics: {', '.join(topics)}")
+    if pipeline.jobs:
+        jobs = [f"{n} ({j.kind}: {' x '.join(j.topics)})" for n, j in pipeline.jobs.items()]
+        print(f"jobs: {', '.join(jobs)}")
+        print(f"views: {', '.join(f'{n} ({v.kind} of {v.job})' for n, v in views.items())}")
+    return 0
+
+
 def cmd_ui(args) -> int:
     from jobs.httpd import serve_until_interrupted
     from jobs.ui import serve_in_thread
@@ -418,6 +464,11 @@ _COMMANDS = {
         ],
     ),
     "status": (cmd_status, "per job: running, generation, last batch, lag, counts", [_JSON]),
+    "check": (
+        cmd_check,
+        "validate a pipeline file (default: MVIEW_PIPELINE's) without Spark: its problems, or a summary",
+        [("file", {"nargs": "?", "default": None})],
+    ),
     "ui": (
         cmd_ui,
         "serve the operations page on 127.0.0.1 (every job, live charts)",
@@ -450,6 +501,25 @@ def _shown(error) -> str:
     return redact(error, os.environ.get("REDIS_URL"), os.environ.get("PG_DSN"))
 
 
+def _refuse_invalid_pipeline() -> None:
+    """Exit 1 with the pipeline's problems, one line each (as `mview check` prints them), when the pipeline of
+    the environment is not valid: before a command starts anything. A valid one stays loaded for the command."""
+    from spec import PipelineError
+    from spec.builtin import default_pipeline
+
+    try:
+        _settings().pipeline()
+        return
+    except PipelineError as e:
+        problems = e
+    try:  # the same problems, the file named as MVIEW_PIPELINE names it (the settings resolve the path)
+        default_pipeline()
+    except PipelineError as e:
+        problems = e
+    print(_shown(problems), file=sys.stderr)
+    raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     from changelog.errors import ChangelogError
     from jobs.errors import JobsError
@@ -457,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        if args.func is not cmd_check:
+            _refuse_invalid_pipeline()
         return args.func(args) or 0
     except (ChangelogError, JobsError, ViewError) as e:
         print(f"mview: {_shown(e)}", file=sys.stderr)

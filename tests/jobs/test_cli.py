@@ -330,3 +330,178 @@ def test_read_only_commands_never_create_a_lake(world):
         assert {j: (r["running"], r["lag_versions"]) for j, r in rows.items() if not JOBS[j].source} == {
             "timeline": (False, 0), "clicks": (False, 0), "enrichment": (False, 0)
         }  # fmt: skip
+
+
+SHOP = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "shop.yml"
+
+
+def _installed(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
+    """The installed `.venv/bin/mview` with `env` over the process environment."""
+    return subprocess.run(
+        [MVIEW, *args], env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_check_says_every_problem_of_a_pipeline_one_line_each_and_every_command_refuses_it(tmp_path):
+    """`mview check FILE` through the installed command: the shop passes with a summary; a broken copy gives one
+    `<file>:<line>: <key>: ...` line per problem, exit 1, no traceback, no Spark; any other command with that
+    file as MVIEW_PIPELINE prints the same lines and starts nothing (not even the lake)."""
+    lake = tmp_path / "lake"
+    env = {"LAKE_DIR": str(lake)}
+    good = _installed("check", str(SHOP), env=env)
+    assert good.returncode == 0 and good.stderr == "", good.stderr
+    assert good.stdout.splitlines()[0] == f"{SHOP}: valid: 4 topics, 3 jobs, 7 views"
+    assert (
+        "customers (table, captured from public.customers)" in good.stdout and "paid (interval" in good.stdout
+    )
+    default = _installed("check", env=env)  # MVIEW_PIPELINE unset: the built-in pipeline
+    assert default.returncode == 0 and "6 topics, 3 jobs, 5 views" in default.stdout
+
+    text = SHOP.read_text()
+    broken = (
+        text.replace("within: [0 s, 30 min]", "within: [0 s, 30 minutes please]")
+        .replace("amount: double, currency: string, method", "amount: dbl, currency: string, method")
+        .replace("cap: 5", "cap: 0")
+    )
+    assert broken.count("\n") == text.count("\n")
+    (tmp_path / "shop.yml").write_text(broken)
+    line_of = {
+        key: n
+        for n, line in enumerate(broken.splitlines(), 1)
+        for key in ("dbl", "please", "cap: 0")
+        if key in line
+    }
+    done = _installed("check", "shop.yml", env=env, cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines == [
+        f"shop.yml:{line_of['dbl']}: topics.payments.fields.amount: field 'amount' has type 'dbl': choose one of"
+        " id, string, long, double, boolean, timestamp",
+        f"shop.yml:{line_of['please'] - 1}: jobs.paid.interval.right: unknown topic 'payments' (topics: orders,"
+        " customers, open_orders)",
+        f"shop.yml:{line_of['please']}: jobs.paid.interval.within.1: cannot parse duration '30 minutes please': use"
+        " e.g. '10 min', '30 s', '1 h', '2 d', '500 ms'",
+        f"shop.yml:{line_of['cap: 0']}: jobs.customer_orders.views.newest_orders.cap: a list view needs `cap`, a"
+        " number >= 1: the entries kept per key",
+    ]
+
+    for args in (("ingest", "orders", str(tmp_path / "none.jsonl")), ("status",), ("run", "paid", "--once")):
+        refused = _installed(*args, env={**env, "MVIEW_PIPELINE": "shop.yml"}, cwd=tmp_path)
+        assert (refused.returncode, refused.stdout, refused.stderr.splitlines()) == (1, "", lines), args
+    assert not lake.exists()
+
+
+def _topic_log(lake: Path, topic: str) -> list[dict]:
+    from deltalake import DeltaTable, QueryBuilder
+
+    t = (
+        QueryBuilder()
+        .register("t", DeltaTable(str(lake / "topics" / topic)))
+        .execute("SELECT * FROM t")
+        .read_all()
+    )
+    cols = {n: t.column(n).to_pylist() for n in t.column_names}
+    return [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+
+
+def test_ingest_of_a_pipelines_own_topics_through_the_command_line(tmp_path):
+    """MVIEW_PIPELINE names the shop: `mview ingest` takes each of its topics (bad lines dead-lettered with the
+    shop's reasons, a Debezium event of the captured `customers`), an unknown topic is one line naming the shop's
+    topics; a topic that gains an optional field goes on, one whose field changes type is refused in one line."""
+    lake = tmp_path / "lake"
+    env = {"LAKE_DIR": str(lake), "MVIEW_PIPELINE": str(SHOP)}
+    t0 = 1_767_225_600_000
+    files = {
+        "orders": [
+            {"order_id": "o1", "customer_id": "c1", "amount": 10, "currency": "EUR", "ts": t0, "extra": 1},
+            {"order_id": "o2", "customer_id": "c1", "amount": 2.5, "currency": "EUR", "coupon": "X", "ts": t0 + 1},
+            {"order_id": "o3", "customer_id": "c2", "amount": "12", "currency": "EUR", "ts": t0 + 2},
+        ],
+        "payments": [
+            {"payment_id": "p1", "order_id": "o1", "amount": 10.0, "currency": "EUR", "method": "card", "ts": t0 + 5},
+            {"payment_id": "p2", "order_id": "o2", "amount": 2.5, "currency": "EUR", "ts": t0 + 6},
+        ],
+        "customers": [
+            {"op": "upsert", "customer_id": "c1", "name": "Ann", "tier": "gold", "country": "DE", "ts": t0},
+            {"op": "delete", "customer_id": "c2", "ts": t0 + 1},
+            {"op": "c", "after": {"customer_id": "c3", "name": "Cy", "tier": "silver", "country": "FR",
+                                  "updated_at": None}, "source": {"ts_ms": t0 + 2}},
+            {"op": "open", "customer_id": "c4", "ts": t0},
+        ],
+        "open_orders": [
+            {"op": "open", "order_id": "o1", "customer_id": "c1", "amount": 10.0, "ts": t0},
+            {"op": "close", "order_id": "o1", "ts": t0 + 5},
+            {"op": "upsert", "order_id": "o2", "ts": t0},
+        ],
+    }  # fmt: skip
+    expected = {"orders": (2, 1), "payments": (1, 1), "customers": (3, 1), "open_orders": (2, 1)}
+    for topic, records in files.items():
+        path = write_jsonl(tmp_path / f"{topic}.jsonl", records)
+        done = _installed("ingest", topic, path, "--json", env=env)
+        assert done.returncode == 0, done.stderr
+        accepted, rejected = expected[topic]
+        assert json.loads(done.stdout.splitlines()[-1]) == {
+            "topic": topic,
+            "accepted": accepted,
+            "rejected": rejected,
+        }
+    reasons = {
+        topic: [
+            json.loads(x)["reason"] for x in (lake / "deadletter" / f"{topic}.jsonl").read_text().splitlines()
+        ]
+        for topic in files
+    }
+    assert reasons == {
+        "orders": ["field 'amount' must be a number, got str"],
+        "payments": ["missing field 'method'"],
+        "customers": ["unknown op 'open' (one of upsert, delete)"],
+        "open_orders": ["unknown op 'upsert' (one of open, close)"],
+    }
+    assert sorted((r["order_id"], r["amount"], r["coupon"]) for r in _topic_log(lake, "orders")) == [
+        ("o1", 10.0, None),
+        ("o2", 2.5, "X"),
+    ]
+    customers = sorted(_topic_log(lake, "customers"), key=lambda r: r["customer_id"])
+    assert [(r["op"], r["customer_id"], r["tier"], r["ts"]) for r in customers] == [
+        ("upsert", "c1", "gold", t0),
+        ("delete", "c2", None, t0 + 1),
+        ("upsert", "c3", "silver", t0 + 2),  # the Debezium event: `after`, at the commit time
+    ]
+    unknown = _installed("ingest", "tweets", str(tmp_path / "orders.jsonl"), env=env)
+    assert unknown.returncode == 1 and unknown.stderr.splitlines() == [
+        "mview: unknown topic 'tweets': choose one of the topics of shop.yml: orders, payments, customers, open_orders"
+    ]
+
+    text = SHOP.read_text()
+    grown = tmp_path / "grown.yml"  # orders gain an optional field
+    grown.write_text(
+        text.replace("coupon: string,", "coupon: string, gift: boolean,").replace(
+            "optional: [coupon, customer_version]", "optional: [coupon, customer_version, gift]"
+        )
+    )
+    more = write_jsonl(
+        tmp_path / "more.jsonl",
+        [{"order_id": "o4", "customer_id": "c1", "amount": 1, "currency": "EUR", "gift": True, "ts": t0 + 9}],
+    )
+    done = _installed("ingest", "orders", more, "--json", env={**env, "MVIEW_PIPELINE": str(grown)})
+    assert done.returncode == 0 and json.loads(done.stdout.splitlines()[-1])["accepted"] == 1, done.stderr
+    assert sorted((r["order_id"], r["gift"]) for r in _topic_log(lake, "orders")) == [
+        ("o1", None), ("o2", None), ("o4", True)
+    ]  # fmt: skip
+    # the amount of an order becomes a long: the stored doubles do not follow
+    retyped = tmp_path / "retyped.yml"
+    retyped.write_text(
+        text.replace("amount: double, currency: string, coupon", "amount: long, currency: string, coupon")
+    )
+    line = next(n for n, x in enumerate(text.splitlines(), 1) if x.strip().startswith("orders:"))
+    for args in (("ingest", "orders", more), ("check",)):
+        refused = _installed(*args, env={**env, "MVIEW_PIPELINE": str(retyped)})
+        err = refused.stderr.splitlines()
+        assert refused.returncode == 1 and len(err) == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"{retyped}:{line + 1}: topics.orders.fields: the declaration changed (" in err[0]
+        assert "field 'amount' is declared long, the log holds double" in err[0]
+        assert (
+            "field 'gift' is not declared any more" in err[0]
+            and "declare the new fields as a new topic" in err[0]
+        )
+    assert len(_topic_log(lake, "orders")) == 3  # nothing written
