@@ -154,7 +154,7 @@ class _Views:
         counts = {n: (ch, None if len(found[n]) > _FEW_KEYS else found[n]) for n, ch in changes.items()}
         return _Counted(stats["emitted"], stats["held"], stats["unknown"]), counts
 
-    def write(self, batch_id: int, result: AsofResult, frame, counts: dict) -> None:
+    def write(self, batch_id: int, frame, counts: dict) -> None:
         """Every view's part of batch `batch_id` (`frame`: the emitted rows as the views see them)."""
         settings, gen, by_name = self.run.settings, self.run.generation, {v.name: v for v in self.views}
         commands = []
@@ -207,7 +207,7 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
         frame = view_rows(result.emitted, pipeline, run.job)
         n, counts = views.collect(result, frame)
         if n.emitted:
-            views.write(batch_id, result, frame, counts)
+            views.write(batch_id, frame, counts)
             if views.whole is None:
                 t = F.col(quoted(sides.stream.time)).alias("_t")
                 state.record_emitted(batch_id, result.emitted.select("_id", t))
