@@ -3,7 +3,7 @@
 A view is looked up in the pipeline (`spec.builtin.default_pipeline`: `MVIEW_PIPELINE` or the built-in one, unless
 the caller passes one) and read by its kind, never by its name:
 - `row` (`views.row`), `count` (`views.count`): from Redis, without Spark;
-- `list`: from Redis (`views.list`, the list kind; until it exists, the timeline module this kind generalizes);
+- `list` (`views.list`): from Redis, without Spark;
 - `log` (`views.log`): an output log in the lake, exported with Spark; it has no query.
 Readers resolve the job's serving generation first, so a replay that switches generations is seen atomically.
 
@@ -21,6 +21,7 @@ from spec.builtin import default_pipeline
 from spec.model import Pipeline, View
 from views.count import export_counts, query_count
 from views.errors import UnknownView, ViewError
+from views.list import export_list, query_list
 from views.log import export_log
 from views.redis_io import current_generation
 from views.row import export_rows, query_row
@@ -38,22 +39,6 @@ def resolve_view(view: str | View, pipeline: Pipeline | None = None) -> View:
     return views[view]
 
 
-def _list_kind():
-    """(query, export) of the list kind: `views.list` when it is there, else the timeline module it generalizes
-    (which serves the built-in list view only)."""
-    try:
-        from views import list as kind  # the list kind's module (being written)
-
-        return kind.query_list, kind.export_list
-    except (ImportError, AttributeError):
-        from views.timeline import export_timeline, read_timeline
-
-        return (
-            lambda client, view, key, limit: read_timeline(client, key, limit, job=view.job),
-            lambda client, view: export_timeline(client, job=view.job),
-        )
-
-
 def query_view(
     client, view: str | View, key: str, *, limit: int | None = None, job: str | None = None, pipeline=None
 ) -> dict:
@@ -67,7 +52,7 @@ def query_view(
     if v.kind == "count":
         return query_count(client, v, key)
     if v.kind == "list":
-        return _list_kind()[0](client, v, key, limit)
+        return query_list(client, v, key, limit)
     raise ViewError(f"{v.name} is an output log, not a Redis view: use `mview export {v.name}`")
 
 
@@ -84,7 +69,7 @@ def export_view(
     if v.kind == "count":
         return export_counts(client, v)
     if v.kind == "list":
-        return _list_kind()[1](client, v)
+        return export_list(client, v)
     return export_log(spark(), lake_dir, v, current_generation(client, v.job))
 
 
