@@ -24,12 +24,14 @@ versions and counted as `late_changes` (events already emitted do not see them).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 
 import orjson
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from jobs.errors import LakeUnusable
 from jobs.settings import Settings
 from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from joins.asof import AsofResult, AsofSides, asof_join, dedupe_events, with_identity
@@ -182,8 +184,23 @@ class _Views:
             sink.write(log_rows(frame, by_name[name], self.pipeline), batch_id)
 
 
+def _check_layout(run: JobRun) -> None:
+    """A state written by a version before the generic join (its copy of the table has no key text `_k`) is
+    refused: replay."""
+    first = run.state_dir / "versions" / "_delta_log" / f"{0:020d}.json"
+    try:
+        lines = first.read_text().splitlines()
+    except FileNotFoundError:
+        return
+    meta = next((json.loads(x)["metaData"] for x in lines if '"metaData"' in x), None)
+    names = {f["name"] for f in json.loads(meta["schemaString"])["fields"]} if meta else {"_k"}
+    if "_k" not in names:
+        raise LakeUnusable(run.state_dir, f"holds an earlier version's state: `mview replay {run.job}`")
+
+
 def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
     settings, gen, lateness = run.settings, run.generation, run.settings.allowed_lateness_ms
+    _check_layout(run)
     sides = AsofSides.of(pipeline, run.job)
     topics = TwoTopics((sides.stream, sides.table), ((), ()), ())
     views = _Views(run, pipeline, sides)

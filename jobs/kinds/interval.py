@@ -30,6 +30,7 @@ import time
 
 import orjson
 
+from jobs.errors import LakeUnusable
 from jobs.generations import record_batch
 from jobs.phases import Phases
 from jobs.replay import serving_or_rebuild
@@ -38,6 +39,7 @@ from jobs.settings import Settings
 from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.status import rejected
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
+from joins.state import read_json
 from spec.model import MATCHES, Pipeline
 from views.count import COUNT_LUA, CountSink, count_changes
 from views.frame import check_job, mentions, view_rows
@@ -145,8 +147,16 @@ def _process(run: JobRun, pipeline: Pipeline, store: IntervalStore, batch_df, ba
     return b
 
 
+def _check_layout(run: JobRun) -> None:
+    """A state written by a version before the generic join (its meta has no `closed`) is refused: replay."""
+    versions = sorted(run.state_dir.glob("v*/meta.json"))
+    if versions and "closed" not in read_json(versions[-1], {}):
+        raise LakeUnusable(run.state_dir, f"holds an earlier version's state: `mview replay {run.job}`")
+
+
 def _wire(run: JobRun, pipeline: Pipeline, max_files: int | None) -> Wiring:
     settings = run.settings
+    _check_layout(run)
     store = _store(run.spark, settings, pipeline, run.job, run.generation)
     seconds = run.totals.pop("seconds")  # keys in the order `mview run <job> --once` prints them
     run.totals.update(late=0, duplicates=0, closed=0, provisional=0, seconds=seconds, state_rows=[])

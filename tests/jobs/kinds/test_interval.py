@@ -86,3 +86,35 @@ def test_an_expression_spark_cannot_analyse_is_one_line_naming_file_line_and_key
     assert text.startswith(f"shop.yml:{line}: jobs.paid.views.order_status.fields.payments: matchs + 1: ")
     assert "UNRESOLVED_COLUMN" in text and "`matchs`" in text
     assert not (settings.lake_dir / "checkpoints").exists()  # nothing ran
+
+
+def test_a_state_of_the_layout_before_the_generic_join_is_refused_with_what_to_do(
+    spark, tmp_path, redis_url, shop
+):
+    from jobs.errors import LakeUnusable
+
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off")
+    old = settings.lake_dir / "state" / "paid" / "g1" / f"v{1_000_000:020d}"
+    old.mkdir(parents=True)
+    (old / "meta.json").write_text('{"watermark": 5, "searches_final": 3}')  # as the clicks job wrote it
+    with pytest.raises(LakeUnusable, match="earlier version's state: `mview replay paid`"):
+        run(spark, settings, shop, "paid", once=True)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_shops_brute_force_agrees_with_the_demos_generic_one(seed):
+    """`tests.shophelp.expected` (written for these tests) and `timeline_demo.brute` (any pipeline) are two readings
+    of the contract, written apart: on the shop's workloads they say the same for every view."""
+    from tests.shophelp import LATENESS_MS
+    from timeline_demo.brute import brute_force
+
+    wl, pipeline = workload(seed), parse_pipeline(SHOP, "shop.yml")
+    want, batch = expected(wl), {}
+    for topic, record in wl.arrivals:
+        batch.setdefault(topic, []).append(record)
+    got = brute_force(pipeline, [batch], lateness_ms=LATENESS_MS)
+    assert got.export("order_status") == [line for line, _ in want["order_status"].values()]
+    assert got.export("orders_log") == want["orders_log"]
+    for view in ("few_payments", "by_payments", "paid_by_region", "by_tier", "last_order"):
+        assert got.export(view) == [want[view][k] for k in sorted(want[view])], view
+    assert got.held == {"orders_enriched": want["held"]}
