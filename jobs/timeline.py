@@ -26,6 +26,7 @@ from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from joins.table import TableJoin, begin_join
 from joins.table_state import TableStore
 from spec import Pipeline, load_pipeline
+from views.frame import check_job
 from views.keys import meta_key
 from views.list import ListView, ListViewSink
 
@@ -83,9 +84,11 @@ def _wire(run: JobRun) -> Wiring:
     settings = run.settings
     _check(run)
     built_in = pipeline(settings)
-    job = built_in.jobs[JOB]
+    check_job(
+        run.spark, built_in, JOB
+    )  # an expression Spark cannot analyse: one line with file, line and key
+    job, [view] = built_in.jobs[JOB], built_in.jobs[JOB].views
     join = TableJoin(run.spark, *built_in.sides(JOB), job.spec.match)
-    [view] = job.views
     lists = ListView(join, view)
     store = TableStore(run.spark, run.state_dir / "table", join)
     sink = ListViewSink(settings.redis_url, view.name, run.generation, view.cap, descending=lists.descending)
@@ -133,8 +136,7 @@ def _wire(run: JobRun) -> Wiring:
             phases={"join": t_join - started, "sink": t_sink - t_join, "state": t_state - t_sink},
         )
 
-    started = time.monotonic()
-    first = run.next_batch_id()
+    started, first = time.monotonic(), run.next_batch_id()
     store.restore(first)
     log(f"timeline g{run.generation}: state before batch {first} loaded in {time.monotonic() - started:.2f}s")
     return Wiring(source=_source(run.spark, settings), process=process)

@@ -195,6 +195,11 @@ class TableJoin:
         bare += [f"_s1.{quoted(n)} AS {quoted(n)}" for n in self.visible(1)]
         return pairs.selectExpr(*bare, f"_s0 AS {quoted(left.name)}", f"_s1 AS {quoted(right.name)}")
 
+    def frame_rows(self, pairs: DataFrame) -> DataFrame:
+        """Joined `pairs` in the row layout `views.frame` reads: the left's fields as columns, the right's fields in
+        the struct `_s1`, and `_id`."""
+        return pairs.selectExpr("_s0.*", "_s1", "_id")
+
     def view_type(self, sql: str) -> str:
         """The SQL type of `sql` over the rows a view of the job sees; `BadJoinArgument` when Spark cannot analyse
         it there."""

@@ -179,7 +179,7 @@ class ListView:
         self.shape = list_shape(join, view, carry=ENTRY_CARRY)
         self.generic = None if self.shape else generic_spec(join, view, carry=ENTRY_CARRY, body=self.body)
         order = self.shape.order_type if self.shape else self.generic.order_type
-        if not order.startswith(_NUMBERS) and not order.startswith("decimal"):
+        if order not in _NUMBERS and not order.startswith("decimal"):
             raise ViewError(f"view {view.name!r}: its order {view.order[0][0]!r} is a {order}, not a number")
 
     @property

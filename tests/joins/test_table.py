@@ -674,6 +674,13 @@ def test_the_delta_removes_and_adds_exactly_the_joined_rows_a_batch_changes(
     assert (pairs(changes.removed), pairs(changes.added)) == (sorted(removed), sorted(added))
     ids = {_id for _id in _pairs_of(changes.added)}
     assert all(i.startswith('["') for i in ids)  # the left key and the right key, as a JSON array
+    # a row view of the job evaluates its expressions on the delta's rows (`views.frame`'s layout)
+    from views.frame import select_view, view_rows
+
+    rows = view_rows(join.frame_rows(changes.added), p, "j")
+    view = next(v for v in p.jobs["j"].views if v.name == "per_member")
+    got = sorted((r["_key"], r["user"]) for r in select_view(rows, view, p).collect())
+    assert got == sorted(added)
 
 
 def _workload(rng: random.Random, events: int = 90) -> list[tuple[str, dict]]:
