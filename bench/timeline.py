@@ -115,7 +115,7 @@ def warm_rates(spark, settings, runs: int) -> list[float]:
         try:
             totals = run_timeline(spark, settings, once=True, generation=gen)
         finally:
-            drop_generation(settings, client, job_spec("timeline"), gen)
+            drop_generation(settings, client, job_spec(settings, "timeline"), gen)
         rates.append(totals["entries"] / totals["seconds"] if totals["seconds"] else 0.0)
         say(f"throughput: warm run {i + 1}/{runs}: {rates[-1]:,.0f} entries/s")
     return rates

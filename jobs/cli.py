@@ -77,17 +77,10 @@ def _check_topics(settings, topics) -> None:
 
 def _job_topics(settings, job: str) -> list:
     """The topics the job `job` reads (a pipeline job) or writes (kafka: every topic; cdc: the captured ones)."""
-    from changelog.postgres import captured_topics
     from jobs.registry import job_spec
 
     pipeline = _pipeline(settings)
-    if job in pipeline.jobs:
-        return [pipeline.topics[t] for t in pipeline.jobs[job].topics]
-    if job == "kafka":
-        return list(pipeline.topics.values())
-    if job == "cdc":
-        return list(captured_topics(pipeline.topics.values()))
-    return [pipeline.topics[t] for t in job_spec(job).topics if t in pipeline.topics]
+    return [pipeline.topics[t] for t in job_spec(settings, job).topics]
 
 
 def _commit_bound() -> dict:
@@ -207,8 +200,8 @@ def _published(result, as_json: bool) -> None:
 def cmd_run(args) -> int:
     from jobs.registry import job_spec
 
-    spec = job_spec(args.job)
     settings = _settings()
+    spec = job_spec(settings, args.job)
     _lake(settings, write=True)
     _check_topics(settings, _job_topics(settings, spec.name))
     if spec.source:  # copies an outside system into the logs: no Spark, no Redis, no generations
@@ -242,14 +235,17 @@ def cmd_query(args) -> int:
     from jobs.registry import view_job
     from views.read import query_view
 
-    job = view_job(args.view)
-    result = query_view(_redis(_settings()), args.view, args.key, limit=args.limit, job=job)
+    settings = _settings()
+    job = view_job(settings, args.view)
+    result = query_view(
+        _redis(settings), args.view, args.key, limit=args.limit, job=job, pipeline=settings.pipeline()
+    )
     if args.json:
         print(json.dumps(result))
     else:
         from views.read import format_result
 
-        text = format_result(args.view, result)
+        text = format_result(args.view, result, pipeline=settings.pipeline())
         if text:
             print(text)
     return 0
@@ -259,10 +255,11 @@ def cmd_export(args) -> int:
     from jobs.registry import view_job
     from views.read import export_view
 
-    job = view_job(args.view)
     out = sys.stdout
     settings = _settings()
-    if args.view == "enriched_activity":  # an output log in the lake, read with Spark
+    job = view_job(settings, args.view)
+    pipeline = settings.pipeline()
+    if pipeline.views[args.view].kind == "log":  # an output log in the lake, read with Spark
         _lake(settings, write=False)
     rows = export_view(
         _redis(settings),
@@ -270,6 +267,7 @@ def cmd_export(args) -> int:
         job=job,
         lake_dir=settings.lake_dir,
         spark=lambda: _spark(settings, f"mview-export-{args.view}"),
+        pipeline=pipeline,
     )
     for row in rows:
         out.write(json.dumps(row) + "\n")
@@ -295,8 +293,7 @@ def cmd_deploy(args) -> int:
 
     settings = _settings()
     _lake(settings, write=True)
-    if args.job in _pipeline(settings).jobs or args.job in ("kafka", "cdc"):
-        _check_topics(settings, _job_topics(settings, args.job))
+    _check_topics(settings, _job_topics(settings, args.job))
     return deploy(settings, args.job)
 
 
@@ -304,9 +301,9 @@ def cmd_stop(args) -> int:
     from jobs.deploy import stop
     from jobs.registry import job_spec
 
-    if args.drop_slot and job_spec(args.job).name != "cdc":
-        raise SystemExit("mview: --drop-slot is for the cdc job only")
     settings = _settings()
+    if args.drop_slot and job_spec(settings, args.job).name != "cdc":
+        raise SystemExit("mview: --drop-slot is for the cdc job only")
     code = stop(settings, args.job)
     if args.drop_slot:  # the slot holds WAL on the server for as long as it exists
         from jobs.cdc import drop
@@ -320,11 +317,11 @@ def cmd_replay(args) -> int:
     from jobs.registry import job_spec
     from jobs.replay import replay
 
-    if job_spec(args.job).source:  # an unknown job is one line at once, not after Spark's start
+    settings = _settings()
+    if job_spec(settings, args.job).source:  # an unknown job is one line at once, not after Spark's start
         raise SystemExit(
             f"mview: {args.job} copies an outside system into the logs: it has no views to replay"
         )
-    settings = _settings()
     _lake(settings, write=True)
     _check_topics(settings, _job_topics(settings, args.job))
     _redis(settings)

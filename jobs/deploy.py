@@ -126,7 +126,7 @@ def deploy(settings: Settings, job: str) -> int:
     for it, and says so). A job with its own check (`JobSpec.probe`) instead raises what that check raises
     (`cdc`: `PostgresMisconfigured`) and waits for what it returns (`PostgresUnavailable`).
     """
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     if spec.probe:
         problem = spec.call("probe", settings)  # raises what no retry can fix
     else:
@@ -182,7 +182,7 @@ def deploy(settings: Settings, job: str) -> int:
 
 def stop(settings: Settings, job: str) -> int:
     """Stop the deployed `job` after its micro-batch in flight. Returns the exit code."""
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     pid = pid_of(settings, spec.name)
     if pid is None:
         print(f"{spec.name}: not running; nothing to do")

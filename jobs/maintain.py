@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from changelog.topics import topic_lock, topic_path
 from jobs.deploy import pid_of
 from jobs.generations import drop_generation, generations, replay_in_progress
-from jobs.registry import JOBS
+from jobs.registry import jobs
 from jobs.runtime import log, read_status
 from jobs.settings import Settings
 from views.redis_io import connect, current_generation
@@ -87,7 +87,7 @@ def compact_topic(spark, lake_dir: Path, topic: str) -> tuple[int, int]:
 
 
 def _running_jobs(settings: Settings) -> set[str]:
-    return {job for job in JOBS if pid_of(settings, job) is not None}
+    return {job for job in jobs(settings) if pid_of(settings, job) is not None}
 
 
 def _compact_topics(spark, settings: Settings, report: dict) -> None:
@@ -135,7 +135,7 @@ def _drop_old_generations(settings: Settings, report: dict) -> None:
     """Drop every generation that is not serving, not being replayed, and not the one a running job writes."""
     try:
         client = connect(settings.redis_url, cluster=settings.redis_cluster)
-        for name, spec in JOBS.items():
+        for name, spec in jobs(settings).items():
             serving = current_generation(client, name)
             if serving == 0:
                 continue

@@ -1,7 +1,7 @@
 """Prometheus metrics of a running job, served over HTTP on loopback.
 
 Every process that runs a job (`mview run`, a deployed job, a replay) serves `/metrics` on 127.0.0.1, port
-`METRICS_PORT` + the job's place in `jobs.registry.JOBS` (timeline 9464, clicks 9465, enrichment 9466 by default);
+`METRICS_PORT` + the job's place in `jobs.registry.jobs` (timeline 9464, clicks 9465, enrichment 9466 by default);
 if that port is taken (a replay beside the deployed job) an ephemeral port is used. The URL is written to the
 job's status file (`metrics_url`, shown by `mview status` while the job runs). `METRICS_PORT=off` serves nothing.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jobs.registry import JOBS, job_spec
+from jobs.registry import job_spec, jobs
 from jobs.runtime import log, read_status, state_dir
 from jobs.settings import Settings
 
@@ -89,7 +89,7 @@ class _StatusCollector:
         rej = CounterMetricFamily(
             "mview_rejected_records", "dead-lettered lines of the topic", labels=["job", "topic"]
         )
-        for topic, n in rejected_per_topic(self.settings, job_spec(job).topics).items():
+        for topic, n in rejected_per_topic(self.settings, job_spec(self.settings, job).topics).items():
             rej.add_metric([job, topic], n)
         yield rej
         yield _counter(
@@ -111,7 +111,7 @@ class _StatusCollector:
             yield _gauge(
                 "mview_state_bytes", "bytes of the generation's state directory", job, _dir_bytes(state)
             )
-        spec = job_spec(job)
+        spec = job_spec(self.settings, job)
         if gen is not None or spec.lag:
             try:
                 lag = lag_versions(self.settings, job, gen or 0)
@@ -168,7 +168,7 @@ class JobMetrics:
         self.writes = Counter(
             "mview_view_writes", "what micro-batches wrote to the views", ["job", "kind"], registry=r
         )
-        for topic in job_spec(job).topics:  # every series exists from the start, at 0
+        for topic in job_spec(settings, job).topics:  # every series exists from the start, at 0
             self.inputs.labels(job, topic)
         self.batches.labels(job)
         r.register(_StatusCollector(settings, job))
@@ -209,5 +209,5 @@ def metrics_for(settings: Settings, job: str) -> JobMetrics | None:
         m = _SERVING.get(job)
         if m is None:
             m = _SERVING[job] = JobMetrics(settings, job)
-            m.serve(settings.metrics_port + list(JOBS).index(job))
+            m.serve(settings.metrics_port + list(jobs(settings)).index(job))
         return m

@@ -1,4 +1,6 @@
-"""The jobs this service runs, the topics each reads and the views each publishes. One table, read by the CLI."""
+"""The jobs this service runs: every job of the pipeline (`Settings.pipeline()`), then the source jobs `kafka` and
+`cdc`. A job's spec is derived from its declaration: the topics it reads, the views it publishes, its runner (one
+per join kind, `jobs.kinds.<kind>:run`) and the Redis keys its views keep besides their own."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ from dataclasses import dataclass
 from importlib import import_module
 
 from jobs.errors import UnknownName
+from spec.model import Pipeline
 
-__all__ = ["JobSpec", "JOBS", "VIEWS", "job_spec", "view_job"]
+__all__ = ["JobSpec", "jobs", "job_spec", "view_job", "views"]
 
 
 @dataclass(frozen=True)
@@ -15,7 +18,9 @@ class JobSpec:
     name: str
     topics: tuple[str, ...]
     views: tuple[str, ...]
-    runner: str  # "module:function" taking (spark, settings, *, once, generation) and returning a dict
+    # "module:function": a pipeline job's runner takes (spark, settings, pipeline, job, *, once, generation), a
+    # source job's (spark, settings, *, once, generation); both return the run's totals
+    runner: str
     # Redis key kinds the job writes per generation besides its views (`mv:<kind>:<g>:{id}`): replay and
     # maintenance remove them with the views when a generation is dropped.
     extra_keys: tuple[str, ...] = ()
@@ -30,77 +35,75 @@ class JobSpec:
     # retry can fix (the job is not started), returns one the job will wait out (an error, printed), or None.
     # Empty: Redis is checked (`views.redis_io.probe`), unless the job is a source job.
     probe: str = ""
+    kind: str = ""  # the join kind of a pipeline job (interval, asof, join); empty for a source job
 
     def call(self, attr: str, *args, **kwargs):
         module, func = getattr(self, attr).split(":")
         return getattr(import_module(module), func)(*args, **kwargs)
 
     def run(self, spark, settings, **kwargs) -> dict:
-        return self.call("runner", spark, settings, **kwargs)
+        if self.source:
+            return self.call("runner", spark, settings, **kwargs)
+        return self.call("runner", spark, settings, settings.pipeline(), self.name, **kwargs)
 
 
-def _source_topics() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(every topic, the captured topics) of the pipeline of the environment (`MVIEW_PIPELINE`): what the kafka
-    and cdc jobs copy into. An invalid pipeline has none here: every command refuses it before it starts."""
+def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
     from changelog.postgres import captured_topics
-    from spec import PipelineError
-    from spec.builtin import default_pipeline
 
-    try:
-        topics = default_pipeline().topics
-    except PipelineError:
-        return (), ()
-    return tuple(topics), tuple(t.name for t in captured_topics(topics.values()))
-
-
-_ALL, _CAPTURED = _source_topics()
-
-JOBS: dict[str, JobSpec] = {
-    "timeline": JobSpec(
-        "timeline",
-        ("tweets", "follows"),
-        ("timeline",),
-        "jobs.timeline:run_timeline",
-        ("timeline.entry", "timeline.heavy", "timeline.follows"),  # views.list's other keys
-    ),
-    "clicks": JobSpec("clicks", ("searches", "clicks"), ("search_clicks", "ctr"), "jobs.clicks:run_clicks"),
-    "enrichment": JobSpec(
-        "enrichment",
-        ("activity", "profiles"),
-        ("enriched_activity", "activity_by_country"),
-        "jobs.enrichment:run_enrichment",
-    ),
-    "kafka": JobSpec(
+    out = {}
+    for job in pipeline.jobs.values():
+        lists = [v.name for v in job.views if v.kind == "list"]
+        extra = tuple(
+            f"{v}.{part}" for v in lists for part in ("entry", "heavy", "follows")
+        )  # views.list's keys
+        views_ = tuple(v.name for v in job.views)
+        out[job.name] = JobSpec(
+            job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra, kind=job.kind
+        )
+    everything = tuple(pipeline.topics)
+    captured = tuple(t.name for t in captured_topics(pipeline.topics.values()))
+    out["kafka"] = JobSpec(
         "kafka",
-        _ALL,
+        everything,
         (),
         "jobs.kafka:run_kafka",
         lag="jobs.kafka:kafka_lag",
         lag_unit="messages",
         source=True,
-    ),
-    "cdc": JobSpec(
+    )
+    out["cdc"] = JobSpec(
         "cdc",
-        _CAPTURED,
+        captured,
         (),
         "jobs.cdc:run_cdc",
         lag="jobs.cdc:lag",
         lag_unit="bytes",
         source=True,
         probe="jobs.cdc:probe",
-    ),
-}
-
-VIEWS: dict[str, str] = {view: spec.name for spec in JOBS.values() for view in spec.views}
+    )
+    return out
 
 
-def job_spec(name: str) -> JobSpec:
-    if name not in JOBS:
-        raise UnknownName("job", name, JOBS)
-    return JOBS[name]
+def jobs(settings) -> dict[str, JobSpec]:
+    """Every job, in order: the pipeline's jobs as the file declares them, then `kafka` and `cdc` (the order gives
+    each job its metrics port)."""
+    return _of(settings.pipeline())
 
 
-def view_job(view: str) -> str:
-    if view not in VIEWS:
-        raise UnknownName("view", view, VIEWS)
-    return VIEWS[view]
+def job_spec(settings, name: str) -> JobSpec:
+    known = jobs(settings)
+    if name not in known:
+        raise UnknownName("job", name, known)
+    return known[name]
+
+
+def views(settings) -> dict[str, str]:
+    """view -> the job that publishes it."""
+    return {view: spec.name for spec in jobs(settings).values() for view in spec.views}
+
+
+def view_job(settings, view: str) -> str:
+    known = views(settings)
+    if view not in known:
+        raise UnknownName("view", view, known)
+    return known[view]

@@ -47,7 +47,7 @@ _MAX_CATCH_UP_ROUNDS = 5
 
 def lag_of(settings: Settings, job: str, generation: int) -> tuple[int, int]:
     """(versions processed, versions in the logs) of `generation`'s checkpoint, summed over the job's topics."""
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     done = processed_versions(checkpoint_dir(settings, job, generation))
     processed = total = 0
     for i, topic in enumerate(spec.topics):
@@ -133,14 +133,14 @@ def _serving_or_published(settings: Settings, client, job: str) -> int:
     value = client.get(gen_key(job))
     if value is not None:
         return int(value)
-    return lake_generation(settings, job_spec(job)) or ensure_generation(client, job)
+    return lake_generation(settings, job_spec(settings, job)) or ensure_generation(client, job)
 
 
 def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new: int) -> float:
     """Build generation `new` of `job` from the logs (catching up with versions appended meanwhile), then point
     `mv:gen:<job>` at it. Returns the seconds it took. Raises InterruptedError, without switching, if a
     stop (`runtime.STOP`) arrives meanwhile."""
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     started = time.monotonic()
     cleared = drop_generation(settings, client, spec, new)
     if cleared:
@@ -173,7 +173,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     """Rebuild `job`'s serving copy, which Redis lost (`reason`, from `serving_copy_lost`), from the logs into
     generation n+1 (n: the serving generation, or the one the lake says served if the pointer is gone), switch
     to it and drop n. Waits for a replay of the same job in flight. Returns n+1."""
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     guard = _lock(settings, job, wait=True)
     try:
         client = connect(settings.redis_url, cluster=settings.redis_cluster)
@@ -200,7 +200,7 @@ def serving_or_rebuild(spark, settings: Settings, job: str) -> int:
     """The generation a run of `job` writes into: the serving one, 1 on the job's first run, or, if Redis lost
     the serving copy, a new one rebuilt from the logs first (`rebuild`)."""
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
-    reason = serving_copy_lost(settings, client, job_spec(job))
+    reason = serving_copy_lost(settings, client, job_spec(settings, job))
     if reason is not None:
         return rebuild(spark, settings, job, reason)
     return ensure_generation(client, job)
@@ -208,7 +208,7 @@ def serving_or_rebuild(spark, settings: Settings, job: str) -> int:
 
 def replay(spark, settings: Settings, job: str) -> int:
     """Rebuild `job` into generation n+1 and switch to it. Returns the exit code (0 on success)."""
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     guard = _lock(settings, job, wait=False)
     if guard is None:
         print(f"mview: a replay of {job} is already running", file=sys.stderr)

@@ -220,7 +220,7 @@ class _Guard(_Sentinel):
             if self.client is None:
                 self.client = watch_client(self.settings.redis_url, cluster=self.settings.redis_cluster)
             serving = _serving(self.client, self.job)
-            lost = serving_copy_lost(self.settings, self.client, job_spec(self.job))
+            lost = serving_copy_lost(self.settings, self.client, job_spec(self.settings, self.job))
         except _REDIS_ERRORS as e:
             client, self.client = self.client, None
             if client is not None:
@@ -327,7 +327,7 @@ class _Restarts:
 def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watch: _RedisWatch) -> None:
     """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
     pointer moved, Redis lost the serving copy) follow the pointer or rebuild; after a failure restart."""
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False)
     restarts = _Restarts(settings, job)
     gen = None

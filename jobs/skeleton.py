@@ -158,7 +158,7 @@ def run_job(
 ) -> dict:
     """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
     docstring). once: everything available now, then return; else until stopped (`jobs.runtime.run_stream`)."""
-    source = job_spec(job).source
+    source = job_spec(settings, job).source
     client = None if source else connect(settings.redis_url, cluster=settings.redis_cluster)
     if source:
         gen = 0
@@ -191,7 +191,7 @@ def run_job(
                 metrics.observe(b, took)
 
     if not source:
-        log_sources(settings, job, gen, job_spec(job).topics)
+        log_sources(settings, job, gen, job_spec(settings, job).topics)
     stop = threading.Event()
     ticker = _ticker(run, w.idle, stop) if w.idle is not None and not once else None
     try:

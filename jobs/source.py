@@ -21,7 +21,7 @@ __all__ = ["serve_source"]
 
 
 def serve_source(settings: Settings, job: str) -> int:
-    spec = job_spec(job)
+    spec = job_spec(settings, job)
     lock = _single_instance(settings, spec.name)
     if lock is None:
         return 1

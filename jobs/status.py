@@ -28,7 +28,7 @@ import redis
 from changelog.ingest import deadletter_path
 from changelog.topics import latest_version
 from jobs.generations import lake_generation, replay_in_progress
-from jobs.registry import JOBS
+from jobs.registry import jobs
 from jobs.runtime import checkpoint_dir, read_status
 from jobs.settings import Settings
 from views.errors import ViewError
@@ -90,7 +90,7 @@ def processed_versions(checkpoint: Path) -> list[int | None]:
 def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
     """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up); for a job
     with its own lag (`JobSpec.lag`: a source job), that lag (None when it cannot be measured now)."""
-    spec = JOBS[job]
+    spec = jobs(settings)[job]
     if spec.lag:
         return spec.call("lag", settings)
     done = processed_versions(checkpoint_dir(settings, job, generation)) if generation else []
@@ -105,9 +105,10 @@ def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
 def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
     """The serving generation of each job that has one, or why Redis cannot tell (URL redacted)."""
     try:
+        names = list(jobs(settings))
         url, quick = settings.redis_url, quick_client(settings.redis_url)
         pipe = (connect(url, wait=False, check=False) if is_cluster(url, quick) else quick).pipeline(False)
-        for j in JOBS:
+        for j in names:
             pipe.get(
                 gen_key(j)
             )  # one key per command: on a Redis Cluster the pointers live on several masters
@@ -116,7 +117,7 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
         return e
     except (redis.RedisError, OSError) as e:  # unreachable, or a cluster that is down
         return classify(settings.redis_url, e)
-    return {j: int(v) for j, v in zip(JOBS, values, strict=True) if v is not None}
+    return {j: int(v) for j, v in zip(names, values, strict=True) if v is not None}
 
 
 def rejected_per_topic(settings: Settings, topics) -> dict[str, int]:
@@ -141,7 +142,7 @@ def rejected(settings: Settings, topics) -> int:
 def job_status(settings: Settings) -> dict:
     serving = _serving_generations(settings)
     out = {}
-    for name, spec in JOBS.items():
+    for name, spec in jobs(settings).items():
         s = read_status(settings, name, "status.json")
         if not isinstance(serving, ViewError):
             gen = serving.get(name, 0)

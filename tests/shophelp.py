@@ -16,7 +16,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SHOP", "LATENESS_MS", "DISORDER_MS", "T0", "Workload", "workload", "expected", "write_chunk"]
+__all__ = [
+    "SHOP",
+    "LATENESS_MS",
+    "DISORDER_MS",
+    "T0",
+    "Workload",
+    "workload",
+    "expected",
+    "write_chunk",
+    "shop_file",
+]
 
 T0 = 1_767_261_600_000  # 2026-01-01T10:00:00Z
 MIN = 60_000
@@ -287,12 +297,11 @@ def pieces(arrivals: list[tuple[str, dict]], topics: set[str], n: int, rng: rand
     return out
 
 
-def register(monkeypatch, pipeline) -> None:
-    """Make `pipeline`'s jobs known to the job registry (until the registry reads pipelines itself)."""
-    from jobs.registry import JOBS, VIEWS, JobSpec
+def shop_file(directory: Path, text: str = SHOP):
+    """The pipeline `text` written to `directory/shop.yml` and loaded from there: a job's settings name it with
+    `MVIEW_PIPELINE=<pipeline>.file`, as a user's would."""
+    from spec import load_pipeline
 
-    for name, job in pipeline.jobs.items():
-        views = tuple(v.name for v in job.views)
-        monkeypatch.setitem(JOBS, name, JobSpec(name, (), views, f"jobs.kinds.{job.kind}:run"))
-        for v in views:
-            monkeypatch.setitem(VIEWS, v, name)
+    path = Path(directory) / "shop.yml"
+    path.write_text(text)
+    return load_pipeline(path, {})

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs.deploy import settings_env
 from jobs.devredis import free_port
 from jobs.generations import key_kinds
-from jobs.registry import JOBS
+from jobs.registry import job_spec
 from jobs.settings import Settings
 from jobs.status import job_status
 
@@ -188,7 +188,7 @@ def redis_content(client: redis.Redis, job: str, generation: int) -> dict:
     """Every key of `job`'s generation (views and extra keys, not the meta hash) with its full value, keyed by
     the key with the generation taken out, so two generations or two servers compare exactly."""
     out = {}
-    for kind in key_kinds(JOBS[job]):
+    for kind in key_kinds(job_spec(Settings.from_env({}), job)):  # the built-in pipeline's job
         for key in client.scan_iter(match=f"mv:{kind}:{generation}:*", count=1000):
             name = key.decode().replace(f":{generation}:", ":*:", 1)
             t = client.type(key).decode()

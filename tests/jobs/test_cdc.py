@@ -176,9 +176,8 @@ def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database
 
     from changelog.ingest import ingest
     from jobs.cdc import run_cdc
-    from jobs.enrichment import run_enrichment
     from tests.conftest import write_jsonl
-    from tests.jobs.test_enrichment import export_enriched
+    from tests.jobs.test_enrichment import export_enriched, run_enrichment
 
     settings = make_settings(tmp_path / "lake", redis_url, ALLOWED_LATENESS="0 ms", **pg.env())
     pg.sql(

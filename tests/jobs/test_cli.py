@@ -20,9 +20,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobs.registry import JOBS
+from jobs.registry import jobs
+from jobs.settings import Settings
 from tests.conftest import make_settings, write_jsonl
 from tests.jobs.opshelp import wait_for
+
+JOBS = jobs(Settings.from_env({}))  # the built-in pipeline's jobs
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
 T0 = 1_700_000_000_000

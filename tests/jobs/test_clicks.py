@@ -9,13 +9,25 @@ import random
 import pytest
 
 from changelog.ingest import deadletter_path, ingest
-from jobs.clicks import close_idle_windows, run_clicks
+from jobs.kinds.interval import close_idle
+from jobs.registry import job_spec
 from jobs.runtime import job_dir, read_status
 from tests.conftest import make_settings, write_jsonl
 from timeline_demo.clicks_workload import chunk_arrivals, expected_clicks, generate_clicks
 from timeline_demo.workload import T0
 from views.read import export_view, query_view
 from views.redis_io import connect
+
+
+def run_clicks(spark, settings, **kwargs) -> dict:
+    """The built-in pipeline's `clicks` job, as `mview run clicks` runs it."""
+    return job_spec(settings, "clicks").run(spark, settings, **kwargs)
+
+
+def close_idle_windows(spark, settings, **kwargs) -> dict:
+    """The idle rule of the built-in `clicks` job (`jobs.kinds.interval.close_idle`)."""
+    return close_idle(spark, settings, settings.pipeline(), "clicks", **kwargs)
+
 
 H = 3_600_000
 M = 60_000

@@ -11,7 +11,7 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.records import validate
-from jobs.enrichment import run_enrichment
+from jobs.registry import job_spec
 from jobs.runtime import read_status
 from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
@@ -19,6 +19,12 @@ from timeline_demo.enrichment_workload import expected_by_country, expected_enri
 from views.log import export_log
 from views.read import export_view
 from views.redis_io import connect, set_generation
+
+
+def run_enrichment(spark, settings, **kwargs) -> dict:
+    """The built-in pipeline's `enrichment` job, as `mview run enrichment` runs it."""
+    return job_spec(settings, "enrichment").run(spark, settings, **kwargs)
+
 
 LATENESS = "5 minutes"  # the workload's disorder is 4 minutes
 

@@ -171,7 +171,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
 
 def _views_equal(spark, via_kafka, via_ingest) -> None:
     """Every view of the three jobs over the logs the kafka job wrote equals the one over the ingested logs."""
-    from jobs.registry import JOBS
+    from jobs.registry import jobs
     from views.read import export_view
     from views.redis_io import connect
 
@@ -179,9 +179,10 @@ def _views_equal(spark, via_kafka, via_ingest) -> None:
     for settings in (via_kafka, via_ingest):
         views = {}
         for name in ("timeline", "clicks", "enrichment"):
-            JOBS[name].run(spark, settings, once=True)
+            spec = jobs(settings)[name]
+            spec.run(spark, settings, once=True)
             client = connect(settings.redis_url)
-            for view in JOBS[name].views:
+            for view in spec.views:
                 rows = export_view(client, view, job=name, lake_dir=settings.lake_dir, spark=lambda: spark)
                 views[view] = sorted(orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in rows)
         exports.append(views)

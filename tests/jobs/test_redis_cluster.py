@@ -75,7 +75,9 @@ def test_timeline_with_celebrities_replay_query_export_and_status(
         seen = (sum((p[0] for p in parts[: i + 1]), []), sum((p[1] for p in parts[: i + 1]), []))
         assert _timelines(client) == expected_timelines(*seen, CAP)
     truth = expected_timelines(wl.tweets, wl.follows, CAP)
-    assert client.scan_iter(match="mv:timeline.follows:1:*").__next__()  # some reads merged celebrities' tweets
+    assert client.scan_iter(
+        match="mv:timeline.follows:1:*"
+    ).__next__()  # some reads merged celebrities' tweets
     spread = [redis.Redis(port=p).dbsize() for p in redis_cluster["ports"]]
     assert all(n > 0 for n in spread), spread
 

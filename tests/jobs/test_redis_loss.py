@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from changelog.ingest import ingest
 from jobs.generations import record_batch, serving_copy_lost
-from jobs.registry import JOBS
+from jobs.registry import job_spec
 from jobs.timeline import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import write_jsonl
@@ -34,7 +34,7 @@ def _timelines(client) -> dict:
 
 def test_lost_serving_copy_is_detected_and_run_once_rebuilds_it(spark, tmp_path, redis_url, rclient, capsys):
     settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=CAP)
-    spec = JOBS[JOB]
+    spec = job_spec(settings, JOB)
     wl = generate(seed=5, users=40, celebrities=2, follows=240, tweets=200)
     tw, fo = _parts(wl.tweets, 2), _parts(wl.follows, 2)
 

@@ -11,12 +11,15 @@ import urllib.request
 
 from jobs.deploy import settings_env
 from jobs.devredis import free_port
-from jobs.registry import JOBS
+from jobs.registry import jobs
+from jobs.settings import Settings
 from jobs.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
 from tests.jobs.opshelp import MVIEW, wait_for
 from tests.jobs.test_httpd import assert_refuses_other_hosts
+
+JOBS = jobs(Settings.from_env({}))  # the built-in pipeline's jobs
 
 
 def test_the_page_says_when_no_job_runs(tmp_path, redis_url):

@@ -12,9 +12,8 @@ import pytest
 
 from jobs.kinds.asof import run
 from jobs.runtime import read_status
-from spec import parse_pipeline
 from tests.conftest import make_settings
-from tests.shophelp import SHOP, expected, pieces, register, workload, write_chunk
+from tests.shophelp import SHOP, expected, pieces, shop_file, workload, write_chunk
 from views.log import export_log
 from views.read import export_view, format_result, query_view
 from views.redis_io import connect
@@ -27,16 +26,15 @@ WHERE_LOG = SHOP.replace(
 
 
 @pytest.fixture(params=["log without where", "log with where"])
-def shop(monkeypatch, request):
-    text = SHOP if request.param == "log without where" else WHERE_LOG
-    pipeline = parse_pipeline(text, "shop.yml")
-    register(monkeypatch, pipeline)
-    return pipeline
+def shop(tmp_path, request):
+    return shop_file(tmp_path, SHOP if request.param == "log without where" else WHERE_LOG)
 
 
 def _run_chunked(spark, tmp_path, redis_url, shop, wl, chunks: int, seed: int):
     """Each piece of the arrival order appended (one commit per topic), then `run --once`."""
-    settings = make_settings(tmp_path / f"lake{seed}_{chunks}", redis_url, METRICS_PORT="off")
+    settings = make_settings(
+        tmp_path / f"lake{seed}_{chunks}", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file
+    )
     for piece in pieces(wl.arrivals, {"orders", "customers"}, chunks, random.Random(seed)):
         for topic, records in piece.items():
             if records:
@@ -83,7 +81,7 @@ def test_a_state_of_the_layout_before_the_generic_join_is_refused_with_what_to_d
     from changelog.topics import ensure_delta_table
     from jobs.errors import LakeUnusable
 
-    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off")
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file)
     versions = settings.lake_dir / "state" / "orders_enriched" / "g1" / "versions"
     ensure_delta_table(
         spark, versions, "user_id string, ts bigint, deleted boolean, name string, country string"

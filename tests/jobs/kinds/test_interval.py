@@ -14,7 +14,7 @@ from jobs.kinds.interval import run
 from jobs.runtime import read_status
 from spec import parse_pipeline
 from tests.conftest import make_settings
-from tests.shophelp import SHOP, expected, pieces, register, workload, write_chunk
+from tests.shophelp import SHOP, expected, pieces, shop_file, workload, write_chunk
 from views.frame import ExpressionError
 from views.read import export_view, query_view
 from views.redis_io import connect
@@ -23,16 +23,16 @@ VIEWS = ("order_status", "few_payments", "by_payments", "paid_by_region")
 
 
 @pytest.fixture
-def shop(monkeypatch):
-    pipeline = parse_pipeline(SHOP, "shop.yml")
-    register(monkeypatch, pipeline)
-    return pipeline
+def shop(tmp_path):
+    return shop_file(tmp_path, SHOP)
 
 
 def _run_chunked(spark, tmp_path, redis_url, shop, wl, chunks: int, seed: int):
     """Every piece of the arrival order appended as one commit per topic, then one `run --once` whose micro-batches
     each read one commit of each topic."""
-    settings = make_settings(tmp_path / f"lake{seed}_{chunks}", redis_url, METRICS_PORT="off")
+    settings = make_settings(
+        tmp_path / f"lake{seed}_{chunks}", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file
+    )
     for piece in pieces(wl.arrivals, {"orders", "payments"}, chunks, random.Random(seed)):
         for topic, records in piece.items():
             if records:
@@ -78,7 +78,7 @@ def test_an_expression_spark_cannot_analyse_is_one_line_naming_file_line_and_key
 ):
     broken = SHOP.replace("payments: matches}", "payments: matchs + 1}")
     line = 1 + broken.splitlines().index(next(x for x in broken.splitlines() if "matchs + 1" in x))
-    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off")
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file)
     with pytest.raises(ExpressionError) as e:
         run(spark, settings, parse_pipeline(broken, "shop.yml"), "paid", once=True)
     text = str(e.value)
@@ -93,7 +93,7 @@ def test_a_state_of_the_layout_before_the_generic_join_is_refused_with_what_to_d
 ):
     from jobs.errors import LakeUnusable
 
-    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off")
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file)
     old = settings.lake_dir / "state" / "paid" / "g1" / f"v{1_000_000:020d}"
     old.mkdir(parents=True)
     (old / "meta.json").write_text('{"watermark": 5, "searches_final": 3}')  # as the clicks job wrote it
