@@ -9,13 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec import Pipeline, load_pipeline
+from spec import Pipeline
+from spec.builtin import BUILTIN_FILE, pipeline_at
 
-__all__ = ["Settings", "parse_duration_ms", "BUILTIN_PIPELINE"]
+__all__ = ["Settings", "parse_duration_ms"]
 
-# The built-in pipeline, shipped as a pipeline file like any other (MVIEW_PIPELINE unset).
-BUILTIN_PIPELINE = Path(__file__).resolve().parents[1] / "timeline_demo" / "pipelines" / "builtin.yml"
-_PIPELINES: dict[tuple, Pipeline] = {}
 
 _UNITS_MS = {
     "ms": 1,
@@ -87,7 +85,7 @@ def _limit(text: str) -> int | None:
 
 
 def _pipeline_file(text: str) -> Path:
-    return Path(text).expanduser().resolve() if text.strip() else BUILTIN_PIPELINE
+    return Path(text).expanduser().resolve() if text.strip() else BUILTIN_FILE
 
 
 def _jvm_cache(text: str) -> Path | None:
@@ -117,7 +115,7 @@ class Settings:
         "7 days"); a consumer lagging further behind than this cannot resume (replay it).
     compact_topics: COMPACT_TOPICS, table topics whose logs maintenance compacts to the deciding record per key
         (default "auto": every table topic no asof job reads, since an asof job needs every version; empty = none).
-    pipeline_file: MVIEW_PIPELINE, the pipeline file (default: the built-in pipeline, `BUILTIN_PIPELINE`).
+    pipeline_file: MVIEW_PIPELINE, the pipeline file (default: the built-in pipeline, `spec.builtin.BUILTIN_FILE`).
         `pipeline()` loads it, with `${VAR}` taken from the environment the settings were read from.
     replay_grace: REPLAY_GRACE, how long a replay waits after the switch before deleting the old generation's
         keys, so reads that resolved the old pointer finish (default "2 s").
@@ -158,7 +156,7 @@ class Settings:
     replay_grace: str = "2 s"
     stop_timeout: str = "10 minutes"
     jvm_cache: Path | None = None
-    pipeline_file: Path = BUILTIN_PIPELINE
+    pipeline_file: Path = BUILTIN_FILE
     # the environment the settings were read from (a pipeline file's ${VAR}); may hold secrets: never shown
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     metrics_port: int | None = 9464
@@ -224,12 +222,4 @@ class Settings:
     def pipeline(self) -> Pipeline:
         """The pipeline of `pipeline_file` (loaded once per file content and environment; `spec.PipelineError`
         with every problem, one line each, when it is not valid)."""
-        path = self.pipeline_file
-        try:
-            stamp = path.stat().st_mtime_ns
-        except OSError:
-            stamp = None
-        key = (str(path), stamp, tuple(sorted(self.env.items())))
-        if key not in _PIPELINES:
-            _PIPELINES[key] = load_pipeline(path, self.env)
-        return _PIPELINES[key]
+        return pipeline_at(str(self.pipeline_file), self.env)

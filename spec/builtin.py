@@ -12,7 +12,7 @@ from pathlib import Path
 from spec.load import load_pipeline
 from spec.model import Pipeline
 
-__all__ = ["BUILTIN_FILE", "pipeline_file", "builtin_pipeline", "default_pipeline"]
+__all__ = ["BUILTIN_FILE", "pipeline_file", "pipeline_at", "builtin_pipeline", "default_pipeline"]
 
 BUILTIN_FILE = Path(__file__).resolve().parents[1] / "timeline_demo" / "pipelines" / "builtin.yml"
 
@@ -28,7 +28,9 @@ def _load(path: str, mtime_ns: int, env: frozenset) -> Pipeline:
     return load_pipeline(path, dict(env))
 
 
-def _cached(path: str, env: Mapping[str, str] | None) -> Pipeline:
+def pipeline_at(path: str, env: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline of the file at `path` with `${VAR}` from `env` (default: the process environment), loaded once
+    per file content (modification time) and environment."""
     env = os.environ if env is None else env
     try:
         mtime = Path(path).stat().st_mtime_ns
@@ -39,9 +41,9 @@ def _cached(path: str, env: Mapping[str, str] | None) -> Pipeline:
 
 def builtin_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
     """The built-in pipeline (the contract's six topics and three jobs), `${VAR}` taken from `env`."""
-    return _cached(str(BUILTIN_FILE), env)
+    return pipeline_at(str(BUILTIN_FILE), env)
 
 
 def default_pipeline(env: Mapping[str, str] | None = None) -> Pipeline:
     """The pipeline of `pipeline_file(env)`; raises `spec.errors.PipelineError` when it is not a valid one."""
-    return _cached(pipeline_file(env), env)
+    return pipeline_at(pipeline_file(env), env)
