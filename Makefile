@@ -85,7 +85,7 @@ demo-cdc: setup redis postgres ## profiles in PostgreSQL captured by the cdc job
 	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m timeline_demo.cdc_demo
 
 ui: setup ## serve the operations page on :UI_PORT (8764): every job, live charts of batch time, input rate, lag
-	$(MVIEW) ui --port $(UI_PORT) --timeline-url http://127.0.0.1:$(WEB_PORT)/
+	$(MVIEW) ui --port $(UI_PORT) --page-url http://127.0.0.1:$(WEB_PORT)/
 
 demo-web: setup redis $(if $(KAFKA),kafka) ## serve the live home-timeline page on :WEB_PORT (8765) while the job runs and new tweets arrive (KAFKA=1: produced to Kafka, copied by the kafka job)
 	$(if $(KAFKA),KAFKA_BOOTSTRAP="$${KAFKA_BOOTSTRAP:-127.0.0.1:9092}" )$(PY) -m timeline_demo.web --live $(if $(KAFKA),--kafka )--port $(WEB_PORT)

@@ -393,7 +393,7 @@ def cmd_ui(args) -> int:
 
     settings = _settings()
     _lake(settings, write=False)
-    server = serve_in_thread(settings, "127.0.0.1", args.port, timeline_url=args.timeline_url)
+    server = serve_in_thread(settings, "127.0.0.1", args.port, page_url=args.page_url)
     print(f"operations page at http://127.0.0.1:{server.server_port}/  (Ctrl-C stops)", flush=True)
     serve_until_interrupted(server)
     return 0
@@ -471,7 +471,13 @@ _COMMANDS = {
         "serve the operations page on 127.0.0.1 (every job, live charts)",
         [
             ("--port", {"type": int, "default": 8764}),
-            ("--timeline-url", {"default": "http://127.0.0.1:8765/", "help": "the live timeline page's URL"}),
+            (
+                "--page-url",
+                {
+                    "default": "http://127.0.0.1:8765/",
+                    "help": "a page the operations page links to (the demo's live page)",
+                },
+            ),
         ],
     ),
 }

@@ -33,6 +33,8 @@ __all__ = [
     "last_committed_batch",
     "lake_generation",
     "serving_copy_lost",
+    "definition_changed",
+    "DEFINITION_CHANGED",
 ]
 
 _GEN_DIR = re.compile(r"^g(\d+)$")
@@ -182,4 +184,30 @@ def serving_copy_lost(settings: Settings, client, spec: JobSpec) -> str | None:
         return f"{meta_key(job, serving)} is gone; the checkpoint has batch {committed}"
     if int(recorded) < committed:
         return f"{meta_key(job, serving)} records batch {int(recorded)}; the checkpoint has batch {committed}"
+    return None
+
+
+DEFINITION_CHANGED = "definition changed"
+
+
+def definition_changed(settings: Settings, client, spec: JobSpec) -> str | None:
+    """Why the serving generation of `spec` cannot go on serving the job as the pipeline now declares it, or None:
+    its meta hash records the fingerprint of another definition (`spec.model.Pipeline.fingerprint`: the job, its
+    views and the topics they read), or none although the generation has published (built before definitions were
+    recorded). Starts with `DEFINITION_CHANGED`. A generation that has published nothing yet takes the definition
+    of its first batch. Raises redis errors when Redis does not answer."""
+    if spec.source:
+        return None
+    pointer = client.get(gen_key(spec.name))
+    if pointer is None:
+        return None
+    serving = int(pointer)
+    built = client.hget(meta_key(spec.name, serving), "fingerprint")
+    wanted = settings.pipeline().fingerprint(spec.name)
+    if built is None:
+        if last_committed_batch(settings, spec.name, serving) is None:
+            return None
+        return f"{DEFINITION_CHANGED}: generation {serving} records no definition; the pipeline's is {wanted}"
+    if built.decode() != wanted:
+        return f"{DEFINITION_CHANGED}: generation {serving} was built from {built.decode()}; the pipeline's is {wanted}"
     return None

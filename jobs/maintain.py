@@ -1,9 +1,10 @@
 """Scheduled maintenance (`mview maintain [--once]`, or inside deployed jobs with MAINTENANCE_IN_JOB=true),
 run by apscheduler every MAINTENANCE_INTERVAL. One round does, in this order:
 
-1. Log compaction of COMPACT_TOPICS: the topic's current snapshot is rewritten keeping, per key, the one
-   record that decides the view (`_COMPACTION`: tweets: per (tweet_id, op) the greatest (ts, user_id, text),
-   so a delete tombstone is never dropped; follows: per pair the greatest ts, unfollow winning ties). The
+1. Log compaction of COMPACT_TOPICS (default `auto`: every table topic of the pipeline that no asof job reads,
+   since an asof job needs every version): the topic's current snapshot is rewritten keeping, per key, the one
+   record that decides the current table (`changelog.current`: the greatest time, a remove winning ties, then the
+   non-key fields; with `final_deletes` also the greatest remove, so a tombstone is never dropped). The
    rewrite is committed with `dataChange=false`, like OPTIMIZE: running consumers skip it (they have seen or
    will see the original records), while a replay, which reads from the log's current snapshot, starts from the
    compacted snapshot plus the versions after it. Views are unchanged because every job's result depends only
@@ -30,27 +31,19 @@ import threading
 import time
 from pathlib import Path
 
-from pyspark.sql import Window
 from pyspark.sql import functions as F
 
+from changelog.current import compaction_keys, compaction_order
 from changelog.topics import topic_lock, topic_path
 from jobs.deploy import pid_of
 from jobs.generations import drop_generation, generations, replay_in_progress
 from jobs.registry import jobs
 from jobs.runtime import log, read_status
 from jobs.settings import Settings
+from spec.model import Topic
 from views.redis_io import connect, current_generation
 
-__all__ = ["maintain", "start_scheduler", "compact_topic", "delta_tables"]
-
-# topic -> (key columns, ordering of the record kept per key: the greatest wins)
-_COMPACTION = {
-    "tweets": (("tweet_id", "op"), lambda: (F.col("ts"), F.col("user_id"), F.col("text"))),
-    "follows": (
-        ("follower_id", "followee_id"),
-        lambda: (F.col("ts"), F.when(F.col("op") == "unfollow", 1).otherwise(0)),
-    ),
-}
+__all__ = ["maintain", "start_scheduler", "compact_topic", "compacted", "delta_tables"]
 
 _LOCK = threading.Lock()  # one round at a time per process
 
@@ -68,14 +61,19 @@ def delta_tables(lake_dir: Path) -> list[Path]:
     return sorted(found)
 
 
-def compact_topic(spark, lake_dir: Path, topic: str) -> tuple[int, int]:
-    """Rewrite `topic`'s snapshot to the deciding record per key (dataChange=false). Returns (rows before,
-    rows after); nothing is written when nothing would be removed."""
-    keys, order = _COMPACTION[topic]
+def compact_topic(spark, lake_dir: Path, topic: Topic) -> tuple[int, int]:
+    """Rewrite the table topic `topic`'s snapshot to the deciding record per key (dataChange=false). Returns
+    (rows before, rows after); nothing is written when nothing would be removed."""
     path = str(topic_path(lake_dir, topic))
     df = spark.read.format("delta").load(path)
-    w = Window.partitionBy(*keys).orderBy(*[c.desc_nulls_last() for c in order()])
-    kept = df.withColumn("_r", F.row_number().over(w)).where("_r = 1").drop("_r")
+    keys = ", ".join(compaction_keys(topic))
+    kept = (
+        df.selectExpr(
+            "*", f"row_number() OVER (PARTITION BY {keys} ORDER BY {compaction_order(topic)}) AS _r"
+        )
+        .where("_r = 1")
+        .drop("_r")
+    )
     counts = df.agg(F.count("*").alias("n")).crossJoin(kept.agg(F.count("*").alias("k"))).first()
     before, after = counts["n"], counts["k"]
     if after < before:
@@ -90,15 +88,25 @@ def _running_jobs(settings: Settings) -> set[str]:
     return {job for job in jobs(settings) if pid_of(settings, job) is not None}
 
 
+def compacted(settings: Settings) -> list[Topic]:
+    """The table topics COMPACT_TOPICS names (`auto`: those no asof job of the pipeline reads)."""
+    pipeline = settings.pipeline()
+    tables = [t for t in pipeline.topics.values() if t.kind == "table"]
+    if settings.compact_topics == ("auto",):
+        versioned = {j.spec.table for j in pipeline.jobs.values() if j.kind == "asof"}
+        return [t for t in tables if t.name not in versioned]
+    return [t for t in tables if t.name in settings.compact_topics]
+
+
 def _compact_topics(spark, settings: Settings, report: dict) -> None:
-    """Compact each topic of COMPACT_TOPICS to its latest record per key."""
-    for topic in settings.compact_topics:
-        if topic in _COMPACTION and (topic_path(settings.lake_dir, topic) / "_delta_log").is_dir():
+    """Compact each topic of COMPACT_TOPICS to its deciding record per key."""
+    for topic in compacted(settings):
+        if (topic_path(settings.lake_dir, topic) / "_delta_log").is_dir():
             try:
                 before, after = compact_topic(spark, settings.lake_dir, topic)
-                report["compacted"][topic] = f"{before}->{after}"
+                report["compacted"][topic.name] = f"{before}->{after}"
             except Exception as e:  # noqa: BLE001 - e.g. a concurrent append: retried next round
-                report["errors"].append(f"compact {topic}: {str(e)[:300]}")
+                report["errors"].append(f"compact {topic.name}: {str(e)[:300]}")
 
 
 def _optimize_and_vacuum(spark, settings: Settings, report: dict) -> None:

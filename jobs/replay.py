@@ -32,7 +32,13 @@ import time
 
 from changelog.topics import latest_version
 from jobs import runtime
-from jobs.generations import drop_generation, lake_generation, serving_copy_lost
+from jobs.generations import (
+    DEFINITION_CHANGED,
+    definition_changed,
+    drop_generation,
+    lake_generation,
+    serving_copy_lost,
+)
 from jobs.registry import job_spec
 from jobs.runtime import checkpoint_dir, job_dir, log, open_private, read_status, status_file, write_status
 from jobs.settings import Settings
@@ -40,7 +46,7 @@ from jobs.status import processed_versions
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation, set_generation
 
-__all__ = ["replay", "rebuild", "serving_or_rebuild", "lag_of"]
+__all__ = ["replay", "rebuild", "rebuild_reason", "serving_or_rebuild", "lag_of"]
 
 _MAX_CATCH_UP_ROUNDS = 5
 
@@ -73,16 +79,16 @@ class _Progress(threading.Thread):
         processed, total = lag_of(self.settings, self.job, self.generation)
         width = 30
         filled = width if total == 0 else int(width * processed / total)
-        activity = ""
+        busy = ""
         try:
             active = self.spark.streams.active
             if active and active[0].status.get("isTriggerActive"):
-                activity = " (batch in flight)"
+                busy = " (batch in flight)"
         except Exception:  # noqa: BLE001 - the query may end while we ask
             pass
         line = (
             f"replay {self.job} g{self.generation} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{processed}/{total} log versions {time.monotonic() - self.started:.0f}s{activity}"
+            f"{processed}/{total} log versions {time.monotonic() - self.started:.0f}s{busy}"
         )
         _write_replay(self.settings, self.job, processed_versions=processed, total_versions=total)
         if self.tty:
@@ -170,9 +176,10 @@ def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new
 
 
 def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
-    """Rebuild `job`'s serving copy, which Redis lost (`reason`, from `serving_copy_lost`), from the logs into
-    generation n+1 (n: the serving generation, or the one the lake says served if the pointer is gone), switch
-    to it and drop n. Waits for a replay of the same job in flight. Returns n+1."""
+    """Rebuild `job`'s serving copy from the logs into generation n+1 (n: the serving generation, or the one the
+    lake says served if the pointer is gone), switch to it and drop n. `reason`: why (`serving_copy_lost`: Redis
+    lost it; `definition_changed`: the job's definition changed, and n keeps serving readers until the switch).
+    Waits for a replay of the same job in flight. Returns n+1."""
     spec = job_spec(settings, job)
     guard = _lock(settings, job, wait=True)
     try:
@@ -180,7 +187,10 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
         pointer = client.get(gen_key(job))
         old = int(pointer) if pointer is not None else lake_generation(settings, spec)
         new = old + 1
-        log(f"Redis lost the serving copy of {job} ({reason}): rebuilding generation {new} from the logs")
+        if reason.startswith(DEFINITION_CHANGED):
+            log(f"{job}: {reason}: building generation {new} from the logs while generation {old} serves")
+        else:
+            log(f"Redis lost the serving copy of {job} ({reason}): rebuilding generation {new} from the logs")
         try:
             build_s = _build_and_switch(spark, settings, job, client, old, new)
             log(f"replay {job}: generation {new} is current (rebuilt in {build_s:.1f}s)")
@@ -189,6 +199,9 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
             removed = drop_generation(settings, client, spec, old)
             log(f"replay {job}: removed generation {old} ({removed:,} keys)")
             _write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
+            at = int((time.time() - build_s) * 1000)
+            last = {"reason": reason, "generation": new, "seconds": round(build_s, 1), "at_ms": at}
+            write_status(settings, job, file="status.json", generation=new, last_rebuild=last)
         finally:
             _write_replay(settings, job, finished=True)
         return new
@@ -196,11 +209,17 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
         guard.close()
 
 
+def rebuild_reason(settings: Settings, client, spec) -> str | None:
+    """Why `spec`'s serving generation must be rebuilt before the job writes again, or None: Redis lost it
+    (`serving_copy_lost`), or the job's definition changed (`definition_changed`)."""
+    return serving_copy_lost(settings, client, spec) or definition_changed(settings, client, spec)
+
+
 def serving_or_rebuild(spark, settings: Settings, job: str) -> int:
     """The generation a run of `job` writes into: the serving one, 1 on the job's first run, or, if Redis lost
-    the serving copy, a new one rebuilt from the logs first (`rebuild`)."""
+    the serving copy or the job's definition changed, a new one built from the logs first (`rebuild`)."""
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
-    reason = serving_copy_lost(settings, client, job_spec(settings, job))
+    reason = rebuild_reason(settings, client, job_spec(settings, job))
     if reason is not None:
         return rebuild(spark, settings, job, reason)
     return ensure_generation(client, job)

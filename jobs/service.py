@@ -268,14 +268,7 @@ def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     )
     new = rebuild(spark, settings, job, reason)
     took = round(time.time() - since, 1)
-    write_status(
-        settings,
-        job,
-        state="running",
-        generation=new,
-        rebuilding=None,
-        last_rebuild={"reason": reason, "generation": new, "seconds": took, "at_ms": int(since * 1000)},
-    )
+    write_status(settings, job, state="running", generation=new, rebuilding=None)  # `rebuild` wrote last_rebuild
     log(f"{job}: serving generation {new}, rebuilt from the logs in {took}s")
     return new
 
@@ -326,7 +319,10 @@ class _Restarts:
 
 def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watch: _RedisWatch) -> None:
     """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
-    pointer moved, Redis lost the serving copy) follow the pointer or rebuild; after a failure restart."""
+    pointer moved, Redis lost the serving copy) follow the pointer or rebuild (also when the job's definition
+    changed); after a failure restart."""
+    from jobs.replay import rebuild_reason
+
     spec = job_spec(settings, job)
     client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False)
     restarts = _Restarts(settings, job)
@@ -334,7 +330,7 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
     while not runtime.STOP.is_set():
         started = time.monotonic()
         try:
-            reason = serving_copy_lost(settings, client, spec)  # waits for Redis
+            reason = rebuild_reason(settings, client, spec)  # waits for Redis
             if reason is not None:
                 gen = _rebuild(spark, settings, job, reason)
                 continue

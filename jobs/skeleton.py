@@ -60,6 +60,9 @@ class JobRun:
     client: object  # redis client of the serving Redis (None for a source job)
     totals: dict = field(default_factory=lambda: {"batches": 0, "events": 0, "seconds": 0.0})
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fingerprint: str = (
+        ""  # the job's definition (`spec.model.Pipeline.fingerprint`), recorded with every batch
+    )
 
     @property
     def state_dir(self) -> Path:
@@ -119,7 +122,8 @@ class Wiring:
 def _record(run: JobRun, batch_id: int, b: Batch, took: float) -> None:
     now = int(time.time() * 1000)
     if run.client is not None:
-        record_batch(run.client, run.job, run.generation, batch_id, last_batch_ms=now, **b.meta)
+        meta = {"fingerprint": run.fingerprint, "last_batch_ms": now, **b.meta}
+        record_batch(run.client, run.job, run.generation, batch_id, **meta)
     prev = read_status(run.settings, run.job) if b.counters else {}  # only running totals need it
     same = prev.get("generation") == run.generation
     running = {k: (prev.get(k, 0) if same else 0) + v for k, v in b.counters.items()}
@@ -153,6 +157,10 @@ def _ticker(run: JobRun, idle: Callable[[], None], stop: threading.Event) -> thr
     return t
 
 
+def _fingerprint(settings: Settings, job: str, source: bool) -> str:
+    return "" if source else settings.pipeline().fingerprint(job)
+
+
 def run_job(
     spark, settings: Settings, job: str, wire: Callable[[JobRun], Wiring], *, once: bool, generation=None
 ) -> dict:
@@ -164,7 +172,7 @@ def run_job(
         gen = 0
     else:
         gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
-    run = JobRun(spark, settings, job, gen, client)
+    run = JobRun(spark, settings, job, gen, client, fingerprint=_fingerprint(settings, job, source))
     metrics = metrics_for(settings, job)
     ui = spark.sparkContext.uiWebUrl if settings.spark_ui else None
     write_status(settings, job, metrics_url=metrics.url if metrics else None, spark_ui_url=ui)
@@ -176,7 +184,7 @@ def run_job(
             b = w.process(batch_df, batch_id)
             if b is None:
                 if client is not None:
-                    record_batch(client, job, gen, batch_id)
+                    record_batch(client, job, gen, batch_id, fingerprint=run.fingerprint)
                 recovered(settings, job)
                 return
             took = time.monotonic() - started

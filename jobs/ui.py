@@ -62,11 +62,11 @@ def snapshot(settings: Settings) -> dict:
     }
 
 
-def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 0, *, timeline_url: str = ""):
+def make_server(settings: Settings, host: str = "127.0.0.1", port: int = 0, *, page_url: str = ""):
     """An HTTP server (not started) for the page and `/api/status`; port 0 picks a free port."""
 
     def status(_params: dict) -> tuple[int, dict]:
-        return 200, {**snapshot(settings), "timeline_url": timeline_url}
+        return 200, {**snapshot(settings), "page_url": page_url}
 
     return page_server(_STATIC, ("app.js",), {"/api/status": status}, host, port)
 

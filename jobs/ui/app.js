@@ -83,7 +83,7 @@ function render(data) {
   document.getElementById("note").textContent =
     (data.running ? `${data.running} job(s) running` : "no job is running: mview deploy JOB starts one") +
     `, updated ${new Date(now).toLocaleTimeString()}`;
-  if (data.timeline_url) document.getElementById("timeline-link").href = data.timeline_url;
+  if (data.page_url) document.getElementById("page-link").href = data.page_url;
 }
 
 async function refresh() {

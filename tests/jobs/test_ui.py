@@ -25,7 +25,7 @@ JOBS = jobs(Settings.from_env({}))  # the built-in pipeline's jobs
 def test_the_page_says_when_no_job_runs(tmp_path, redis_url):
     settings = make_settings(tmp_path / "lake", redis_url)
     settings.lake_dir.mkdir(parents=True)
-    page = serve_in_thread(settings, timeline_url="http://127.0.0.1:8765/")
+    page = serve_in_thread(settings, page_url="http://127.0.0.1:8765/")
     try:
         body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{page.server_port}/api/status").read())
         assert body["running"] == 0 and set(body["jobs"]) == set(JOBS)
@@ -39,7 +39,7 @@ def test_the_page_says_when_no_job_runs(tmp_path, redis_url):
             cards = web.find_elements("css selector", ".job")
             assert [c.get_attribute("id") for c in cards] == [f"job-{j}" for j in JOBS]
             assert all(c.get_attribute("class") == "job stopped" for c in cards)
-            link = web.find_element("id", "timeline-link").get_attribute("href")
+            link = web.find_element("id", "page-link").get_attribute("href")
             assert link == "http://127.0.0.1:8765/"
         finally:
             web.quit()
