@@ -275,9 +275,25 @@ class _Delta:
     n: dict  # born, fanned (born, by a value that was not heavy), died, gained, lost
     cur_before: DataFrame  # _k, _m: the (effective) pairs before the batch
     cur_after: DataFrame  # ... after it
-    live_before: DataFrame  # _e, _o, _m: the live entries before the batch
-    live_after: DataFrame  # ... after it
     list_changes: DataFrame  # the list side's changed rows
+    entry_tables: tuple  # (join, shape, the entry side's table before, after): `live_before`/`live_after`
+    _live: dict = field(default_factory=dict)
+
+    def _entries_of(self, i: int) -> DataFrame:
+        """The live entries (_e, _o, _m) of the entry side's table before (0) or after (1) the batch, planned on
+        first use (a batch that removes nothing and adds no list-side row never plans them)."""
+        if i not in self._live:
+            join, shape, *tables = self.entry_tables
+            self._live[i] = _entries(join, shape, tables[i].where(LIVE))
+        return self._live[i]
+
+    @property
+    def live_before(self) -> DataFrame:
+        return self._entries_of(0)
+
+    @property
+    def live_after(self) -> DataFrame:
+        return self._entries_of(1)
 
 
 def _delta(c: Counted, shape: ListShape, fanned: int, posts: ListPosts | None) -> _Delta:
@@ -299,9 +315,8 @@ def _delta(c: Counted, shape: ListShape, fanned: int, posts: ListPosts | None) -
         },
         cur_before=_pairs(join, shape, c.before.sides[s].where(LIVE)),
         cur_after=_pairs(join, shape, c.after.sides[s].where(LIVE)),
-        live_before=_entries(join, shape, c.before.sides[e].where(LIVE)),
-        live_after=_entries(join, shape, c.after.sides[e].where(LIVE)),
         list_changes=fc,
+        entry_tables=(join, shape, c.before.sides[e], c.after.sides[e]),
     )
 
 
