@@ -295,7 +295,7 @@ def _timeline_memory(client, gen: int) -> tuple[int, int, int, dict]:
 
 def _memory(spark, tmp: Path, scale: float) -> dict:
     from bench.timeline import ingest_workload, throughput_workload
-    from jobs.timeline import run_timeline
+    from timeline_demo.timeline_view import run_timeline
     from views.redis_io import connect
 
     (tmp / "mem").mkdir(exist_ok=True)

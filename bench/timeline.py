@@ -64,7 +64,7 @@ def ingest_workload(spark, settings, wl, tmp: Path) -> None:
 def bench_throughput(
     spark, settings, tmp: Path, zadd_per_s: float, scale: float = 1.0, warm_runs: int = 10
 ) -> dict:
-    from jobs.timeline import run_timeline
+    from timeline_demo.timeline_view import run_timeline
 
     wl = throughput_workload(scale)
     ingest_workload(spark, settings, wl, tmp)
@@ -105,7 +105,7 @@ def warm_rates(spark, settings, runs: int) -> list[float]:
     last three stands for a deployed job, whose JVM has long been warm."""
     from jobs.generations import drop_generation
     from jobs.registry import job_spec
-    from jobs.timeline import run_timeline
+    from timeline_demo.timeline_view import run_timeline
     from views.redis_io import connect
 
     client = connect(settings.redis_url)
@@ -158,7 +158,7 @@ def bench_replay(spark, settings) -> dict:
 
 def bench_incrementality(spark, settings, tmp: Path, budget_s: float, scale: float = 1.0) -> dict:
     """Fixed batch of `batch` events at base states of base0 * 2^k events."""
-    from jobs.timeline import run_timeline
+    from timeline_demo.timeline_view import run_timeline
     from timeline_demo.workload import generate
 
     base0, batch, levels = int(4_000 * scale), int(1_000 * scale), 5 if scale >= 1 else 2

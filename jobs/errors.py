@@ -14,7 +14,6 @@ __all__ = [
     "KafkaBrokerFailed",
     "KafkaConnectFailed",
     "SourceNotConfigured",
-    "FanoutLimitChanged",
 ]
 
 
@@ -88,18 +87,3 @@ class SourceNotConfigured(JobsError):
     def __init__(self, job: str, system: str, variable: str, example: str):
         super().__init__(f"{system} is not configured: set {variable} (e.g. {example}) to run the {job} job")
         self.job, self.system, self.variable, self.example = job, system, variable, example
-
-
-class FanoutLimitChanged(JobsError):
-    """FANOUT_LIMIT is `wanted` but generation `generation` of `job` was built with `built` (None: no limit); the
-    generation's Redis layout depends on it."""
-
-    def __init__(self, job: str, generation: int, built: int | None, wanted: int | None):
-        def shown(v):
-            return "empty" if v is None else str(v)
-
-        super().__init__(
-            f"FANOUT_LIMIT is {shown(wanted)} but {job} generation {generation} was built with {shown(built)}: "
-            f"set it back, or run `mview replay {job}` to rebuild the views with the new limit"
-        )
-        self.job, self.generation, self.built, self.wanted = job, generation, built, wanted

@@ -160,8 +160,11 @@ def _train(lake: Path) -> None:
     """The training run (in its own process and JVM): the timeline job over `_training_workload()`, two batches,
     then the same workload under a fan-out limit followed by four one-tweet batches of a celebrity."""
     from jobs.devredis import scratch_redis
+    from jobs.registry import job_spec
     from jobs.spark import get_spark
-    from jobs.timeline import run_timeline
+
+    def run_timeline(spark, settings, **kwargs):
+        return job_spec(settings, "timeline").run(spark, settings, **kwargs)
 
     proc, port = scratch_redis(lake.parent)
     try:

@@ -268,7 +268,9 @@ def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     )
     new = rebuild(spark, settings, job, reason)
     took = round(time.time() - since, 1)
-    write_status(settings, job, state="running", generation=new, rebuilding=None)  # `rebuild` wrote last_rebuild
+    write_status(
+        settings, job, state="running", generation=new, rebuilding=None
+    )  # `rebuild` wrote last_rebuild
     log(f"{job}: serving generation {new}, rebuilt from the logs in {took}s")
     return new
 

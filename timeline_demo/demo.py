@@ -89,7 +89,7 @@ class _Progress:
 
 
 def _run_job(spark, settings, errors: list) -> None:
-    from jobs.timeline import run_timeline
+    from timeline_demo.timeline_view import run_timeline
 
     try:
         run_timeline(spark, settings, once=False)

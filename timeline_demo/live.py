@@ -23,8 +23,8 @@ def run_live(
     from jobs import runtime
     from jobs.kafka import run_kafka
     from jobs.spark import get_spark
-    from jobs.timeline import run_timeline
     from timeline_demo.reference import current_tables
+    from timeline_demo.timeline_view import run_timeline
     from timeline_demo.workload import SIZES, sized, write_chunks, write_jsonl
 
     spark = get_spark(settings, "mview-demo-web")

@@ -21,6 +21,7 @@ __all__ = [
     "tweet_key",
     "authored_key",
     "celebs_key",
+    "run_timeline",
 ]
 
 BUILTIN_FILE = Path(__file__).resolve().parent / "pipelines" / "builtin.yml"
@@ -57,3 +58,11 @@ def authored_key(generation: int, author: str) -> str:
 
 def celebs_key(generation: int, user_id: str) -> str:
     return reads_key(TIMELINE.name, generation, user_id)
+
+
+def run_timeline(spark, settings, **kwargs) -> dict:
+    """The built-in `timeline` job as `mview run timeline` runs it: the job of that name in the settings' pipeline,
+    by its kind's runner (`jobs.kinds.join.run`). Returns the run's totals."""
+    from jobs.registry import job_spec
+
+    return job_spec(settings, "timeline").run(spark, settings, **kwargs)

@@ -12,7 +12,7 @@ first `{` and the next `}`), and `key_id` reads it back unchanged.
 | `mv:<view>:<g>:{<key>}` | sorted set | a list view's key: member the entry id, score the order value; the first `cap` |
 | `mv:<view>.entry:<g>:{<entry>}` | string | JSON of a list view's `fields` of a live entry |
 | `mv:<view>.heavy:<g>:{<value>}` | sorted set | a heavy match value's (fan-out limit) first `cap` entries: member the entry id, score the order value |
-| `mv:<view>.follows:<g>:{<key>}` | set | the heavy match values a list key reads (their entries are merged in at read time) |
+| `mv:<view>.reads:<g>:{<key>}` | set | the heavy match values a list key reads (their entries are merged in at read time) |
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def key_id(redis_key: str | bytes) -> str:
 
 
 # A list view's other keys are `mv:<view>.<part>:<g>:{<id>}`, part one of these (the design's names).
-ENTRY, HEAVY, READS = "entry", "heavy", "follows"
+ENTRY, HEAVY, READS = "entry", "heavy", "reads"
 
 
 def list_key(view: str, generation: int, key: str) -> str:
@@ -96,5 +96,5 @@ def heavy_key(view: str, generation: int, value: str) -> str:
 
 
 def reads_key(view: str, generation: int, key: str) -> str:
-    """A list view's set of the heavy match values list key `key` reads (`mv:<view>.follows:<g>:{<key>}`)."""
+    """A list view's set of the heavy match values list key `key` reads (`mv:<view>.reads:<g>:{<key>}`)."""
     return view_key(f"{view}.{READS}", generation, key)

@@ -7,7 +7,7 @@ Redis (`<v>`: the view's name, `<g>`: the job's generation):
   direction: `ZREVRANGE` reads a descending list, `ZRANGE` an ascending one); the first `cap`;
 - `mv:<v>.entry:<g>:{<entry>}`: JSON of the view's `fields` of the entry, in declared order, kept once per entry;
 - with a fan-out limit: `mv:<v>.heavy:<g>:{<match value>}`, a heavy match value's first `cap` entries (sorted set),
-  and `mv:<v>.follows:<g>:{<key>}`, the heavy values a list key reads (set); readers merge them (`read_list`).
+  and `mv:<v>.reads:<g>:{<key>}`, the heavy values a list key reads (set); readers merge them (`read_list`).
 The generation's meta hash (`mv:meta:<job>:<g>`) keeps the `cap` and `fanout_limit` it was built with.
 
 `ListView(join, view)` chooses how the join maintains the list (`joins.table_list`: the list shape's own algorithm, or
@@ -429,7 +429,7 @@ def _heavy(client, view: View, generation: int, job: str, values, stop: int) -> 
     read = pipe.zrevrange if view.order[0][1] else pipe.zrange
     for v in values:
         read(heavy_key(view.name, generation, v), 0, stop, withscores=True)
-    pipe.hget(meta_key(job, generation), "cap")
+    pipe.hget(meta_key(job, generation), f"{view.name}.cap")
     *sets, cap = pipe.execute()
     got = {v: [(float(s), e.decode()) for e, s in entries] for v, entries in zip(values, sets, strict=True)}
     return got, (int(cap) if cap is not None else None)

@@ -17,7 +17,7 @@ import pyspark
 
 from changelog.ingest import ingest
 from jobs.deploy import settings_env
-from jobs.timeline import run_timeline
+from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import free_port, redis_content, write_jsonl
 from timeline_demo.workload import generate

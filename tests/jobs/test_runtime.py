@@ -130,12 +130,17 @@ def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, t
     """The offset log tells which topic logs a micro-batch read (`JobRun.topics_moved`), with no Spark job: here
     each batch's topics with records, batch after batch of one checkpoint; unknown (None) for its first batch."""
     from changelog.ingest import ingest
+    from jobs.kinds.join import _source
     from jobs.runtime import run_stream
     from jobs.skeleton import JobRun
-    from jobs.timeline import TOPICS, _source
+    from joins.table import TableJoin
     from tests.conftest import make_settings, write_jsonl
 
     settings = make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0")
+    join = TableJoin(
+        spark, *settings.pipeline().sides("timeline"), settings.pipeline().jobs["timeline"].spec.match
+    )
+    TOPICS = ("tweets", "follows")
     run = JobRun(spark, settings, "timeline", 1, None)
     seen = []
 
@@ -150,7 +155,7 @@ def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, t
             record = {**(tweet if t == "tweets" else follow), "ts": i + 1}
             ingest(spark, settings.lake_dir, t, [write_jsonl(tmp_path / f"{t}{i}.jsonl", [record])])
         run_stream(
-            _source(spark, settings),
+            _source(spark, settings, join),
             process,
             checkpoint=run.checkpoint,
             once=True,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from changelog.ingest import ingest
-from jobs.timeline import run_timeline
 from spec import load_pipeline
+from tests.builtin import run_timeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import generate
 from views.list import export_list, read_list
-from views.redis_io import connect
+from views.redis_io import connect, current_generation
 
 BUILTIN_FILE = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"
 VIEW = load_pipeline(BUILTIN_FILE, {}).views["timeline"]
@@ -104,11 +104,11 @@ def _rows(state) -> tuple[list, list]:
 def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(spark, tmp_path):
     """The in-memory state equals the state rebuilt from the changes log, before and after compaction, and a
     store that starts fresh at batch N (a restart, or Spark replaying N) gets the state as it was before N."""
-    from jobs.timeline import JOB, pipeline
     from joins.table import TableJoin, maintain_join
     from joins.table_state import TableStore
 
-    built_in = pipeline(make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0", TIMELINE_CAP=2))
+    JOB = "timeline"
+    built_in = make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0", TIMELINE_CAP=2).pipeline()
     join = TableJoin(spark, *built_in.sides(JOB), built_in.jobs[JOB].spec.match)
     path = tmp_path / "changes"
     store = TableStore(spark, path, join, snapshot_every=2)
@@ -154,8 +154,8 @@ def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limi
     """FANOUT_LIMIT=2 (most authors with followers are celebrities at some point, crossing both ways across the
     batches), batches of tweets only (their posts written before the batch is counted) and of tweets and follows:
     after every run `export` gives the brute-force SQL, at the end `query` too (the CLI's read functions); a run of
-    the same generation with another limit is refused, saying to replay."""
-    from jobs.errors import FanoutLimitChanged
+    the same job with another limit rebuilds it into a new generation (its definition changed)."""
+    from jobs.runtime import read_status
     from jobs.skeleton import JobRun
     from views.read import export_view, query_view
 
@@ -178,12 +178,15 @@ def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limi
                 got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline", job="timeline")}
                 assert got == expected, f"after the {topic} of chunk {i}"
     assert moved == [None, {"tweets"}, {"follows"}, {"tweets"}, {"follows"}]
-    assert any(rclient.scan_iter(match="mv:timeline.follows:1:*"))
+    assert any(rclient.scan_iter(match="mv:timeline.reads:1:*"))
     assert any(rclient.scan_iter(match="mv:timeline.heavy:1:*"))
     for user in [f"u{i}" for i in range(60)]:
         got = query_view(client, "timeline", user, limit=3, job="timeline")
         assert [t["tweet_id"] for t in got["tweets"]] == expected.get(user, [])[:3]
-    with pytest.raises(FanoutLimitChanged, match="mview replay timeline"):
-        run_timeline(
-            spark, make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=4, FANOUT_LIMIT=3), once=True
-        )
+    other = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=4, FANOUT_LIMIT=3)
+    run_timeline(spark, other, once=True)
+    assert read_status(other, "timeline", "status.json")["last_rebuild"]["reason"].startswith(
+        "definition changed"
+    )
+    got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline", job="timeline")}
+    assert got == expected and current_generation(client, "timeline") == 2

@@ -14,8 +14,8 @@ import orjson
 
 from changelog.ingest import ingest
 from jobs.devredis import free_port
-from jobs.timeline import run_timeline
 from tests.browser import browser as _browser
+from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.test_httpd import assert_refuses_other_hosts
 from timeline_demo.web import serve_in_thread

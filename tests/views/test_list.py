@@ -368,7 +368,7 @@ def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spar
         if limit == 0:  # no one is fanned out: no stored timeline at all
             assert not list(h.client.scan_iter(match="mv:timeline:*"))
         if limit is None:
-            assert not list(h.client.scan_iter(match="mv:timeline.follows:*"))
+            assert not list(h.client.scan_iter(match="mv:timeline.reads:*"))
             assert not list(h.client.scan_iter(match="mv:timeline.heavy:*"))
 
 
