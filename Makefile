@@ -26,28 +26,28 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e ".[dev]"
-	$(PY) -m jobs.warmup
+	$(PY) -m jobs.dev.warmup
 	touch $@
 
 setup: $(VENV)/.installed ## create .venv, install the project and its dependencies, fetch the Delta jars (idempotent)
 
 redis: setup ## start a development redis-server at REDIS_URL unless one answers there
-	@$(PY) -m jobs.devredis
+	@$(PY) -m jobs.dev.redis
 
 redis-cluster: setup ## start a local three-master Redis Cluster on the port of REDIS_URL and the next two (then REDIS_CLUSTER=true)
-	@$(PY) -m jobs.devredis --cluster
+	@$(PY) -m jobs.dev.redis --cluster
 
 postgres: setup ## start a development PostgreSQL (wal_level=logical, data in LAKE_DIR/postgres) at PG_DSN unless one answers there
-	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m jobs.devpostgres
+	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m jobs.dev.postgres
 
 postgres-stop: setup ## stop the PostgreSQL `make postgres` started
-	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m jobs.devpostgres stop
+	@PG_DSN="$${PG_DSN:-host=127.0.0.1 port=5433 dbname=mview user=mview}" $(PY) -m jobs.dev.postgres stop
 
 kafka: setup ## start a development Kafka broker (KRaft, data in LAKE_DIR/kafka) at KAFKA_BOOTSTRAP (127.0.0.1:9092) unless one answers there
-	@KAFKA_BOOTSTRAP="$${KAFKA_BOOTSTRAP:-127.0.0.1:9092}" $(PY) -m jobs.devkafka start
+	@KAFKA_BOOTSTRAP="$${KAFKA_BOOTSTRAP:-127.0.0.1:9092}" $(PY) -m jobs.dev.kafka start
 
 kafka-stop: setup ## stop the Kafka broker `make kafka` started
-	@$(PY) -m jobs.devkafka stop
+	@$(PY) -m jobs.dev.kafka stop
 
 hdfs: setup ## start a development HDFS (NameNode and DataNode in one JVM, data in LAKE_DIR/hdfs) at HDFS_URL (hdfs://127.0.0.1:9000) unless one answers there
 	@$(PY) -m jobs.dev.hdfs start
@@ -91,10 +91,10 @@ demo-web: setup redis $(if $(KAFKA),kafka) ## serve the live home-timeline page 
 	$(if $(KAFKA),KAFKA_BOOTSTRAP="$${KAFKA_BOOTSTRAP:-127.0.0.1:9092}" )$(PY) -m timeline_demo.web --live $(if $(KAFKA),--kafka )--port $(WEB_PORT)
 
 jvm-cache: setup ## build the driver JVM's AOT cache (needs a JDK 25+; ~2 min): faster cold start of every job
-	$(PY) -m jobs.jvmcache
+	$(PY) -m jobs.dev.jvmcache
 
 $(VENV)/mview-jvm/stamp.json: $(VENV)/.installed
-	$(PY) -m jobs.jvmcache
+	$(PY) -m jobs.dev.jvmcache
 
 bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json and the README table; BENCH_ARGS passes options (--only, --scale, --out ...)
 	$(PY) -m bench $(BENCH_ARGS)

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             from bench.timeline import bench_redis
 
             _part(res, "redis", bench_redis, port)
-        from jobs.spark import get_spark
+        from jobs.core.spark import get_spark
 
         settings = scratch_settings(tmp / "lake-tp", port, 0)
         broker = _start_kafka(res, tmp) if "kafka" in want else None

@@ -39,7 +39,7 @@ __all__ = ["run"]
 
 def _mview(settings, *args: str) -> tuple[dict | None, float]:
     """Run `python -m jobs ARGS` with `settings`: (its last stdout line as JSON, or None; wall seconds)."""
-    from jobs.deploy import settings_env
+    from jobs.ops.deploy import settings_env
 
     started = time.monotonic()
     out = subprocess.run(
@@ -121,8 +121,8 @@ def _wait(what: str, check, timeout: float) -> None:
 
 def _deployed(settings) -> None:
     """Deploy `cdc` and `enrichment` and wait until the enrichment has read the logs (lag 0)."""
-    from jobs.deploy import deploy
-    from jobs.status import job_status
+    from jobs.ops.deploy import deploy
+    from jobs.ops.status import job_status
 
     for job in ("cdc", "enrichment"):
         if deploy(settings, job):
@@ -174,7 +174,7 @@ def _batch_seconds(settings, job: str) -> list[float]:
     (`<job> g<g> batch <id>: ... in <s>s`), the catch-up batch first."""
     import re
 
-    from jobs.deploy import log_path
+    from jobs.ops.deploy import log_path
 
     try:
         text = log_path(settings, job).read_text()
@@ -190,7 +190,7 @@ def _median(values: list) -> float | None:
 
 def _latency(settings, work: Path, seconds: float, interval: float, background: int) -> dict:
     from changelog.topics import ensure_topic
-    from jobs.deploy import stop
+    from jobs.ops.deploy import stop
     from views.redis_io import connect
 
     started = time.monotonic()
@@ -238,7 +238,7 @@ def run(
 ):
     """The cdc figures (see the module docstring), against a PostgreSQL of its own; `settings` gives the lake and
     Redis."""
-    from jobs.devpostgres import scratch_postgres, stop_server
+    from jobs.dev.postgres import scratch_postgres, stop_server
 
     work = Path(tempfile.mkdtemp(prefix="bench-cdc-"))
     root, port, pg_start = scratch_postgres()
@@ -251,8 +251,8 @@ def run(
             "TRIGGER_INTERVAL": "200 ms",
             "METRICS_PORT": "off",
         }
-        from jobs.deploy import settings_env
-        from jobs.settings import Settings
+        from jobs.core.settings import Settings
+        from jobs.ops.deploy import settings_env
 
         cdc_settings = Settings.from_env({**os.environ, **settings_env(settings), **env})
         out = {"postgres_start_seconds": round(pg_start, 1)}
@@ -270,7 +270,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     p = argparse.ArgumentParser(prog="python -m bench.cdc", description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=100_000)

@@ -41,7 +41,7 @@ NEXMARK_Q8_PER_CORE = 146_000  # Flink, Nexmark q8 (windowed join), events/s per
 
 def _cpu_seconds(spark) -> float:
     """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
-    from jobs.runtime import process_cpu
+    from jobs.core.runtime import process_cpu
 
     total = sum(os.times()[:2])
     proc = getattr(spark.sparkContext._gateway, "proc", None)
@@ -122,6 +122,7 @@ def _wait_clicked(client, generation: int, sid: str, started: float, timeout_s: 
 def _latency_continuous(spark, settings, generation: int, samples: int, timeout_s: float, far: int) -> list:
     """Append -> `clicked: true` in Redis with the job running as a continuous query; None = not seen in time."""
     from jobs.clicks import run_clicks
+
     from views.redis_io import connect
 
     client = connect(settings.redis_url)
@@ -163,6 +164,7 @@ def _latency_continuous(spark, settings, generation: int, samples: int, timeout_
 def _latency_once(spark, settings, generation: int, samples: int, far: int) -> list[float]:
     """Append -> `clicked: true` in Redis through `run_clicks(once=True)` started right after the append."""
     from jobs.clicks import run_clicks
+
     from views.redis_io import connect
 
     client = connect(settings.redis_url)
@@ -254,8 +256,9 @@ def run(
 ) -> dict:
     """Measure the clicks job on about `events` events (see the module docstring). Returns the figures."""
     from jobs.clicks import run_clicks
-    from jobs.runtime import read_status
-    from jobs.spark import get_spark
+
+    from jobs.core.runtime import read_status
+    from jobs.core.spark import get_spark
     from timeline_demo.clicks_workload import write_clicks_topics
     from views.redis_io import connect
 
@@ -323,7 +326,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     p = argparse.ArgumentParser(prog="python -m bench.clicks", description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=1_000_000)

@@ -19,7 +19,7 @@ def say(msg: str) -> None:
 
 def start_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
     """A throw-away redis-server on a free port with its files under `workdir`: (process, port)."""
-    from jobs.devredis import scratch_redis
+    from jobs.dev.redis import scratch_redis
     from jobs.errors import JobsError
 
     try:
@@ -30,7 +30,7 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
 
 def scratch_settings(lake: Path, port: int, db: int = 0, **env):
     """Settings of the environment with LAKE_DIR `lake`, REDIS_URL the bench's redis-server (db `db`) and `env`."""
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     base = dict(os.environ)
     base.update({"LAKE_DIR": str(lake), "REDIS_URL": f"redis://127.0.0.1:{port}/{db}"})

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from changelog.topics import ensure_topic
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 __all__ = ["run", "FLINK_Q20_EVENTS_PER_CORE"]
 
@@ -88,7 +88,7 @@ def _write_topics(spark, lake: Path, events: int, profiles: int) -> None:
 def _jvm_cpu_seconds(spark) -> float | None:
     """User + system CPU seconds of the Spark driver JVM (local mode: the executors too), from /proc."""
     try:
-        from jobs.runtime import process_cpu
+        from jobs.core.runtime import process_cpu
 
         return process_cpu(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())[0]
     except (OSError, AttributeError, ValueError):
@@ -128,6 +128,7 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
     `once`: a `run --once` started right after the append (query start-up included), for comparison and in
     case the continuous query does not pick the commit up within `timeout`."""
     from jobs.enrichment import run_enrichment
+
     from views.log import log_path
 
     out_log = log_path(lake, "enriched_activity", 1) / "_delta_log"
@@ -217,7 +218,8 @@ def _rows(events: int, profiles: int, per_core: float, batch_s: float, cpu_s, la
 def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings) -> dict:
     """Measure the enrichment job; returns a dict of figures (see the module docstring)."""
     from jobs.enrichment import run_enrichment
-    from jobs.spark import get_spark
+
+    from jobs.core.spark import get_spark
     from views.redis_io import connect
 
     spark = get_spark(settings, "mview-bench-enrichment")

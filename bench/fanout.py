@@ -155,7 +155,7 @@ def _one_mode(settings, tmp: Path, follow_file: str, followers: int, hybrid: boo
     used = int(client.info("memory")["used_memory"])
     client.flushdb()
     return {
-        "fanout_limit": settings.fanout_limit,
+        "fanout_limit": settings.pipeline().views["timeline"].fanout_limit,
         "trigger_interval": settings.trigger_interval,
         "first_s": first["visible_s"],
         "ingest_follows_s": round(ingest_s, 1),
@@ -304,7 +304,7 @@ def _memory(spark, tmp: Path, scale: float) -> dict:
         settings = scratch_settings(tmp / "lake-mem", port, 0, FANOUT_LIMIT="", METRICS_PORT="off")
         ingest_workload(spark, settings, throughput_workload(scale), tmp)
         client = connect(settings.redis_url)
-        cap = settings.timeline_cap
+        cap = settings.pipeline().views["timeline"].cap
         out = {"command": "mview run timeline --once (scratch redis-server)", "cap": cap}
         for name, gen, conf in (("default", 1, None), ("listpack", 2, cap)):
             client.flushall()

@@ -29,7 +29,7 @@ def _followers(follows: list[dict]) -> dict[str, list[str]]:
 
 def deploy_jobs(settings, jobs: tuple[str, ...] = ("timeline",)):
     """Deploy `jobs` (`mview deploy JOB` each); returns the function that stops them all."""
-    from jobs.deploy import deploy, stop
+    from jobs.ops.deploy import deploy, stop
 
     started: list[str] = []
 

@@ -41,7 +41,7 @@ TRIGGER = "200 ms"
 def start_kafka(tmp: Path) -> tuple[subprocess.Popen, str]:
     """A throw-away broker under `tmp`/kafka on free loopback ports: (process, bootstrap). Raises JobsError
     (saying what is missing) when it cannot start."""
-    from jobs.devkafka import scratch_kafka
+    from jobs.dev.kafka import scratch_kafka
 
     return scratch_kafka(tmp / "kafka")
 
@@ -57,7 +57,7 @@ def stop_kafka(proc: subprocess.Popen) -> None:
 
 def _cpu(spark) -> tuple[float, float]:
     """(CPU seconds of this Python process, of the Spark JVM and its descendants), user + system."""
-    from jobs.runtime import process_cpu
+    from jobs.core.runtime import process_cpu
 
     own = sum(os.times()[:2])
     try:
@@ -68,7 +68,7 @@ def _cpu(spark) -> tuple[float, float]:
 
 
 def _broker_cpu(pid: int) -> float:
-    from jobs.runtime import process_cpu
+    from jobs.core.runtime import process_cpu
 
     try:
         return process_cpu(pid)[0]
@@ -99,8 +99,8 @@ def _produce(settings, broker_pid: int, files: dict[str, str], n: int) -> dict:
 
 def _copy(spark, settings, broker_pid: int, n: int) -> dict:
     """One `kafka --once` run (the job skeleton in this JVM) into the lake of `settings`: its figures."""
-    from jobs import kafka as kafka_job
-    from jobs.skeleton import run_job
+    from jobs.core.skeleton import run_job
+    from jobs.kinds import kafka as kafka_job
 
     cores = int(spark.sparkContext.defaultParallelism) or os.cpu_count() or 1
     (py0, jvm0), broker0, started = _cpu(spark), _broker_cpu(broker_pid), time.monotonic()

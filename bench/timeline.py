@@ -103,8 +103,8 @@ def warm_rates(spark, settings, runs: int) -> list[float]:
     throw-away generation, dropped afterwards. The first run after the cold one pays most of the JVM's JIT warm-up
     and Spark's code generation; later runs keep getting faster while the JIT compiles hot code. The median of the
     last three stands for a deployed job, whose JVM has long been warm."""
-    from jobs.generations import drop_generation
-    from jobs.registry import job_spec
+    from jobs.core.generations import drop_generation
+    from jobs.core.registry import job_spec
     from timeline_demo.timeline_view import run_timeline
     from views.redis_io import connect
 
@@ -129,12 +129,14 @@ def _sql_seconds(spark, settings) -> float:
     read_batch(spark, settings.lake_dir, "tweets").createOrReplaceTempView("tweets_log")
     read_batch(spark, settings.lake_dir, "follows").createOrReplaceTempView("follows_log")
     started = time.monotonic()
-    spark.sql(TIMELINE_SQL.format(cap=settings.timeline_cap)).write.format("noop").mode("overwrite").save()
+    spark.sql(TIMELINE_SQL.format(cap=settings.pipeline().views["timeline"].cap)).write.format("noop").mode(
+        "overwrite"
+    ).save()
     return time.monotonic() - started
 
 
 def bench_replay(spark, settings) -> dict:
-    from jobs.replay import replay
+    from jobs.core.replay import replay
     from views.redis_io import connect, current_generation
 
     client = connect(settings.redis_url)

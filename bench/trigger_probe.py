@@ -1,6 +1,6 @@
 """`python -m bench.trigger_probe [--appends N]`: how soon a deployed job sees a new commit.
 
-Runs the deployed-job supervisor (`jobs.service.serve`, exactly as `mview deploy` runs it) on a throw-away
+Runs the deployed-job supervisor (`jobs.ops.service.serve`, exactly as `mview deploy` runs it) on a throw-away
 `probe` job whose foreachBatch records, for each row, the time from the Delta commit that brought it (the commit
 file's mtime) to the start of the foreachBatch call that received it, and then the batch in the probe's meta
 hash, as a view's sink does. Another process (its own SparkSession, `local[1]`) appends one record per commit,
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from jobs.devredis import scratch_redis
+from jobs.dev.redis import scratch_redis
 
 __all__ = ["main"]
 
@@ -33,8 +33,8 @@ _SCHEMA = "op string, tweet_id string, user_id string, text string, ts bigint"
 
 def _write(table: str, n: int) -> None:
     """The appending process: n commits of one tweet each, tweet_id = the commit's version, one a second."""
-    from jobs.settings import Settings
-    from jobs.spark import get_spark
+    from jobs.core.settings import Settings
+    from jobs.core.spark import get_spark
 
     spark = get_spark(
         Settings.from_env({"SPARK_MASTER": "local[1]", "SPARK_DRIVER_MEMORY": "512m"}), "writer"
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from changelog.topics import ensure_topic, read_stream, topic_path
     from jobs import registry, runtime, service
-    from jobs.settings import Settings
-    from jobs.spark import get_spark
+    from jobs.core.settings import Settings
+    from jobs.core.spark import get_spark
     from views.keys import meta_key
     from views.redis_io import connect
 

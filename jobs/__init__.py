@@ -1,29 +1,9 @@
-"""Jobs and operations.
+"""Jobs and operations, the only layer that knows changelog, joins and views together.
 
-Wiring, one module per job on one skeleton (`skeleton.run_job`): `timeline`, `clicks`, `enrichment`, listed in
-`registry`. Operations: `cli` (the `mview` command), `deploy` and `service` (background jobs), `replay` and
-`generations` (rebuilds and the generation pointer), `status`, `maintain`, `submit` (spark-submit entry point).
-Shared: `settings` (the one settings object), `spark` (the SparkSession), `runtime` (paths, status file, the
-streaming query), `phases` (where a batch's time goes, for its log line), `errors`.
+`core` (the skeleton every job shares, settings, the registry of the pipeline's jobs, generations, replay), `kinds`
+(a runner per join kind, `interval`, `asof`, `join`, and the source jobs `kafka` and `cdc`), `ops` (the `mview`
+command, deploy, service, status, maintenance, metrics, the operations page) and `dev` (development servers and the
+JVM cache; no other module imports it). `errors` is the layer's error root.
 """
 
-__all__ = [
-    "skeleton",
-    "timeline",
-    "clicks",
-    "enrichment",
-    "registry",
-    "cli",
-    "deploy",
-    "service",
-    "replay",
-    "generations",
-    "status",
-    "maintain",
-    "submit",
-    "settings",
-    "spark",
-    "runtime",
-    "phases",
-    "errors",
-]
+__all__ = ["core", "kinds", "ops", "dev", "errors"]

@@ -1,5 +1,5 @@
 import sys
 
-from jobs.cli import main
+from jobs.ops.cli import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from jobs.registry import job_spec
+from jobs.core.registry import job_spec
 
 __all__ = ["run_job", "run_timeline", "run_clicks", "run_enrichment"]
 

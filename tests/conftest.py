@@ -10,9 +10,9 @@ import orjson
 import pytest
 import redis
 
-from jobs.devredis import scratch_redis
+from jobs.core.settings import Settings
+from jobs.dev.redis import scratch_redis
 from jobs.errors import JobsError
-from jobs.settings import Settings
 from tests.devhelp import hdfs_server, s3_server, spark_cluster  # noqa: F401
 from tests.kafkahelp import kafka, kafka_broker  # noqa: F401
 from tests.pghelp import pg, pg_server  # noqa: F401
@@ -33,7 +33,7 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory):
     """A real three-master Redis Cluster for the session (started on first use): {"url", "ports", "procs"}."""
-    from jobs.devredis import scratch_redis_cluster
+    from jobs.dev.redis import scratch_redis_cluster
 
     try:
         procs, ports = scratch_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
@@ -96,7 +96,7 @@ def settings(tmp_path, redis_url) -> Settings:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    from jobs.spark import get_spark
+    from jobs.core.spark import get_spark
 
     # A Kafka address, so the session has Spark's Kafka source too: the kafka job's `--once` runs here, not in a JVM
     # of its own (nothing connects to the address).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.devkafka import scratch_kafka, start_broker, wait_broker
+from jobs.dev.kafka import scratch_kafka, start_broker, wait_broker
 from jobs.errors import JobsError
 
 __all__ = ["kafka_broker", "kafka", "KafkaBroker"]

@@ -9,7 +9,7 @@ import shutil
 import psycopg2
 import pytest
 
-from jobs.devpostgres import scratch_postgres, stop_server
+from jobs.dev.postgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
 
 __all__ = ["pg_server", "pg", "PgTable", "password_role", "log_commits", "fold"]

@@ -38,8 +38,8 @@ def _say(msg: str) -> None:
 
 
 def _settings():
-    from jobs.devpostgres import DEV_DSN
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
+    from jobs.dev.postgres import DEV_DSN
 
     env = dict(os.environ)
     env["PG_DSN"] = env.get("PG_DSN") or DEV_DSN
@@ -143,7 +143,7 @@ def _check(rows: dict, tag: str, label: str) -> bool:
 
 def _mview(settings, *args: str) -> int:
     """Run `mview ARGS` with the demo's settings; print its last lines of output (the summary)."""
-    from jobs.deploy import settings_env
+    from jobs.ops.deploy import settings_env
 
     env = {**os.environ, **settings_env(settings)}
     out = subprocess.run([sys.executable, "-m", "jobs", *args], env=env, capture_output=True, text=True)
@@ -156,7 +156,7 @@ def _mview(settings, *args: str) -> int:
 # long: the demo's steps read best in order
 def run_demo(settings) -> bool:
     from changelog.topics import ensure_topic
-    from jobs.deploy import deploy, pid_of, stop
+    from jobs.ops.deploy import deploy, pid_of, stop
 
     tag = str(int(time.time() * 1000))
     _sql(settings, "CREATE TABLE IF NOT EXISTS {t} (user_id text PRIMARY KEY, name text, country text)")

@@ -39,7 +39,7 @@ class _Progress:
         self.thread = threading.Thread(target=self._loop, name="demo-progress", daemon=True)
 
     def snapshot(self) -> dict:
-        from jobs.status import job_status
+        from jobs.ops.status import job_status
         from views.keys import view_pattern
         from views.redis_io import connect, current_generation
 
@@ -99,7 +99,7 @@ def _run_job(spark, settings, errors: list) -> None:
 
 def _wait_caught_up(spark, settings, job_thread, errors: list, timeout: float) -> None:
     """Until the job has processed every log version and no batch is running."""
-    from jobs.status import job_status
+    from jobs.ops.status import job_status
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and job_thread.is_alive():
@@ -144,7 +144,7 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
         f"{len(wl.tweets):,} tweet events, {len(wl.follows):,} follow events, in {chunks} chunks"
     )
     _say(
-        f"lake {settings.lake_dir}, redis {redact_url(settings.redis_url)}, TIMELINE_CAP {settings.timeline_cap}"
+        f"lake {settings.lake_dir}, redis {redact_url(settings.redis_url)}, TIMELINE_CAP {settings.pipeline().views['timeline'].cap}"
     )
     for topic in ("tweets", "follows"):  # before the job starts, so the job and ingest never race to create
         ensure_topic(spark, settings.lake_dir, topic)
@@ -192,8 +192,8 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.settings import Settings
-    from jobs.spark import get_spark
+    from jobs.core.settings import Settings
+    from jobs.core.spark import get_spark
     from timeline_demo.workload import SIZES
     from views.errors import RedisUnavailable
     from views.redis_io import connect

@@ -20,9 +20,9 @@ def run_live(
     from changelog.ingest import ingest
     from changelog.kafka import produce
     from changelog.topics import ensure_topic, latest_version, read_batch
-    from jobs import runtime
-    from jobs.kafka import run_kafka
-    from jobs.spark import get_spark
+    from jobs.core import runtime
+    from jobs.core.spark import get_spark
+    from jobs.kinds.kafka import run_kafka
     from timeline_demo.reference import current_tables
     from timeline_demo.timeline_view import run_timeline
     from timeline_demo.workload import SIZES, sized, write_chunks, write_jsonl

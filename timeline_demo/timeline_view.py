@@ -63,6 +63,6 @@ def celebs_key(generation: int, user_id: str) -> str:
 def run_timeline(spark, settings, **kwargs) -> dict:
     """The built-in `timeline` job as `mview run timeline` runs it: the job of that name in the settings' pipeline,
     by its kind's runner (`jobs.kinds.join.run`). Returns the run's totals."""
-    from jobs.registry import job_spec
+    from jobs.core.registry import job_spec
 
     return job_spec(settings, "timeline").run(spark, settings, **kwargs)

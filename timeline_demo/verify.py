@@ -70,7 +70,7 @@ def sql_timelines(spark, lake_dir, cap: int) -> dict[str, list[str]]:
 
 def verify_timelines(spark, settings, *, keep: int = 5) -> Verification:
     """Compare every timeline in Redis (serving generation) with `sql_timelines`."""
-    expected = sql_timelines(spark, settings.lake_dir, settings.timeline_cap)
+    expected = sql_timelines(spark, settings.lake_dir, settings.pipeline().views["timeline"].cap)
     got = {row["user_id"]: row["tweet_ids"] for row in export_timeline(connect(settings.redis_url))}
     users = sorted(set(expected) | set(got))
     result = Verification(total=len(users), matching=0)

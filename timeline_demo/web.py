@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from jobs.httpd import page_server, serve_until_interrupted
-from jobs.httpd import serve_in_thread as _serve
+from jobs.ops.httpd import page_server, serve_until_interrupted
+from jobs.ops.httpd import serve_in_thread as _serve
 from timeline_demo.timeline_view import read_timeline
 from views.keys import meta_key
 from views.redis_io import connect, redact_url
@@ -59,7 +59,7 @@ def serve_in_thread(redis_url: str, host: str = "127.0.0.1", port: int = 0):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     p = argparse.ArgumentParser(prog="python -m timeline_demo.web", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")

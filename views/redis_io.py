@@ -61,7 +61,7 @@ __all__ = [
     "WaitingRetry",
 ]
 
-# Set when this process is stopping (a deployed job's SIGTERM: `jobs.runtime.STOP` is this event): a
+# Set when this process is stopping (a deployed job's SIGTERM: `jobs.core.runtime.STOP` is this event): a
 # `WaitingRetry` then stops waiting and raises `RedisUnavailable`.
 STOP = threading.Event()
 
@@ -324,7 +324,7 @@ def ensure_generation(client: redis.Redis, job: str) -> int:
     """The serving generation, set to 1 on first use (atomically: SET NX).
 
     A missing pointer means "never published" only if Redis kept its data: jobs call it only after
-    `jobs.generations.serving_copy_lost` found nothing lost (via `jobs.replay.serving_or_rebuild`), so a Redis
+    `jobs.core.generations.serving_copy_lost` found nothing lost (via `jobs.core.replay.serving_or_rebuild`), so a Redis
     that lost the pointer gets a rebuilt generation, not an empty generation 1."""
     client.set(gen_key(job), 1, nx=True)
     return current_generation(client, job)

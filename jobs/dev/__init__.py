@@ -1,4 +1,7 @@
-"""Development and test servers for a lake beyond one machine, each a real server started on loopback:
+"""Development and test servers, each a real server started on loopback, and the driver JVM's cache: `redis`
+(`make redis`, `make redis-cluster`), `kafka` (`make kafka`), `connect` (Kafka Connect with Debezium, for tests),
+`postgres` (`make postgres`), `jvmcache` (`make jvm-cache`), `warmup` (`make setup` fetches the jars); and for a lake
+beyond one machine:
 
 - `jobs.dev.hdfs` (`make hdfs`, `make hdfs-stop`): Hadoop's own NameNode and DataNode in one JVM
   (`MiniDFSCluster` of the Hadoop version PySpark ships) at `HDFS_URL` (default `hdfs://127.0.0.1:9000`).
@@ -88,9 +91,9 @@ def java_exe(what: str) -> str:
 
 def jar_lib(name: str, version: str, pom: str, what: str) -> Path:
     """`<venv>/mview-<name>/<version>/lib`, holding the runtime jars of `pom`'s dependencies, copied from Maven
-    Central by `mvn dependency:copy-dependencies` on first use (as `jobs.devkafka` does for Kafka's jars);
+    Central by `mvn dependency:copy-dependencies` on first use (as `jobs.dev.kafka` does for Kafka's jars);
     DevServerFailed if mvn is missing or cannot fetch them."""
-    from jobs.devkafka import maven_lib
+    from jobs.dev.kafka import maven_lib
 
     lib = Path(sys.prefix) / f"mview-{name}" / version / "lib"
     try:

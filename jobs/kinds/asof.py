@@ -31,9 +31,9 @@ import orjson
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from jobs.core.settings import Settings
+from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
-from jobs.settings import Settings
-from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from joins.asof import AsofResult, AsofSides, asof_join, dedupe_events, with_identity
 from joins.asof_state import AsofProgress, AsofSnapshot, AsofState
 from joins.sides import TwoTopics
@@ -257,7 +257,7 @@ def run(
     spark, settings: Settings, pipeline: Pipeline, job: str, *, once: bool = True, generation=None
 ) -> dict:
     """Run asof job `job` of `pipeline` into `generation` (default: the serving one, rebuilt first if Redis lost
-    it, see `jobs.replay.serving_or_rebuild`). Returns totals of this run. An expression of the job that Spark
+    it, see `jobs.core.replay.serving_or_rebuild`). Returns totals of this run. An expression of the job that Spark
     cannot analyse raises `views.frame.ExpressionError` before anything runs."""
     check_job(spark, pipeline, job)
     return run_job(

@@ -30,14 +30,14 @@ import time
 
 import orjson
 
+from jobs.core.generations import record_batch
+from jobs.core.phases import Phases
+from jobs.core.replay import serving_or_rebuild
+from jobs.core.runtime import job_dir, log, state_dir, write_status
+from jobs.core.settings import Settings
+from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
-from jobs.generations import record_batch
-from jobs.phases import Phases
-from jobs.replay import serving_or_rebuild
-from jobs.runtime import job_dir, log, state_dir, write_status
-from jobs.settings import Settings
-from jobs.skeleton import Batch, JobRun, Wiring, run_job
-from jobs.status import rejected
+from jobs.ops.status import rejected
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from joins.state import read_json
 from spec.model import MATCHES, Pipeline

@@ -27,10 +27,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.topics import read_stream
+from jobs.core.runtime import log
+from jobs.core.settings import Settings
+from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
-from jobs.runtime import log
-from jobs.settings import Settings
-from jobs.skeleton import Batch, JobRun, Wiring, run_job
 from joins.table import JoinChanges, TableJoin, begin_join
 from joins.table_state import TableStore
 from spec.model import Pipeline

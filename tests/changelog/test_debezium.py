@@ -15,7 +15,7 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.kafka import ensure_kafka_topics, kafka_topic, watermarks
-from jobs.devconnect import (
+from jobs.dev.connect import (
     CONNECT_VERSION,
     DEBEZIUM_VERSION,
     connect_lib,
@@ -108,7 +108,7 @@ def _drop_slot(pg, slot: str) -> None:
 def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
     connect_jars, pg, kafka, redis_url, tmp_path, spark
 ):
-    from jobs.cdc import run_cdc
+    from jobs.kinds.cdc import run_cdc
 
     bootstrap, prefix = kafka["KAFKA_BOOTSTRAP"], kafka["KAFKA_TOPIC_PREFIX"]
     wrapped, plain = kafka_topic(prefix, "profiles"), kafka_topic(prefix, "plain-profiles")

@@ -19,12 +19,12 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.deploy import settings_env
-from jobs.devredis import free_port
-from jobs.generations import key_kinds
-from jobs.registry import job_spec
-from jobs.settings import Settings
-from jobs.status import job_status
+from jobs.core.generations import key_kinds
+from jobs.core.registry import job_spec
+from jobs.core.settings import Settings
+from jobs.dev.redis import free_port
+from jobs.ops.deploy import settings_env
+from jobs.ops.status import job_status
 
 
 class OwnRedis:
@@ -104,10 +104,10 @@ def mview(settings: Settings, *args, url: str | None = None) -> subprocess.Compl
 
 
 def mview_here(settings: Settings, *args: str) -> subprocess.CompletedProcess:
-    """`mview ARGS` through `jobs.cli.main` in this process (a Spark command runs on the tests' session instead of
+    """`mview ARGS` through `jobs.ops.cli.main` in this process (a Spark command runs on the tests' session instead of
     starting a JVM), `settings` in the environment while it runs, stdout and stderr captured, a `SystemExit`
     turned into the exit status and stderr line the interpreter would print."""
-    from jobs.cli import main
+    from jobs.ops.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.deploy import settings_env
-from jobs.devredis import free_port
+from jobs.dev.redis import free_port
+from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
 from tests.jobs.opshelp import MVIEW, mview, one_line_error, status_of, wait_for
 from tests.pghelp import fold, log_commits, password_role
@@ -175,7 +175,7 @@ def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database
     import time
 
     from changelog.ingest import ingest
-    from jobs.cdc import run_cdc
+    from jobs.kinds.cdc import run_cdc
     from tests.conftest import write_jsonl
     from tests.jobs.test_enrichment import export_enriched, run_enrichment
 
@@ -220,8 +220,8 @@ def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database
 
 
 def test_run_once_counts_the_snapshot_and_the_stream_in_its_metrics(pg, redis_url, tmp_path):
-    from jobs.cdc import run_cdc
-    from jobs.metrics import metrics_for
+    from jobs.kinds.cdc import run_cdc
+    from jobs.ops.metrics import metrics_for
 
     settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT=free_port(), **pg.env())
     metrics = metrics_for(settings, "cdc")  # one per job and process: other tests' runs may have counted

@@ -4,7 +4,7 @@ output's shape and content, and a one-line error (non-zero, no traceback) for ea
 
 One lake and one Redis database for the module, filled step by step: each Spark command starts a JVM of its own,
 so the scenario is cut into few commands that each check what they print. Every command runs at least once through
-the entry point; repeats of a command (the other jobs and views) run `jobs.cli.main` in this process (`world["here"]`,
+the entry point; repeats of a command (the other jobs and views) run `jobs.ops.cli.main` in this process (`world["here"]`,
 same arguments, environment, exit status, stdout and stderr), where Spark is the session's JVM, already warm."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobs.registry import jobs
-from jobs.settings import Settings
+from jobs.core.registry import jobs
+from jobs.core.settings import Settings
 from tests.conftest import make_settings, write_jsonl
 from tests.jobs.opshelp import wait_for
 
@@ -110,11 +110,11 @@ class Cli:
 
 
 class InProcess(Cli):
-    """The same commands through `jobs.cli.main` in this process: the environment set while it runs, stdout and
+    """The same commands through `jobs.ops.cli.main` in this process: the environment set while it runs, stdout and
     stderr captured, a `SystemExit` turned into the exit status and stderr line the interpreter would print."""
 
     def _run(self, args, env: dict, timeout: float) -> subprocess.CompletedProcess:
-        from jobs.cli import main
+        from jobs.ops.cli import main
 
         out, err = io.StringIO(), io.StringIO()
         with (

@@ -9,9 +9,9 @@ import random
 import pytest
 
 from changelog.ingest import deadletter_path, ingest
+from jobs.core.registry import job_spec
+from jobs.core.runtime import job_dir, read_status
 from jobs.kinds.interval import close_idle
-from jobs.registry import job_spec
-from jobs.runtime import job_dir, read_status
 from tests.conftest import make_settings, write_jsonl
 from timeline_demo.clicks_workload import chunk_arrivals, expected_clicks, generate_clicks
 from timeline_demo.workload import T0

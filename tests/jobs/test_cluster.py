@@ -1,6 +1,6 @@
 """Cluster mode: a real Spark standalone master and worker on loopback (the classes shipped in pyspark's jars,
 started with pyspark's `bin/spark-class`), the timeline job submitted to `spark://127.0.0.1:PORT` with
-`spark-submit` (`python -m jobs.submit run timeline --once`), and the same views as `local[2]`."""
+`spark-submit` (`python -m jobs.core.submit run timeline --once`), and the same views as `local[2]`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pyspark
 
 from changelog.ingest import ingest
-from jobs.deploy import settings_env
+from jobs.ops.deploy import settings_env
 from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import free_port, redis_content, write_jsonl
@@ -139,7 +139,7 @@ def test_timeline_on_a_standalone_cluster_equals_local(spark, tmp_path, redis_ur
         }
         _registered(tmp_path, ui, procs)
         run = subprocess.run(
-            [sys.executable, "-m", "jobs.submit", "run", "timeline", "--once", "--json"],
+            [sys.executable, "-m", "jobs.core.submit", "run", "timeline", "--once", "--json"],
             env=env,
             capture_output=True,
             text=True,

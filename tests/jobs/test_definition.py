@@ -4,8 +4,8 @@ n+1 from the logs while n keeps serving, then switches, and says why (`definitio
 from __future__ import annotations
 
 from changelog.ingest import ingest
-from jobs.registry import job_spec
-from jobs.runtime import read_status
+from jobs.core.registry import job_spec
+from jobs.core.runtime import read_status
 from spec.builtin import BUILTIN_FILE
 from tests.conftest import make_settings, write_jsonl
 from timeline_demo.workload import T0

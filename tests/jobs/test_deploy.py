@@ -49,11 +49,11 @@ import pytest
 import redis
 
 from changelog.ingest import ingest
-from jobs.deploy import deploy, log_path, settings_env, stop
-from jobs.devredis import free_port
-from jobs.replay import replay
-from jobs.runtime import checkpoint_dir, read_status
-from jobs.ui import serve_in_thread
+from jobs.core.replay import replay
+from jobs.core.runtime import checkpoint_dir, read_status
+from jobs.dev.redis import free_port
+from jobs.ops.deploy import deploy, log_path, settings_env, stop
+from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
 from tests.jobs.opshelp import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 from redis.cluster import RedisCluster
 
-from jobs.devredis import CLUSTER_MASTERS
+from jobs.dev.redis import CLUSTER_MASTERS
 
 
 def test_the_scratch_cluster_has_three_masters_that_serve_every_slot_and_spread_keys(redis_cluster):

@@ -11,8 +11,8 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.records import validate
-from jobs.registry import job_spec
-from jobs.runtime import read_status
+from jobs.core.registry import job_spec
+from jobs.core.runtime import read_status
 from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment

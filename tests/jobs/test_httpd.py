@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jobs.httpd import page_server, serve_in_thread
+from jobs.ops.httpd import page_server, serve_in_thread
 
 
 def get(port: int, path: str, host: str | None) -> tuple[int, bytes]:
@@ -88,6 +88,6 @@ def test_a_foreign_host_header_is_refused_on_every_path(tmp_path):
     ],
 )
 def test_which_host_headers_name_the_server(host, bound, ok):
-    from jobs.httpd import names_this_server
+    from jobs.ops.httpd import names_this_server
 
     assert names_this_server(host, bound) is ok

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.jvmcache import _spark_jars_stamp, _write_wrapper, driver_java
-from jobs.settings import Settings
+from jobs.core.settings import Settings
+from jobs.dev.jvmcache import _spark_jars_stamp, _write_wrapper, driver_java
 
 JAVA = shutil.which("java")
 
@@ -65,7 +65,7 @@ def test_the_default_cache_lives_in_the_venv():
 def test_the_cache_is_never_built_on_its_own_wrapper(tmp_path, monkeypatch):
     # get_spark points JAVA_HOME at the wrapper; a rebuild that took it as the JDK would write a wrapper that
     # runs itself. Every java counts as 25 here, so only the exclusion keeps the wrapper out.
-    import jobs.jvmcache as jvmcache
+    import jobs.dev.jvmcache as jvmcache
 
     wrapper = _write_wrapper(tmp_path / "cache" / "jdk", Path(sys.executable))
     monkeypatch.setattr(jvmcache, "_java_major", lambda java: 25)

@@ -1,5 +1,5 @@
 """The `kafka` job against a real broker, run as the CLI runs it (`mview produce` in a subprocess; `mview run
-kafka --once` through `jobs.cli.main` on the tests' Spark session, which has the Kafka source; deployed, a driver
+kafka --once` through `jobs.ops.cli.main` on the tests' Spark session, which has the Kafka source; deployed, a driver
 of its own):
 
 1. `mview produce` a workload with bad lines (status: lag = every message), `mview run kafka --once --json`: the
@@ -29,8 +29,8 @@ import orjson
 from changelog.ingest import deadletter_path, ingest
 from changelog.records import MAX_RECORD_BYTES
 from changelog.topics import table_version, topic_columns, topic_path
-from jobs.deploy import deploy, settings_env, stop
-from jobs.runtime import checkpoint_dir
+from jobs.core.runtime import checkpoint_dir
+from jobs.ops.deploy import deploy, settings_env, stop
 from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import batch_in_flight, mview_here, status_of, wait_for
@@ -171,7 +171,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
 
 def _views_equal(spark, via_kafka, via_ingest) -> None:
     """Every view of the three jobs over the logs the kafka job wrote equals the one over the ingested logs."""
-    from jobs.registry import jobs
+    from jobs.core.registry import jobs
     from views.read import export_view
     from views.redis_io import connect
 
@@ -304,7 +304,7 @@ def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
     timeline view equals the one of the same records through `mview ingest`, and `replay` rebuilds it exactly from
     the logs."""
     from changelog.kafka import watermarks
-    from jobs.replay import replay
+    from jobs.core.replay import replay
     from tests.builtin import run_timeline
     from tests.jobs.opshelp import redis_content
     from timeline_demo.workload import generate

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from changelog.ingest import ingest
 from changelog.topics import topic_path
-from jobs.maintain import maintain
-from jobs.runtime import checkpoint_dir, state_dir
+from jobs.core.runtime import checkpoint_dir, state_dir
+from jobs.ops.maintain import maintain
 from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import redis_content, write_jsonl

@@ -10,8 +10,8 @@ meets a Redis restarted empty: tests/jobs/test_deploy.py (it shares that module'
 from __future__ import annotations
 
 from changelog.ingest import ingest
-from jobs.generations import record_batch, serving_copy_lost
-from jobs.registry import job_spec
+from jobs.core.generations import record_batch, serving_copy_lost
+from jobs.core.registry import job_spec
 from tests.builtin import run_timeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import write_jsonl

@@ -1,4 +1,4 @@
-"""jobs.runtime helpers that need no Spark."""
+"""jobs.core.runtime helpers that need no Spark."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from jobs.runtime import (
+from jobs.core.runtime import (
     clear_error,
     error_line,
     process_cpu,
@@ -17,7 +17,7 @@ from jobs.runtime import (
     status_file,
     write_status,
 )
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 _BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
 
@@ -130,9 +130,9 @@ def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, t
     """The offset log tells which topic logs a micro-batch read (`JobRun.topics_moved`), with no Spark job: here
     each batch's topics with records, batch after batch of one checkpoint; unknown (None) for its first batch."""
     from changelog.ingest import ingest
+    from jobs.core.runtime import run_stream
+    from jobs.core.skeleton import JobRun
     from jobs.kinds.join import _source
-    from jobs.runtime import run_stream
-    from jobs.skeleton import JobRun
     from joins.table import TableJoin
     from tests.conftest import make_settings, write_jsonl
 
@@ -177,7 +177,7 @@ def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, t
 def test_a_stop_cancels_a_job_submitted_after_its_first_cancel(spark):
     """A stopping job whose batch waits for Redis cancels Spark jobs until none has been active for a while: a job
     the batch's callback submits after the first cancel (here 0.1 s after it) is cancelled too, not left to run."""
-    from jobs.runtime import _cancel_until_quiet
+    from jobs.core.runtime import _cancel_until_quiet
 
     sc, outcome = spark.sparkContext, {}
 

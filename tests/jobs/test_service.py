@@ -1,4 +1,4 @@
-"""The deployed job's guard (`jobs.service`) on a real three-master Redis Cluster (REDIS_CLUSTER=true, no
+"""The deployed job's guard (`jobs.ops.service`) on a real three-master Redis Cluster (REDIS_CLUSTER=true, no
 persistence), driven as a user drives it: `mview ingest`, `mview deploy`, `mview replay`, `mview status`.
 
 One deployment serves the module (a deployed Spark driver costs tens of seconds here); each test starts from the
@@ -20,7 +20,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from jobs.devredis import scratch_redis_cluster, start_cluster_node
+from jobs.dev.redis import scratch_redis_cluster, start_cluster_node
 from tests.conftest import make_settings
 from tests.jobs.opshelp import mview, mview_here, status_of, wait_for, write_jsonl
 from timeline_demo.reference import expected_timelines

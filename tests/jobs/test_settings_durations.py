@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from jobs.settings import Settings, parse_duration_ms
+from jobs.core.settings import Settings, parse_duration_ms
 
 
 @pytest.mark.parametrize(

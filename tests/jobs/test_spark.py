@@ -1,7 +1,7 @@
 """The shared SparkSession: the Delta jars (on the JVM's class path, used by every Delta test) are on no Python
 path, where each new Python worker had spent about 1 s reading them on its first imports; a start reuses the jar
 files an earlier resolution of the same packages found while they all exist; with a local master the driver JVM
-(of the session, of a job run through the installed `mview`, of `python -m jobs.submit`) listens on loopback only,
+(of the session, of a job run through the installed `mview`, of `python -m jobs.core.submit`) listens on loopback only,
 as the kernel's socket tables say."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.deploy import settings_env
-from jobs.runtime import read_status
+from jobs.core.runtime import read_status
+from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
 from tests.jobs.opshelp import MVIEW, wait_for
 
@@ -96,8 +96,8 @@ def test_building_a_column_costs_no_call_site_round_trips(spark):
 
 _DRIVER = """
 import os, sys, threading, time
-from jobs.settings import Settings
-from jobs.spark import get_spark
+from jobs.core.settings import Settings
+from jobs.core.spark import get_spark
 spark = get_spark(Settings.from_env(), "mview-test-deathsig")
 busy = threading.Thread(target=lambda: spark.range(10**12).selectExpr("sum(id)").collect(), daemon=True)
 busy.start()
@@ -141,7 +141,7 @@ def test_the_driver_jvm_dies_with_a_killed_driver(tmp_path):
 
 
 def test_resolved_jars_are_reused_while_every_file_is_there(spark, tmp_path):
-    from jobs.spark import _jars_record, _known_jars, _remember_jars
+    from jobs.core.spark import _jars_record, _known_jars, _remember_jars
 
     used = spark.sparkContext.getConf().get("spark.jars", "")
     assert "delta-spark" in used  # the session's Delta jars, resolved or remembered
@@ -263,11 +263,11 @@ def test_a_job_run_through_mview_listens_on_loopback_only(tmp_path, redis_url):
 
 
 def test_a_job_under_spark_submit_listens_on_loopback_only(tmp_path, redis_url):
-    from jobs.submit import submit_command
+    from jobs.core.submit import submit_command
 
     settings, env = _job_env(tmp_path, redis_url)
     _job_listens_on_loopback_only(
-        [sys.executable, "-m", "jobs.submit", "run", "timeline"], env, settings, tmp_path
+        [sys.executable, "-m", "jobs.core.submit", "run", "timeline"], env, settings, tmp_path
     )
     cmd = submit_command(settings, ["run", "timeline"])  # the command says so
     assert "spark.driver.bindAddress=127.0.0.1" in cmd and "spark.driver.host=127.0.0.1" in cmd

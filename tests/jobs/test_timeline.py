@@ -155,8 +155,8 @@ def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limi
     batches), batches of tweets only (their posts written before the batch is counted) and of tweets and follows:
     after every run `export` gives the brute-force SQL, at the end `query` too (the CLI's read functions); a run of
     the same job with another limit rebuilds it into a new generation (its definition changed)."""
-    from jobs.runtime import read_status
-    from jobs.skeleton import JobRun
+    from jobs.core.runtime import read_status
+    from jobs.core.skeleton import JobRun
     from views.read import export_view, query_view
 
     moved = []

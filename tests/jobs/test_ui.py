@@ -9,11 +9,11 @@ import os
 import subprocess
 import urllib.request
 
-from jobs.deploy import settings_env
-from jobs.devredis import free_port
-from jobs.registry import jobs
-from jobs.settings import Settings
-from jobs.ui import serve_in_thread
+from jobs.core.registry import jobs
+from jobs.core.settings import Settings
+from jobs.dev.redis import free_port
+from jobs.ops.deploy import settings_env
+from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
 from tests.jobs.opshelp import MVIEW, wait_for

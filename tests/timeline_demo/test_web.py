@@ -13,7 +13,7 @@ import time
 import orjson
 
 from changelog.ingest import ingest
-from jobs.devredis import free_port
+from jobs.dev.redis import free_port
 from tests.browser import browser as _browser
 from tests.builtin import run_timeline
 from tests.conftest import make_settings

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jobs.devredis import free_port
+from jobs.dev.redis import free_port
 from tests.jobs.opshelp import OwnRedis
 from views.errors import RedisAuthFailed, RedisMisconfigured, RedisTLSMismatch, RedisUnavailable, redact
 from views.redis_io import STOP, connect, probe, redact_url

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jobs.cli import main
+from jobs.ops.cli import main
 from spec import parse_pipeline
 from spec.builtin import builtin_pipeline
 from tests.shophelp import SHOP

@@ -101,7 +101,7 @@ _SPARK = """
 import collections, json, sys, threading
 from pathlib import Path
 from tests.conftest import make_settings
-from jobs.spark import get_spark
+from jobs.core.spark import get_spark
 
 base, work = sys.argv[1:3]
 spark = get_spark(make_settings(Path(work), "redis://127.0.0.1:1/0"))

@@ -19,7 +19,7 @@ _DRIVER = """
 import json, sys
 from pathlib import Path
 from tests.conftest import make_settings
-from jobs.spark import get_spark
+from jobs.core.spark import get_spark
 
 master, lake, work = sys.argv[1:4]
 spark = get_spark(make_settings(Path(work), "redis://127.0.0.1:1/0", SPARK_MASTER=master, SPARK_DRIVER_MEMORY="1g"))

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
+from jobs.core.runtime import read_status
 from jobs.kinds.asof import run
-from jobs.runtime import read_status
 from tests.conftest import make_settings
 from tests.shophelp import SHOP, expected, pieces, shop_file, workload, write_chunk
 from views.log import export_log

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
+from jobs.core.runtime import read_status
 from jobs.kinds.interval import run
-from jobs.runtime import read_status
 from spec import parse_pipeline
 from tests.conftest import make_settings
 from tests.shophelp import SHOP, expected, pieces, shop_file, workload, write_chunk

@@ -1,4 +1,4 @@
-"""`python -m jobs.submit ARGS...`: run any `mview` command (e.g. `run timeline --once`) under `spark-submit`
+"""`python -m jobs.core.submit ARGS...`: run any `mview` command (e.g. `run timeline --once`) under `spark-submit`
 against SPARK_MASTER (`spark://host:7077`, `yarn`, `k8s://...`, `local[*]`).
 
 The command is `spark-submit --master $SPARK_MASTER --packages <Delta jars[,Spark's Kafka source with a
@@ -7,8 +7,8 @@ interpreter> .../jobs/__main__.py ARGS`. The executors must be able to import th
 dependencies with that interpreter (same machine, or the same venv path on every node), and LAKE_DIR must be a
 path every executor sees (a shared file system, or the same machine).
 
-With a local master (`local[*]`) the driver listens on 127.0.0.1 only, as in `jobs.spark.get_spark`: the command
-adds `jobs.spark.loopback_conf` as `--conf`s and `main` starts it with `jobs.spark.loopback_env` (Spark's web UI).
+With a local master (`local[*]`) the driver listens on 127.0.0.1 only, as in `jobs.core.spark.get_spark`: the command
+adds `jobs.core.spark.loopback_conf` as `--conf`s and `main` starts it with `jobs.core.spark.loopback_env` (Spark's web UI).
 With a cluster master nothing is added: what to set there is in the README ("Spark on a cluster").
 """
 
@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 __all__ = ["delta_packages", "submit_command"]
 
@@ -36,7 +36,7 @@ def submit_command(settings: Settings, args: list[str]) -> list[str]:
     """The spark-submit command line that runs `mview ARGS` against SPARK_MASTER (see the module docstring)."""
     import pyspark
 
-    from jobs.spark import kafka_package, loopback_conf
+    from jobs.core.spark import kafka_package, loopback_conf
 
     spark_submit = shutil.which("spark-submit") or str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
     local_bin = Path(sys.executable).parent / "spark-submit"
@@ -65,7 +65,7 @@ def submit_command(settings: Settings, args: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from jobs.spark import loopback_env
+    from jobs.core.spark import loopback_env
 
     settings = Settings.from_env()
     cmd = submit_command(settings, argv)

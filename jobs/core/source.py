@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import time
 
-from jobs.registry import job_spec
-from jobs.runtime import clear_error, log, write_status
-from jobs.service import _single_instance, _stop_on_signals
-from jobs.settings import Settings
+from jobs.core.registry import job_spec
+from jobs.core.runtime import clear_error, log, write_status
+from jobs.core.settings import Settings
+from jobs.ops.service import _single_instance, _stop_on_signals
 
 __all__ = ["serve_source"]
 

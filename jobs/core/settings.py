@@ -73,17 +73,6 @@ def _flag(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _limit(text: str) -> int | None:
-    if text.strip().lower() in ("", "off", "none"):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(
-            f"FANOUT_LIMIT must be a number of followers or empty (no limit), got {text!r}"
-        ) from None
-
-
 def _pipeline_file(text: str) -> Path:
     return Path(text).expanduser().resolve() if text.strip() else BUILTIN_FILE
 
@@ -96,12 +85,12 @@ def _jvm_cache(text: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """Configuration of every job and command.
+    """Configuration of every job and command. What a pipeline declares (a list's cap, a fan-out limit) is in its
+    file; the built-in file reads TIMELINE_CAP and FANOUT_LIMIT from the environment the settings were read from.
 
     lake_dir: LAKE_DIR, where logs, state, dead letters and checkpoints live (default ./lake).
     redis_url: REDIS_URL, the serving Redis (default redis://127.0.0.1:6379/0).
     spark_master: SPARK_MASTER, the Spark master URL (default local[*]).
-    timeline_cap: TIMELINE_CAP, newest entries kept per home timeline (default 800).
     allowed_lateness: ALLOWED_LATENESS, watermark delay of every event-time stream (default "10 minutes").
     shuffle_partitions: SHUFFLE_PARTITIONS, spark.sql.shuffle.partitions (default 2; 200 is ~15x slower here), and the
         tasks that list a table's files (spark.sql.sources.parallelPartitionDiscovery.parallelism, at least 2).
@@ -122,7 +111,7 @@ class Settings:
     stop_timeout: STOP_TIMEOUT, how long `mview stop` waits for the batch in flight before SIGKILL (default
         "10 minutes").
     metrics_port: METRICS_PORT, first port of the jobs' Prometheus metrics on 127.0.0.1, one per job in registry
-        order (default 9464; "off" = none). See `jobs.metrics`.
+        order (default 9464; "off" = none). See `jobs.ops.metrics`.
     spark_ui: SPARK_UI, serve Spark's own web UI from jobs this process starts (default false: off for speed).
     kafka_bootstrap: KAFKA_BOOTSTRAP, bootstrap servers of the Kafka cluster (default empty = no Kafka: records
         enter only through `mview ingest`).
@@ -130,12 +119,10 @@ class Settings:
     pg_dsn: PG_DSN, libpq connection string of the PostgreSQL database the `cdc` job captures (default empty =
         no CDC). May hold a password: never in a repr, log, status or error message.
     pg_slot: PG_SLOT, the logical replication slot and publication the `cdc` job owns (default empty:
-        `mview_<the first topic with capture>`, `mview_profiles` for the built-in pipeline; `jobs.cdc`). The tables
+        `mview_<the first topic with capture>`, `mview_profiles` for the built-in pipeline; `jobs.kinds.cdc`). The tables
         it captures are the pipeline's (`capture: {postgres: ...}`); the built-in file reads PG_TABLE for its own.
     redis_cluster: REDIS_CLUSTER, REDIS_URL names a node of a Redis Cluster (default false). The mode is read
         from the server either way; true makes every connection refuse a server that is not a cluster node.
-    fanout_limit: FANOUT_LIMIT, authors with more current followers than this are not fanned out on write;
-        readers merge their tweets (default empty = None = no limit).
     jvm_cache: JVM_CACHE, directory of the driver JVM's AOT cache built by `make jvm-cache` (default
         <venv>/mview-jvm; "off" = never use one). Used by local-master jobs when present and current.
     """
@@ -143,7 +130,6 @@ class Settings:
     lake_dir: Path
     redis_url: str = field(repr=False)  # may hold a password: never in a repr or traceback
     spark_master: str
-    timeline_cap: int
     allowed_lateness: str
     shuffle_partitions: int
     trigger_interval: str
@@ -166,7 +152,6 @@ class Settings:
     pg_dsn: str = field(default="", repr=False)  # may hold a password
     pg_slot: str = ""
     redis_cluster: bool = False
-    fanout_limit: int | None = None
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
     allowed_lateness_ms: int = field(init=False)
     trigger_interval_ms: int = field(init=False)
@@ -177,10 +162,6 @@ class Settings:
     stop_timeout_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.timeline_cap < 1:
-            raise ValueError(f"TIMELINE_CAP must be >= 1, got {self.timeline_cap}")
-        if self.fanout_limit is not None and self.fanout_limit < 0:
-            raise ValueError(f"FANOUT_LIMIT must be >= 0 or empty (no limit), got {self.fanout_limit}")
         for name in _DURATIONS:
             object.__setattr__(self, f"{name}_ms", _duration(name, getattr(self, name)))
         idle = self.idle_timeout
@@ -193,7 +174,6 @@ class Settings:
             lake_dir=Path(e.get("LAKE_DIR", "./lake")).resolve(),
             redis_url=e.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
             spark_master=e.get("SPARK_MASTER", "local[*]"),
-            timeline_cap=int(e.get("TIMELINE_CAP", "800")),
             allowed_lateness=e.get("ALLOWED_LATENESS", "10 minutes"),
             shuffle_partitions=int(e.get("SHUFFLE_PARTITIONS", "2")),
             trigger_interval=e.get("TRIGGER_INTERVAL", "500 ms"),
@@ -213,7 +193,6 @@ class Settings:
             pg_dsn=e.get("PG_DSN", "").strip(),
             pg_slot=e.get("PG_SLOT", "").strip(),
             redis_cluster=_flag(e.get("REDIS_CLUSTER", "false")),
-            fanout_limit=_limit(e.get("FANOUT_LIMIT", "")),
         )
         object.__setattr__(s, "pipeline_file", _pipeline_file(e.get("MVIEW_PIPELINE", "")))
         object.__setattr__(s, "env", dict(e))

@@ -1,5 +1,5 @@
-"""`python -m jobs.devredis`: start a development redis-server at REDIS_URL unless one already answers there;
-`python -m jobs.devredis --cluster`: a local three-master Redis Cluster whose first node is at REDIS_URL.
+"""`python -m jobs.dev.redis`: start a development redis-server at REDIS_URL unless one already answers there;
+`python -m jobs.dev.redis --cluster`: a local three-master Redis Cluster whose first node is at REDIS_URL.
 `scratch_redis` / `scratch_redis_cluster`: throw-away ones for tests and benchmarks."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 
 import redis
 
+from jobs.core.settings import Settings
 from jobs.errors import RedisServerMissing
-from jobs.settings import Settings
 from views.errors import RedisMisconfigured
 from views.redis_io import probe, redact_url
 
@@ -193,6 +193,17 @@ def _start_cluster(s: Settings, port: int, exe: str) -> int:
     return 0
 
 
+def _listpack_entries(settings) -> int:
+    """Redis's `zset-max-listpack-entries` for the pipeline's list views: their greatest cap, at least Redis's 128."""
+    from spec import PipelineError
+
+    try:
+        caps = [v.cap for v in settings.pipeline().views.values() if v.kind == "list"]
+    except PipelineError:
+        caps = []
+    return max([128, *caps])
+
+
 def main() -> int:
     s = Settings.from_env()
     shown = redact_url(s.redis_url)
@@ -232,9 +243,9 @@ def main() -> int:
             "60 1000",
             "--appendonly",
             "no",
-            # capped timelines stay compact listpacks (22 B per entry instead of 104 B: docs/bench.md)
+            # capped lists stay compact listpacks (22 B per entry instead of 104 B: docs/bench.md)
             "--zset-max-listpack-entries",
-            str(max(128, s.timeline_cap)),
+            str(_listpack_entries(s)),
         ],
         check=True,
     )

@@ -1,7 +1,7 @@
 """The `kafka` job: the Kafka topic `<KAFKA_TOPIC_PREFIX><topic>` of every topic of the pipeline, copied into that
 topic's Delta log.
 
-A source job (no views, no generations; `jobs.skeleton`): one streaming query of Spark's Kafka source over those
+A source job (no views, no generations; `jobs.core.skeleton`): one streaming query of Spark's Kafka source over those
 Kafka topics (created with `changelog.kafka.PARTITIONS` partitions if missing), from the earliest offset the broker
 holds, then from its checkpoint. Each micro-batch (at most `MAX_MESSAGES_PER_BATCH` messages) is validated in the
 driver by `mview ingest`'s rules and copied exactly once per batch id (`changelog.kafka.copy_batch`, keyed by this
@@ -23,12 +23,12 @@ import time
 from changelog.errors import KafkaUnavailable
 from changelog.kafka import broker_watch, copy_batch, ensure_kafka_topics, kafka_topic, lag
 from changelog.topics import ensure_topic
-from jobs import runtime
+from jobs.core import runtime
+from jobs.core.runtime import checkpoint_dir, log, read_status, write_status
+from jobs.core.settings import Settings
+from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import SourceNotConfigured
-from jobs.runtime import checkpoint_dir, log, read_status, write_status
-from jobs.service import _Restarts
-from jobs.settings import Settings
-from jobs.skeleton import Batch, JobRun, Wiring, run_job
+from jobs.ops.service import _Restarts
 
 __all__ = ["run_kafka", "kafka_lag", "preflight", "MAX_MESSAGES_PER_BATCH"]
 
@@ -132,7 +132,7 @@ def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) 
     `spark` (the CLI's source-job path) a session is started here, after the broker answered (for `once`)."""
     preflight(settings, reach=once)
     if spark is None:
-        from jobs.spark import get_spark
+        from jobs.core.spark import get_spark
 
         spark = get_spark(settings, "mview-kafka")
     if once:

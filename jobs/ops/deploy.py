@@ -2,7 +2,7 @@
 
 Layout under `LAKE_DIR/jobs/<job>/`: `pid` (the driver's pid, which is also its process group), `job.log`
 (stdout and stderr of the driver, the Spark JVM and local executors, appended across runs), `status.json`
-(written by the job), `lock` (held by the running job, see `jobs.service`), `deploy.lock` (held while a deploy
+(written by the job), `lock` (held by the running job, see `jobs.ops.service`), `deploy.lock` (held while a deploy
 starts it). The directory is its owner's only (0700) and so is every file in it (0600, `runtime.job_dir`,
 `runtime.open_private`); the job itself runs with umask 077, so what Spark writes in the lake is owner-only too.
 
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from changelog.errors import PostgresUnavailable
-from jobs.registry import job_spec
-from jobs.runtime import job_dir, open_private
-from jobs.settings import Settings
+from jobs.core.registry import job_spec
+from jobs.core.runtime import job_dir, open_private
+from jobs.core.settings import Settings
 from views.errors import RedisMisconfigured, redact
 from views.redis_io import probe
 

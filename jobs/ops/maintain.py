@@ -35,11 +35,11 @@ from pyspark.sql import functions as F
 
 from changelog.current import compaction_keys, compaction_order
 from changelog.topics import topic_lock, topic_path
-from jobs.deploy import pid_of
-from jobs.generations import drop_generation, generations, replay_in_progress
-from jobs.registry import jobs
-from jobs.runtime import log, read_status
-from jobs.settings import Settings
+from jobs.core.generations import drop_generation, generations, replay_in_progress
+from jobs.core.registry import jobs
+from jobs.core.runtime import log, read_status
+from jobs.core.settings import Settings
+from jobs.ops.deploy import pid_of
 from spec.model import Topic
 from views.redis_io import connect, current_generation
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of a running job, served over HTTP on loopback.
 
 Every process that runs a job (`mview run`, a deployed job, a replay) serves `/metrics` on 127.0.0.1, port
-`METRICS_PORT` + the job's place in `jobs.registry.jobs` (timeline 9464, clicks 9465, enrichment 9466 by default);
+`METRICS_PORT` + the job's place in `jobs.core.registry.jobs` (timeline 9464, clicks 9465, enrichment 9466 by default);
 if that port is taken (a replay beside the deployed job) an ephemeral port is used. The URL is written to the
 job's status file (`metrics_url`, shown by `mview status` while the job runs). `METRICS_PORT=off` serves nothing.
 
@@ -45,9 +45,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jobs.registry import job_spec, jobs
-from jobs.runtime import log, read_status, state_dir
-from jobs.settings import Settings
+from jobs.core.registry import job_spec, jobs
+from jobs.core.runtime import log, read_status, state_dir
+from jobs.core.settings import Settings
 
 __all__ = ["JobMetrics", "metrics_for"]
 
@@ -82,7 +82,7 @@ class _StatusCollector:
         self.settings, self.job = settings, job
 
     def collect(self):
-        from jobs.status import lag_versions, rejected_per_topic
+        from jobs.ops.status import lag_versions, rejected_per_topic
 
         job, st = self.job, read_status(self.settings, self.job)
         gen = st.get("generation")
@@ -174,7 +174,7 @@ class JobMetrics:
         r.register(_StatusCollector(settings, job))
 
     def observe(self, batch, seconds: float) -> None:
-        """Count one micro-batch that processed records (`jobs.skeleton.Batch`) and took `seconds`."""
+        """Count one micro-batch that processed records (`jobs.core.skeleton.Batch`) and took `seconds`."""
         job = self.job
         self.count(batch.inputs, seconds)
         for phase, s in batch.phases.items():

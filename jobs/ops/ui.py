@@ -6,8 +6,8 @@ charts of batch duration, input rate and lag over the last five minutes (kept in
 live timeline page (`make demo-web`). With no job running it says so; during a replay it shows the replay's
 progress and follows the generation switch.
 
-`/api/status` is `mview status --json` (`jobs.status.job_status`, the same function), plus, for each running job
-that serves metrics (`jobs.metrics`), the totals the charts need from its `/metrics`: input records, batches and
+`/api/status` is `mview status --json` (`jobs.ops.status.job_status`, the same function), plus, for each running job
+that serves metrics (`jobs.ops.metrics`), the totals the charts need from its `/metrics`: input records, batches and
 the summed batch duration. Only the standard library serves HTTP; nothing here starts Spark.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.httpd import page_server
-from jobs.httpd import serve_in_thread as _serve
-from jobs.settings import Settings
-from jobs.status import job_status
+from jobs.core.settings import Settings
+from jobs.ops.httpd import page_server
+from jobs.ops.httpd import serve_in_thread as _serve
+from jobs.ops.status import job_status
 
 __all__ = ["snapshot", "make_server", "serve_in_thread"]
 

@@ -1,10 +1,10 @@
 """The shape every job shares: source -> join (with its state) -> view, one micro-batch at a time.
 
 A job module only wires its parts: `run_job(spark, settings, name, wire, once=..., generation=...)` connects to
-Redis, picks the generation (the serving one, rebuilt first if Redis lost it: `jobs.replay.serving_or_rebuild`),
+Redis, picks the generation (the serving one, rebuilt first if Redis lost it: `jobs.core.replay.serving_or_rebuild`),
 calls `wire(run)` for the job's source and per-batch function, and runs the streaming query with exactly-once
-checkpointing (`jobs.runtime.run_stream`). Per micro-batch it times the job's function and, for a batch that
-did something, records the batch id in Redis with the job's metadata (`jobs.generations.record_batch`, before
+checkpointing (`jobs.core.runtime.run_stream`). Per micro-batch it times the job's function and, for a batch that
+did something, records the batch id in Redis with the job's metadata (`jobs.core.generations.record_batch`, before
 Spark commits the batch), merges the job's fields into the status file and logs one line; an empty batch only
 records its id. Steps of one run (micro-batches and idle ticks) never overlap: they hold `run.lock`.
 
@@ -14,7 +14,7 @@ nothing in Redis; status file, log line, metrics and lock are as above.
 
 A micro-batch applied, or a continuous run's first trigger completed (the query answered: sources read), means the
 job recovered from whatever made an earlier query of the process fail: the status's `last_error` becomes
-`previous_error` (`jobs.runtime.recovered`).
+`previous_error` (`jobs.core.runtime.recovered`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 
 from changelog.topics import table_id
-from jobs.generations import last_committed_batch, record_batch
-from jobs.metrics import metrics_for
-from jobs.registry import job_spec
-from jobs.replay import serving_or_rebuild
-from jobs.runtime import (
+from jobs.core.generations import last_committed_batch, record_batch
+from jobs.core.registry import job_spec
+from jobs.core.replay import serving_or_rebuild
+from jobs.core.runtime import (
     checkpoint_dir,
     log,
     log_sources,
@@ -43,7 +42,8 @@ from jobs.runtime import (
     state_dir,
     write_status,
 )
-from jobs.settings import Settings
+from jobs.core.settings import Settings
+from jobs.ops.metrics import metrics_for
 from views.redis_io import connect
 
 __all__ = ["JobRun", "Batch", "Wiring", "run_job"]
@@ -74,7 +74,7 @@ class JobRun:
 
     def topics_moved(self, batch_id: int, topics) -> frozenset[str] | None:
         """Which of `topics` (the query's Delta topic sources) have input in micro-batch `batch_id`, told from the
-        offset log without a Spark job (`jobs.runtime.moved_sources`): the topics whose log advanced, a superset of
+        offset log without a Spark job (`jobs.core.runtime.moved_sources`): the topics whose log advanced, a superset of
         those with records in the batch. None when it cannot be told (see there, or a log without its first
         commit)."""
         moved = moved_sources(self.checkpoint, batch_id)
@@ -165,7 +165,7 @@ def run_job(
     spark, settings: Settings, job: str, wire: Callable[[JobRun], Wiring], *, once: bool, generation=None
 ) -> dict:
     """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
-    docstring). once: everything available now, then return; else until stopped (`jobs.runtime.run_stream`)."""
+    docstring). once: everything available now, then return; else until stopped (`jobs.core.runtime.run_stream`)."""
     source = job_spec(settings, job).source
     client = None if source else connect(settings.redis_url, cluster=settings.redis_cluster)
     if source:

@@ -12,7 +12,7 @@ when), `rebuilds` (how many times it did) and `last_rebuild` (reason, generation
 
 `state` of a running job is "waiting" while it waits for a dependency: its `redis` or `kafka` field says
 "waiting for ..." (the `cdc` job writes "waiting" itself while PostgreSQL does not answer, with `error`). Errors
-are one line each, credentials masked (`jobs.runtime.error_line`): `last_error` (with `last_error_ms`) is why the
+are one line each, credentials masked (`jobs.core.runtime.error_line`): `last_error` (with `last_error_ms`) is why the
 query last failed, null again once the job works again (a micro-batch applied, or the restarted query's first
 trigger completed; it is then `previous_error`, with `at_ms` and `cleared_ms`); `error` is why the job failed or,
 for `cdc`, waits.
@@ -27,10 +27,10 @@ import redis
 
 from changelog.ingest import deadletter_path
 from changelog.topics import latest_version
-from jobs.generations import lake_generation, replay_in_progress
-from jobs.registry import jobs
-from jobs.runtime import checkpoint_dir, read_status
-from jobs.settings import Settings
+from jobs.core.generations import lake_generation, replay_in_progress
+from jobs.core.registry import jobs
+from jobs.core.runtime import checkpoint_dir, read_status
+from jobs.core.settings import Settings
 from views.errors import ViewError
 from views.keys import gen_key
 from views.redis_io import classify, connect, is_cluster, quick_client
@@ -44,7 +44,7 @@ __all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "reject
 
 def pid_of(settings: Settings, job: str) -> int | None:
     """The pid of the deployed job's driver if it is alive, else None."""
-    from jobs.deploy import pid_of as _pid_of
+    from jobs.ops.deploy import pid_of as _pid_of
 
     return _pid_of(settings, job)
 

@@ -1,4 +1,4 @@
-"""`python -m jobs.jvmcache` (`make jvm-cache`): an ahead-of-time cache for the Spark driver's JVM.
+"""`python -m jobs.dev.jvmcache` (`make jvm-cache`): an ahead-of-time cache for the Spark driver's JVM.
 
 A `--once` run starts a new JVM, and most of its first batch is the JVM warming up: loading and linking ~20,000
 classes and profiling methods before the JIT compiles them (figures: docs/architecture.md). JDK 25's AOT cache (JEPs 483, 514, 515) stores the classes of a
@@ -6,7 +6,7 @@ training run already loaded and linked, with their method profiles, and a later 
 
 `build()` makes it: a training run of the timeline job on a generated workload (`_training_workload`) in a JVM
 started with `-XX:AOTMode=record`, then `-XX:AOTMode=create` with the same class path and options. `driver_java`
-tells `jobs.spark.get_spark` to use it: a JDK 25+ and the cache's options, for a local master only.
+tells `jobs.core.spark.get_spark` to use it: a JDK 25+ and the cache's options, for a local master only.
 
 - Needs a JDK 25 or newer (found under /usr/lib/jvm, JAVA_HOME or JVM_CACHE_JDK); without one nothing is built
   and every job runs on the default `java` as before.
@@ -31,13 +31,13 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from jobs.settings import Settings
+from jobs.core.settings import Settings
 
 __all__ = ["build", "driver_java"]
 
 _DROPPED = "--add-modules=jdk.incubator.vector"
 _WRAPPER = f"""#!/bin/bash
-# Written by `make jvm-cache` (jobs/jvmcache.py): the JDK below without Spark's incubator module option, which
+# Written by `make jvm-cache` (jobs/dev/jvmcache.py): the JDK below without Spark's incubator module option, which
 # would turn off class linking in the AOT cache. With MVIEW_JVM_ARGV set, the driver's argv is saved there.
 args=()
 for a in "$@"; do [ "$a" = "{_DROPPED}" ] || args+=("$a"); done
@@ -159,9 +159,9 @@ def _ingest(spark, lake: Path, topic: str, records: list[dict], path: Path) -> N
 def _train(lake: Path) -> None:
     """The training run (in its own process and JVM): the timeline job over `_training_workload()`, two batches,
     then the same workload under a fan-out limit followed by four one-tweet batches of a celebrity."""
-    from jobs.devredis import scratch_redis
-    from jobs.registry import job_spec
-    from jobs.spark import get_spark
+    from jobs.core.registry import job_spec
+    from jobs.core.spark import get_spark
+    from jobs.dev.redis import scratch_redis
 
     def run_timeline(spark, settings, **kwargs):
         return job_spec(settings, "timeline").run(spark, settings, **kwargs)
@@ -235,7 +235,7 @@ def build(settings: Settings) -> Path | None:
         env = dict(os.environ, **{_RECORD: str(conf), "MVIEW_JVM_ARGV": str(argv_file)})
         env["JVM_CACHE"] = str(d)
         code = subprocess.call(
-            [sys.executable, "-m", "jobs.jvmcache", "--train", str(Path(tmp) / "lake")], env=env
+            [sys.executable, "-m", "jobs.dev.jvmcache", "--train", str(Path(tmp) / "lake")], env=env
         )
     if code != 0 or not conf.is_file() or not argv_file.is_file():
         _say(f"training run failed (exit {code}); no cache built, jobs run without one")

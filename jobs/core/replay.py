@@ -4,7 +4,7 @@
    checkpoint, state) is removed first, so the rebuild starts from a fresh checkpoint.
 2. The job's own runner (same join and sink code as the live job) runs with `once=True, generation=n+1`:
    every topic is read from the start of its log, i.e. from the log's current snapshot (compacted by
-   `mview maintain` if it ran, see `jobs.maintain`) and every version after it. Generation n keeps
+   `mview maintain` if it ran, see `jobs.ops.maintain`) and every version after it. Generation n keeps
    serving reads, and a deployed job keeps updating n, meanwhile. A progress bar on stderr shows the log
    versions processed so far; `mview status` shows it too (`replay` field).
 3. Catch-up: while the logs have versions n+1 has not processed (appended during the rebuild), run again.
@@ -17,8 +17,8 @@
 A replay that crashes before the switch leaves n serving, untouched; run it again. One replay per job at a time
 (`LAKE_DIR/jobs/<job>/replay.lock`).
 
-`rebuild` is the same build and switch, run in-process by a deployed job (`jobs.service`) and by `run --once`
-when Redis lost the serving copy (`jobs.generations.serving_copy_lost`): n is then the generation the lake
+`rebuild` is the same build and switch, run in-process by a deployed job (`jobs.ops.service`) and by `run --once`
+when Redis lost the serving copy (`jobs.core.generations.serving_copy_lost`): n is then the generation the lake
 says was serving, and what is left of it in Redis is dropped right after the switch.
 """
 
@@ -31,18 +31,26 @@ import threading
 import time
 
 from changelog.topics import latest_version
-from jobs import runtime
-from jobs.generations import (
+from jobs.core import runtime
+from jobs.core.generations import (
     DEFINITION_CHANGED,
     definition_changed,
     drop_generation,
     lake_generation,
     serving_copy_lost,
 )
-from jobs.registry import job_spec
-from jobs.runtime import checkpoint_dir, job_dir, log, open_private, read_status, status_file, write_status
-from jobs.settings import Settings
-from jobs.status import processed_versions
+from jobs.core.registry import job_spec
+from jobs.core.runtime import (
+    checkpoint_dir,
+    job_dir,
+    log,
+    open_private,
+    read_status,
+    status_file,
+    write_status,
+)
+from jobs.core.settings import Settings
+from jobs.ops.status import processed_versions
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation, set_generation
 
@@ -111,7 +119,7 @@ def _write_replay(settings: Settings, job: str, **fields) -> None:
 
 def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: float = 300.0) -> bool:
     """Wait until a deployed `job` serves `generation` (or is not running). False on timeout."""
-    from jobs.deploy import pid_of
+    from jobs.ops.deploy import pid_of
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""`python -m jobs.devkafka start|stop` (`make kafka`, `make kafka-stop`): a development Apache Kafka broker.
+"""`python -m jobs.dev.kafka start|stop` (`make kafka`, `make kafka-stop`): a development Apache Kafka broker.
 `scratch_kafka`: a throw-away one for tests and benchmarks.
 
 The broker is Apache Kafka `KAFKA_VERSION` (`org.apache.kafka:kafka_2.13` and its dependencies from Maven Central),
@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 
 from changelog.kafka import MAX_MESSAGE_BYTES, probe
+from jobs.core.settings import Settings
 from jobs.errors import JobsError, KafkaBrokerFailed
-from jobs.settings import Settings
 
 __all__ = [
     "KAFKA_VERSION",
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     action = args[0] if args else "start"
     if action not in ("start", "stop"):
-        print("usage: python -m jobs.devkafka start|stop", file=sys.stderr)
+        print("usage: python -m jobs.dev.kafka start|stop", file=sys.stderr)
         return 2
     s = Settings.from_env()
     return _start(s) if action == "start" else _stop(s)

@@ -9,6 +9,7 @@ from importlib import import_module
 
 from jobs.errors import UnknownName
 from spec.model import Pipeline
+from views.keys import ENTRY, HEAVY, READS
 
 __all__ = ["JobSpec", "jobs", "job_spec", "view_job", "views"]
 
@@ -53,9 +54,7 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
     out = {}
     for job in pipeline.jobs.values():
         lists = [v.name for v in job.views if v.kind == "list"]
-        extra = tuple(
-            f"{v}.{part}" for v in lists for part in ("entry", "heavy", "follows")
-        )  # views.list's keys
+        extra = tuple(f"{v}.{part}" for v in lists for part in (ENTRY, HEAVY, READS))  # views.list's keys
         views_ = tuple(v.name for v in job.views)
         out[job.name] = JobSpec(
             job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra, kind=job.kind
@@ -66,8 +65,8 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
         "kafka",
         everything,
         (),
-        "jobs.kafka:run_kafka",
-        lag="jobs.kafka:kafka_lag",
+        "jobs.kinds.kafka:run_kafka",
+        lag="jobs.kinds.kafka:kafka_lag",
         lag_unit="messages",
         source=True,
     )
@@ -75,11 +74,11 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
         "cdc",
         captured,
         (),
-        "jobs.cdc:run_cdc",
-        lag="jobs.cdc:lag",
+        "jobs.kinds.cdc:run_cdc",
+        lag="jobs.kinds.cdc:lag",
         lag_unit="bytes",
         source=True,
-        probe="jobs.cdc:probe",
+        probe="jobs.kinds.cdc:probe",
     )
     return out
 

@@ -12,8 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
-from jobs.jvmcache import driver_java
-from jobs.settings import Settings
+from jobs.core.settings import Settings
+from jobs.dev.jvmcache import driver_java
 
 __all__ = ["get_spark", "kafka_package", "is_local", "loopback_conf", "loopback_env", "LOOPBACK"]
 
@@ -44,7 +44,9 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     driver_opts = "-Dlog4j2.level=ERROR -Xss16m -XX:G1HeapRegionSize=4m"
     master = master or settings.spark_master
     aot = driver_java(settings, master)
-    if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/jvmcache.py)
+    if (
+        aot is not None
+    ):  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/dev/jvmcache.py)
         os.environ["JAVA_HOME"], extra = aot
         driver_opts = f"{driver_opts} {extra}"
     bind_env = loopback_env(master)
@@ -198,7 +200,7 @@ def _jars_off_python_path(sc) -> None:
 
 
 _DEATHSIG = """#!/bin/sh
-# Written by jobs/spark.py: the JVM below, killed by the kernel the moment the process that started it dies.
+# Written by jobs/core/spark.py: the JVM below, killed by the kernel the moment the process that started it dies.
 exec setpriv --pdeathsig KILL "@JAVA@" "$@"
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from jobs.runtime import process_cpu
+from jobs.core.runtime import process_cpu
 
 __all__ = ["Phases"]
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.devkafka import LOG4J_VERSION, java_exe, maven_lib
+from jobs.dev.kafka import LOG4J_VERSION, java_exe, maven_lib
 from jobs.errors import JobsError, KafkaConnectFailed
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""`python -m jobs.devpostgres [stop]`: a development PostgreSQL for the `cdc` job; `scratch_postgres` for tests.
+"""`python -m jobs.dev.postgres [stop]`: a development PostgreSQL for the `cdc` job; `scratch_postgres` for tests.
 
 `main` (`make postgres`): if a server answers at PG_DSN (default for the target
 `host=127.0.0.1 port=5433 dbname=mview user=mview`), does nothing. Otherwise, if PG_DSN's host is local, starts
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.devredis import free_port
+from jobs.core.settings import Settings
+from jobs.dev.redis import free_port
 from jobs.errors import PostgresServerFailed
-from jobs.settings import Settings
 
 __all__ = ["main", "scratch_postgres", "start_server", "stop_server", "DEV_DSN", "PG_BIN"]
 

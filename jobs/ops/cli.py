@@ -17,7 +17,7 @@ __all__ = ["main"]
 
 
 def _settings():
-    from jobs.settings import Settings
+    from jobs.core.settings import Settings
 
     try:
         return Settings.from_env()
@@ -27,14 +27,14 @@ def _settings():
 
 def _spark(settings, app: str):
     try:
-        from jobs.spark import get_spark
+        from jobs.core.spark import get_spark
     except ImportError as e:  # pragma: no cover - only without `make setup`
         raise SystemExit(f"mview: missing dependency ({e.name}): run `make setup`") from None
     return get_spark(settings, app)
 
 
 def _lake(settings, *, write: bool):
-    from jobs.lake import require_lake
+    from jobs.core.lake import require_lake
 
     return require_lake(settings, write=write)
 
@@ -77,7 +77,7 @@ def _check_topics(settings, topics) -> None:
 
 def _job_topics(settings, job: str) -> list:
     """The topics the job `job` reads (a pipeline job) or writes (kafka: every topic; cdc: the captured ones)."""
-    from jobs.registry import job_spec
+    from jobs.core.registry import job_spec
 
     pipeline = _pipeline(settings)
     return [pipeline.topics[t] for t in job_spec(settings, job).topics]
@@ -198,7 +198,7 @@ def _published(result, as_json: bool) -> None:
 
 
 def cmd_run(args) -> int:
-    from jobs.registry import job_spec
+    from jobs.core.registry import job_spec
 
     settings = _settings()
     spec = job_spec(settings, args.job)
@@ -206,13 +206,15 @@ def cmd_run(args) -> int:
     _check_topics(settings, _job_topics(settings, spec.name))
     if spec.source:  # copies an outside system into the logs: no Spark, no Redis, no generations
         if not args.once:
-            from jobs.source import serve_source
+            from jobs.core.source import serve_source
 
             return serve_source(settings, spec.name)
         totals = spec.run(None, settings, once=True)
     else:
-        if not args.once:  # deployed: follows replays, restarts on failure, waits for Redis (jobs.service)
-            from jobs.service import serve
+        if (
+            not args.once
+        ):  # deployed: follows replays, restarts on failure, waits for Redis (jobs.ops.service)
+            from jobs.ops.service import serve
 
             return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
         _redis(settings)
@@ -232,7 +234,7 @@ def _number(value) -> str:
 
 
 def cmd_query(args) -> int:
-    from jobs.registry import view_job
+    from jobs.core.registry import view_job
     from views.read import query_view
 
     settings = _settings()
@@ -252,7 +254,7 @@ def cmd_query(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from jobs.registry import view_job
+    from jobs.core.registry import view_job
     from views.read import export_view
 
     out = sys.stdout
@@ -275,7 +277,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from jobs.status import job_status
+    from jobs.ops.status import job_status
 
     settings = _settings()
     _lake(settings, write=False)
@@ -289,7 +291,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_deploy(args) -> int:
-    from jobs.deploy import deploy
+    from jobs.ops.deploy import deploy
 
     settings = _settings()
     _lake(settings, write=True)
@@ -298,15 +300,15 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from jobs.deploy import stop
-    from jobs.registry import job_spec
+    from jobs.core.registry import job_spec
+    from jobs.ops.deploy import stop
 
     settings = _settings()
     if args.drop_slot and job_spec(settings, args.job).name != "cdc":
         raise SystemExit("mview: --drop-slot is for the cdc job only")
     code = stop(settings, args.job)
     if args.drop_slot:  # the slot holds WAL on the server for as long as it exists
-        from jobs.cdc import drop
+        from jobs.kinds.cdc import drop
 
         removed = drop(settings)
         print(f"cdc: removed {' and '.join(removed)}" if removed else "cdc: no slot or publication to remove")
@@ -314,8 +316,8 @@ def cmd_stop(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from jobs.registry import job_spec
-    from jobs.replay import replay
+    from jobs.core.registry import job_spec
+    from jobs.core.replay import replay
 
     settings = _settings()
     if job_spec(settings, args.job).source:  # an unknown job is one line at once, not after Spark's start
@@ -329,7 +331,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_maintain(args) -> int:
-    from jobs.maintain import maintain, start_scheduler
+    from jobs.ops.maintain import maintain, start_scheduler
 
     settings = _settings()
     _lake(settings, write=True)
@@ -388,8 +390,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    from jobs.httpd import serve_until_interrupted
-    from jobs.ui import serve_in_thread
+    from jobs.ops.httpd import serve_until_interrupted
+    from jobs.ops.ui import serve_in_thread
 
     settings = _settings()
     _lake(settings, write=False)

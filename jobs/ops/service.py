@@ -16,7 +16,7 @@
 - A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
   after a backoff (2, 4, ... 60 s; back to 2 s once a query has run for 5 minutes); the batch is replayed and,
   every sink write being idempotent or fenced, has the effect of one application. Restarts are counted in the
-  status, the failure is `last_error` (one line, `jobs.runtime.error_line`) until the job works again (a
+  status, the failure is `last_error` (one line, `jobs.core.runtime.error_line`) until the job works again (a
   micro-batch applied, or the restarted query's first trigger completed), then `previous_error`.
 - Redis unreachable: every Redis call waits with backoff (`views.redis_io.WaitingRetry`), the log says
   `waiting for Redis at URL (attempt n)`, and a watcher thread records it in the status (`redis`:
@@ -27,15 +27,15 @@
 - Redis refuses the credentials or TLS is on one side only (`views.errors.RedisMisconfigured`, permanent): no
   retrying; the log and the status say why (`state: "failed"`, `error`), and the process exits 1.
 - Redis lost the serving copy (restarted without its data, flushed, restored from an older snapshot; see
-  `jobs.generations.serving_copy_lost`), seen by the guard within a second and before every query start: the
+  `jobs.core.generations.serving_copy_lost`), seen by the guard within a second and before every query start: the
   query stops at once (its batch in flight wrote only into the lost copy), the log says `Redis lost the
   serving copy of <job> (<reason>): rebuilding generation N+1 from the logs`, the status says `state:
   rebuilding` (with the reason, a `rebuilds` count and the replay's progress), the job rebuilds its views from
-  the logs into generation N+1 (`jobs.replay.rebuild`), switches to it, records `last_rebuild` and continues
+  the logs into generation N+1 (`jobs.core.replay.rebuild`), switches to it, records `last_rebuild` and continues
   there. Until the switch, readers get what Redis holds (for a lost pointer: generation 0, empty).
 - Holds an exclusive lock (`LAKE_DIR/jobs/<job>/lock`) for its lifetime, so two copies of a job never run at once
   even if two deploys race. The kernel releases it on any death, SIGKILL included.
-- Optionally runs the scheduled maintenance (`MAINTENANCE_IN_JOB`, see `jobs.maintain`).
+- Optionally runs the scheduled maintenance (`MAINTENANCE_IN_JOB`, see `jobs.ops.maintain`).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ import traceback
 import redis
 from redis.exceptions import RedisClusterException
 
-from jobs import runtime
-from jobs.generations import serving_copy_lost
-from jobs.registry import job_spec
-from jobs.runtime import clear_error, error_line, job_dir, log, read_status, record_error, write_status
-from jobs.settings import Settings
+from jobs.core import runtime
+from jobs.core.generations import serving_copy_lost
+from jobs.core.registry import job_spec
+from jobs.core.runtime import clear_error, error_line, job_dir, log, read_status, record_error, write_status
+from jobs.core.settings import Settings
 from views.errors import RedisMisconfigured, RedisUnavailable, ViewError
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation, probe, quick_client, redact_url, watch_client
@@ -189,7 +189,7 @@ def _serving(client, job: str) -> int | None:
 
 class _Guard(_Sentinel):
     """Stops the job's query between micro-batches when SIGTERM arrives, the generation pointer moves, or Redis
-    lost the serving copy (`jobs.generations.serving_copy_lost`), so a stop waits only for the batch in flight and
+    lost the serving copy (`jobs.core.generations.serving_copy_lost`), so a stop waits only for the batch in flight and
     nothing is written to a generation that is no longer current. On a loss the query is stopped at once, its
     batch in flight interrupted (it writes into a copy that is being replaced anyway), and `lost` names why.
 
@@ -254,8 +254,8 @@ class _Guard(_Sentinel):
 
 
 def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
-    """Rebuild the serving copy Redis lost (`jobs.replay.rebuild`), saying so in the status; the new generation."""
-    from jobs.replay import rebuild
+    """Rebuild the serving copy Redis lost (`jobs.core.replay.rebuild`), saying so in the status; the new generation."""
+    from jobs.core.replay import rebuild
 
     rebuilds = int(read_status(settings, job, "status.json").get("rebuilds", 0)) + 1
     since = time.time()
@@ -323,7 +323,7 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
     """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
     pointer moved, Redis lost the serving copy) follow the pointer or rebuild (also when the job's definition
     changed); after a failure restart."""
-    from jobs.replay import rebuild_reason
+    from jobs.core.replay import rebuild_reason
 
     spec = job_spec(settings, job)
     client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False)
@@ -372,7 +372,7 @@ def serve(spark, settings: Settings, job: str) -> int:
     watch.start()
     scheduler = None
     if settings.maintenance_in_job:
-        from jobs.maintain import start_scheduler
+        from jobs.ops.maintain import start_scheduler
 
         scheduler = start_scheduler(spark, settings, background=True, jobs=(job,))
     write_status(

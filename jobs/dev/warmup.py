@@ -1,12 +1,12 @@
-"""`python -m jobs.warmup`: start Spark once so the Delta jars and Spark's Kafka source are fetched into the Ivy
+"""`python -m jobs.dev.warmup`: start Spark once so the Delta jars and Spark's Kafka source are fetched into the Ivy
 cache at set-up time (a KAFKA_BOOTSTRAP adds the Kafka source; nothing connects to it here)."""
 
 from __future__ import annotations
 
 import tempfile
 
-from jobs.settings import Settings
-from jobs.spark import get_spark
+from jobs.core.settings import Settings
+from jobs.core.spark import get_spark
 
 if __name__ == "__main__":
     spark = get_spark(

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from jobs.core.settings import Settings
 from jobs.errors import QueryFailed
-from jobs.settings import Settings
 from joins.state import read_json, write_json
 from views.redis_io import STOP as _REDIS_STOP
 from views.redis_io import redact
@@ -39,10 +39,10 @@ __all__ = [
     "open_private",
 ]
 
-# Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.service`). It is
+# Set by SIGTERM/SIGINT in a continuous run_stream and in a deployed job's supervisor (`jobs.ops.service`). It is
 # `views.redis_io.STOP`: a Redis call of this process waiting for Redis gives up when it is set.
 STOP = _REDIS_STOP
-# Set while a deployed job's watcher finds Redis unreachable (`jobs.service`): a stop then does not wait for the
+# Set while a deployed job's watcher finds Redis unreachable (`jobs.ops.service`): a stop then does not wait for the
 # micro-batch in flight, which may be waiting for Redis (it is interrupted and replayed at the next start).
 REDIS_DOWN = threading.Event()
 _STATUS_FILE = ["status.json"]  # a replay writes its own file (`status_file`), not the serving job's

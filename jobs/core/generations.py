@@ -19,9 +19,9 @@ import os
 import re
 import shutil
 
-from jobs.registry import JobSpec
-from jobs.runtime import checkpoint_dir, read_status, state_dir
-from jobs.settings import Settings
+from jobs.core.registry import JobSpec
+from jobs.core.runtime import checkpoint_dir, read_status, state_dir
+from jobs.core.settings import Settings
 from views.keys import gen_key, meta_key, view_pattern
 
 __all__ = [

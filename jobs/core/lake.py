@@ -7,8 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from jobs.core.settings import Settings
 from jobs.errors import LakeUnusable
-from jobs.settings import Settings
 
 __all__ = ["require_lake"]
 
