@@ -128,7 +128,9 @@ def _other(run, settings, args: tuple) -> dict:
 
 def _jvm(spark) -> str:
     """The driver JVM's Java version and whether it started with the AOT cache of `make jvm-cache`."""
-    jvm = spark.sparkContext._jvm.java.lang
+    from joins.sparkapi import jvm as driver
+
+    jvm = driver(spark).java.lang
     args = jvm.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
     aot = [a for a in args if "AOTCache" in a]
     cache = "AOT cache of `make jvm-cache`" if aot else "no AOT cache"

@@ -42,9 +42,10 @@ NEXMARK_Q8_PER_CORE = 146_000  # Flink, Nexmark q8 (windowed join), events/s per
 def _cpu_seconds(spark) -> float:
     """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
     from jobs.core.runtime import process_cpu
+    from joins.sparkapi import driver_jvm
 
     total = sum(os.times()[:2])
-    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    proc = driver_jvm(spark)
     if proc is None:
         return total
     try:

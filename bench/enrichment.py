@@ -89,8 +89,9 @@ def _jvm_cpu_seconds(spark) -> float | None:
     """User + system CPU seconds of the Spark driver JVM (local mode: the executors too), from /proc."""
     try:
         from jobs.core.runtime import process_cpu
+        from joins.sparkapi import jvm
 
-        return process_cpu(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())[0]
+        return process_cpu(jvm(spark).java.lang.ProcessHandle.current().pid())[0]
     except (OSError, AttributeError, ValueError):
         return None
 

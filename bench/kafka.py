@@ -58,10 +58,11 @@ def stop_kafka(proc: subprocess.Popen) -> None:
 def _cpu(spark) -> tuple[float, float]:
     """(CPU seconds of this Python process, of the Spark JVM and its descendants), user + system."""
     from jobs.core.runtime import process_cpu
+    from joins.sparkapi import jvm as driver
 
     own = sum(os.times()[:2])
     try:
-        jvm = sum(process_cpu(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()))
+        jvm = sum(process_cpu(driver(spark).java.lang.ProcessHandle.current().pid()))
     except (OSError, AttributeError, ValueError):
         jvm = float("nan")
     return own, jvm

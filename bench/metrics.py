@@ -222,8 +222,10 @@ def _tree_cpu_s() -> float:
 def _settle(spark) -> None:
     """A full collection in Python and in the driver's JVM (`System.gc()`, synchronous under G1): the next run
     starts from the same heap, and the collector's work it pays for is its own garbage's, not the runs' before."""
+    from joins.sparkapi import jvm
+
     gc.collect()
-    spark.sparkContext._jvm.java.lang.System.gc()
+    jvm(spark).java.lang.System.gc()
 
 
 def _throughput(spark, modes, pairs: int) -> dict:

@@ -30,6 +30,8 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from joins.sparkapi import with_size_estimate
+
 __all__ = ["JoinState", "write_json", "read_json", "complete_dirs", "empty_frame", "with_row_count"]
 
 S = TypeVar("S")
@@ -86,9 +88,9 @@ def empty_frame(spark, schema: str):
     optimizer prunes the plan branches it empties (a join with it, a union member) and no Python task ever runs for
     it, unlike `spark.createDataFrame([], schema)`, which is a Python RDD of no rows."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import DataType
 
-    fields = _parse_datatype_string(schema).fields
+    fields = DataType.fromDDL(schema).fields
     return spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])
 
 
@@ -101,22 +103,4 @@ def with_row_count(df, rows: int):
     larger input or more. A state kept across micro-batches as a checkpoint of (state joined with the batch) would
     see its estimate grow by a factor every batch, however few rows it holds, until every join with it was planned
     as a sort-merge join that shuffles the whole state."""
-    from pyspark.sql import DataFrame
-
-    plan = df._jdf.queryExecution().analyzed()
-    if plan.getClass().getSimpleName() != "LogicalRDD":
-        return df
-    session, jvm = df.sparkSession._jsparkSession, df.sparkSession._jvm
-    stats = df.limit(max(1, rows))._jdf.queryExecution().optimizedPlan().stats()
-    counted = plan.copy(
-        plan.output(),
-        plan.rdd(),
-        plan.outputPartitioning(),
-        plan.outputOrdering(),
-        plan.isStreaming(),
-        plan.stream(),
-        session,
-        jvm.scala.Some(stats),
-        jvm.scala.Option.empty(),
-    )
-    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session, counted), df.sparkSession)
+    return with_size_estimate(df, rows)

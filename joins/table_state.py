@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import _parse_datatype_string
+from pyspark.sql.types import DataType
 
 from changelog.current import quoted
 from joins.state import complete_dirs, empty_frame
@@ -42,7 +42,7 @@ class TableStore:
         self.batch: int | None = None  # the state in memory is the state after this batch
         self._columns = []  # per side: (name, SQL type) of its state columns
         for topic in join.topics:
-            fields = _parse_datatype_string(state_schema(topic)).fields  # needs the session (a JVM parse)
+            fields = DataType.fromDDL(state_schema(topic)).fields  # needs the session (a JVM parse)
             self._columns.append([(f.name, f.dataType.simpleString()) for f in fields])
         self._file_schema = ", ".join(
             ["_side int"] + [f"`_{i}_{n}` {t}" for i, cols in enumerate(self._columns) for n, t in cols]

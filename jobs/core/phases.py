@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from jobs.core.runtime import process_cpu
+from joins.sparkapi import codegen_compilations, driver_jvm
 
 __all__ = ["Phases"]
 
@@ -18,7 +19,7 @@ class Phases:
     def __init__(self, spark):
         self._cpu = lambda: (float("nan"), float("nan"))
         # local mode: the JVM started by this driver runs the executors too
-        proc = getattr(spark.sparkContext._gateway, "proc", None)
+        proc = driver_jvm(spark)
         if proc is not None:
 
             def cpu() -> tuple[float, float]:
@@ -29,8 +30,7 @@ class Phases:
 
             self._cpu = cpu
         try:
-            hist = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
-            self._compiles = hist.getCount
+            self._compiles = codegen_compilations(spark)
             self._compiles()
         except Exception:  # noqa: BLE001 - no codegen metric (e.g. Spark Connect): count 0
             self._compiles = lambda: 0

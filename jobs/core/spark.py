@@ -14,6 +14,7 @@ from pathlib import Path
 
 from jobs.core.settings import Settings
 from jobs.dev.jvmcache import driver_java
+from joins import sparkapi
 
 __all__ = ["get_spark", "kafka_package", "is_local", "loopback_conf", "loopback_env", "LOOPBACK"]
 
@@ -32,6 +33,8 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     With a local master the driver JVM listens on 127.0.0.1 only (its RPC and block-manager ports by
     `loopback_conf`, Spark's own web UI by `loopback_env`, set in the environment the JVM starts with); with any
     other master Spark binds as its configuration says (README, "Spark on a cluster").
+    Spark's private APIs in use are checked for (`joins.sparkapi`: the version before the JVM starts, the classes
+    and methods once it runs); a mismatch raises `joins.sparkapi.SparkUnsupported`, one line that says what to do.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -41,12 +44,11 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    sparkapi.check_python()
     driver_opts = "-Dlog4j2.level=ERROR -Xss16m -XX:G1HeapRegionSize=4m"
     master = master or settings.spark_master
     aot = driver_java(settings, master)
-    if (
-        aot is not None
-    ):  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (see jobs/dev/jvmcache.py)
+    if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (jobs/dev/jvmcache.py)
         os.environ["JAVA_HOME"], extra = aot
         driver_opts = f"{driver_opts} {extra}"
     bind_env = loopback_env(master)
@@ -60,10 +62,10 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     try:
         extra = [kafka_package()] if settings.kafka_bootstrap else None
         builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
-        packages = builder._options.get("spark.jars.packages", "")
+        packages = sparkapi.builder_option(builder, "spark.jars.packages") or ""
         known = _known_jars(packages)
         if known:
-            builder._options.pop("spark.jars.packages")
+            sparkapi.drop_builder_option(builder, "spark.jars.packages")
             builder = builder.config("spark.jars", known)
         spark = builder.getOrCreate()
         if not known:
@@ -77,6 +79,7 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     atexit.register(spark.stop)  # a clean exit stops Spark (its temporary files go) before the JVM is killed
     spark.sparkContext.setLogLevel("ERROR")
     _jars_off_python_path(spark.sparkContext)
+    sparkapi.check_jvm(spark, Path(sys.prefix) / "mview-java")  # a pass is remembered beside the jars record
     return spark
 
 
@@ -193,9 +196,7 @@ def _jars_off_python_path(sc) -> None:
 
     spark-submit puts each `--packages` jar on the Python path, in case it ships Python code; none of these does,
     and every import would search them first. The jars stay on the JVM's class path."""
-    includes = getattr(sc, "_python_includes", None)
-    if includes:
-        sc._python_includes = [p for p in includes if not p.lower().endswith(".jar")]
+    sparkapi.filter_python_includes(sc, lambda p: not p.lower().endswith(".jar"))
     sys.path[:] = [p for p in sys.path if not p.lower().endswith(".jar")]
 
 

@@ -528,6 +528,7 @@ def _refuse_invalid_pipeline() -> None:
 def main(argv: list[str] | None = None) -> int:
     from changelog.errors import ChangelogError
     from jobs.errors import JobsError
+    from joins.sparkapi import SparkUnsupported
     from views.errors import ViewError
 
     args = build_parser().parse_args(argv)
@@ -535,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.func is not cmd_check:
             _refuse_invalid_pipeline()
         return args.func(args) or 0
-    except (ChangelogError, JobsError, ViewError) as e:
+    except (ChangelogError, JobsError, ViewError, SparkUnsupported) as e:
         print(f"mview: {_shown(e)}", file=sys.stderr)
         return 1
     except SystemExit as e:  # a command's one-line refusal (`raise SystemExit("mview: ...")`)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jobs.core.runtime import read_status
 from jobs.ops.deploy import settings_env
+from joins.sparkapi import driver_jvm
 from tests.conftest import make_settings
 from tests.jobs.opshelp import MVIEW, wait_for
 
@@ -209,7 +210,7 @@ def _exposed(sockets) -> list[str]:
 
 
 def test_the_sessions_driver_listens_on_loopback_only(spark):
-    sockets = _listening(spark.sparkContext._gateway.proc.pid)
+    sockets = _listening(driver_jvm(spark).pid)
     assert len(sockets) >= 3, sockets  # Py4J's gateway, the RPC endpoint, the block manager
     assert _exposed(sockets) == [], f"the driver JVM listens beyond loopback: {sockets}"
 

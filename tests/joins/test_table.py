@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from joins.sparkapi import plan_text, size_estimate
 from joins.state import empty_frame, with_row_count
 from joins.table import TableJoin, TableState, begin_join, maintain_join, side_changes, state_schema
 from joins.table_list import generic_list, generic_spec, list_shape
@@ -456,7 +457,7 @@ def test_a_batch_of_celebrity_tweets_only_does_not_read_the_follows(spark):
     changes = maintain_join(join, state, (_batch(spark, tweets, _TWEETS), None), [shape])
     lists = changes.lists["timeline"]
     assert (lists.counts["born"], lists.counts["fanned"]) == (2, 0)
-    plan = lists.adds._jdf.queryExecution().optimizedPlan().toString()
+    plan = plan_text(lists.adds)
     assert "LogicalRDD" not in plan and "Relation" not in plan.replace("LocalRelation", ""), plan
     assert _observed(changes)["adds"] == {}
     assert [sorted(e._e for e in r.entries) for r in lists.heavy_adds.collect()] == [["t1", "t2"]]
@@ -471,17 +472,14 @@ def test_the_state_size_estimate_follows_its_rows_so_small_batches_stay_broadcas
     def batch(rows, schema):  # the job's batch has an estimate from its files; a test's, from its row count
         return with_row_count(_batch(spark, rows, schema), len(rows))
 
-    def estimate(df):
-        return df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
-
     follows = [("follow", f"f{i}", "a", 1) for i in range(3)]
     state = maintain_join(join, _empty_state(join), (None, batch(follows, _FOLLOWS)), [shape]).settle()
     for n in range(15):
         one = batch([("post", f"t{n}", "a", "x", n)], _TWEETS)
         state = maintain_join(join, state, (one, None), [shape]).settle()
-    assert state.sides[0].count() == 15 and estimate(state.sides[0]) < 10_000
+    assert state.sides[0].count() == 15 and size_estimate(state.sides[0]) < 10_000
     plan = side_changes(join.topics[0], state.sides[0], batch([("post", "t99", "a", "x", 99)], _TWEETS))
-    executed = plan._jdf.queryExecution().executedPlan().toString()
+    executed = plan_text(plan, "executed")
     assert "BroadcastHashJoin" in executed and "SortMergeJoin" not in executed
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from joins.sparkapi import codegen_compilations
 from joins.table import TableJoin, maintain_join
 from joins.table_state import TableStore
 from spec import load_pipeline, parse_pipeline
@@ -31,14 +32,14 @@ def test_a_restore_keeps_the_newest_row_per_key_and_staging_compiles_no_code_aft
     first = maintain_join(join, store.restore(0), (None, follows))
     store.stage(0, first)
     store.advance(0, first)
-    compiles = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    compiles = codegen_compilations(spark)
     new_code = []
     for b, (tweet, ts) in enumerate((("t0", 10), ("t1", 11), ("t2", 12), ("t0", 30)), start=1):
         batch = spark.createDataFrame([("post", tweet, "a", f"{tweet}@{ts}", ts)], _TWEETS).localCheckpoint()
         changes = maintain_join(join, store.restore(b), (batch, None))
-        before = compiles.getCount()
+        before = compiles()
         store.stage(b, changes)
-        new_code.append(compiles.getCount() - before)
+        new_code.append(compiles() - before)
         store.advance(b, changes)
     restored = TableStore(spark, tmp_path / "changes", join).restore(5)
     assert (
