@@ -29,7 +29,9 @@ def delta_packages() -> str:
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
-    return configure_spark_with_delta_pip(SparkSession.builder)._options["spark.jars.packages"]
+    from joins.sparkapi import builder_option
+
+    return builder_option(configure_spark_with_delta_pip(SparkSession.builder), "spark.jars.packages")
 
 
 def submit_command(settings: Settings, args: list[str]) -> list[str]:
@@ -59,7 +61,7 @@ def submit_command(settings: Settings, args: list[str]) -> list[str]:
             for key, value in loopback_conf(settings.spark_master).items()
             for arg in ("--conf", f"{key}={value}")
         ],
-        str(Path(__file__).parent / "__main__.py"),
+        str(Path(__file__).parent.parent / "__main__.py"),  # jobs/__main__.py: `mview`
         *args,
     ]
 
