@@ -8,7 +8,7 @@ Redis (`<v>`: the view's name, `<g>`: the job's generation):
 - `mv:<v>.entry:<g>:{<entry>}`: JSON of the view's `fields` of the entry, in declared order, kept once per entry;
 - with a fan-out limit: `mv:<v>.heavy:<g>:{<match value>}`, a heavy match value's first `cap` entries (sorted set),
   and `mv:<v>.reads:<g>:{<key>}`, the heavy values a list key reads (set); readers merge them (`read_list`).
-The generation's meta hash (`mv:meta:<job>:<g>`) keeps the `cap` and `fanout_limit` it was built with.
+The generation's meta hash (`mv:meta:<job>:<g>`) keeps the `<view>.cap` and `fanout_limit` it was built with.
 
 `ListView(join, view)` chooses how the join maintains the list (`joins.table_list`: the list shape's own algorithm, or
 the join's delta for any other shape) and turns one micro-batch's changes into operations (`LIST_OPS_SCHEMA`):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from joins.sparkapi import codegen_compilations
 from joins.state import empty_frame
 from joins.table import TableJoin, TableState, begin_join, maintain_join, state_schema
 from spec import load_pipeline
@@ -195,7 +196,7 @@ def test_read_timeline_merges_the_celebrities_authored_sets_newest_first_once_ea
     read time, ties by tweet_id descending, a tweet in two places once, cut to `limit` and to the view's cap."""
     client = connect(redis_url)
     set_generation(client, "timeline", 1)
-    client.hset(meta_key("timeline", 1), "cap", 4)
+    client.hset(meta_key("timeline", 1), "timeline.cap", 4)
     client.zadd(timeline_key(1, "u"), {"a1": 10, "a2": 5, "c3": 7})  # c3: still there during a mode switch
     client.sadd(celebs_key(1, "u"), "c", "d", "e")  # e: a celebrity with no live tweet
     client.zadd(authored_key(1, "c"), {"c1": 9, "c2": 5, "c3": 7})
@@ -245,7 +246,7 @@ class _Hybrid:
         self.client = connect(redis_url)
         self.client.flushall()
         set_generation(self.client, "timeline", 1)
-        self.client.hset(meta_key("timeline", 1), "cap", cap)
+        self.client.hset(meta_key("timeline", 1), "timeline.cap", cap)
         self.sink = ListViewSink(redis_url, "timeline", 1, cap)
         self.state = _empty(self.view.join)
         self.tweets, self.follows, self.batch = [], [], 0
@@ -314,15 +315,15 @@ def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(
     session's whole-stage code generation as it was."""
     h = _Hybrid(spark, redis_url, cap=5, limit=1)
     h.step([], [{"op": "follow", "follower_id": u, "followee_id": "c", "ts": 1} for u in ("r", "s")])
-    compiles = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    compiles = codegen_compilations(spark)
     new_code = []
     for n in range(3):
         tweet = {"op": "post", "tweet_id": f"t{n}", "user_id": "c", "text": f"t{n}!", "ts": 10 + n}
         (posts, few), *rest = h.phases([tweet], [])
         assert few == _FEW
-        before = compiles.getCount()
+        before = compiles()
         h.sink.write_few(posts, h.batch)
-        new_code.append(compiles.getCount() - before)
+        new_code.append(compiles() - before)
         for phase in rest:
             h.write(phase, h.batch)
         h.batch += 1
@@ -492,7 +493,7 @@ class _Job:
         }
         self.client = connect(redis_url)
         set_generation(self.client, job, 1)
-        self.client.hset(meta_key(job, 1), "cap", 3)  # (the heavy view's)
+        self.client.hset(meta_key(job, 1), mapping={f"{v.view.name}.cap": v.view.cap for v in self.views})
         self.state = _empty(self.join)
 
     def step(self, batch: list[tuple[str, dict]], batch_id: int) -> None:
