@@ -1,12 +1,19 @@
 """`python -m jobs.dev.jvmcache` (`make jvm-cache`): an ahead-of-time cache for the Spark driver's JVM.
 
 A `--once` run starts a new JVM, and most of its first batch is the JVM warming up: loading and linking ~20,000
-classes and profiling methods before the JIT compiles them (figures: docs/architecture.md). JDK 25's AOT cache (JEPs 483, 514, 515) stores the classes of a
-training run already loaded and linked, with their method profiles, and a later JVM maps it at start.
+classes and profiling methods before the JIT compiles them (figures: docs/architecture.md). JDK 25's AOT cache
+(JEPs 483, 514, 515) stores the classes of a training run already loaded and linked, with their method profiles, and
+a later JVM maps it at start.
 
-`build()` makes it: a training run of the timeline job on a generated workload (`_training_workload`) in a JVM
-started with `-XX:AOTMode=record`, then `-XX:AOTMode=create` with the same class path and options. `driver_java`
-tells `jobs.core.spark.get_spark` to use it: a JDK 25+ and the cache's options, for a local master only.
+`build()` makes it: a training run in a JVM started with `-XX:AOTMode=record`, then `-XX:AOTMode=create` with the
+same class path and options. `driver_java` tells `jobs.core.spark.get_spark` to use it: a JDK 25+ and the cache's
+options, for a local master only.
+
+The training runs the pipeline of the settings (MVIEW_PIPELINE, the built-in one by default) on synthetic records
+made from its topics' declarations alone (`training_workload`, `Synth`): each job twice, the `join` kind most (a
+cold batch of it is the longest), interval and asof jobs on fewer records; then each join job with a list view
+again under a fan-out limit its hot values cross, ending with batches of one entry of a hot value (`heavy_entries`),
+the path of a deployed job under a `fanout_limit`. About two minutes for the built-in pipeline.
 
 - Needs a JDK 25 or newer (found under /usr/lib/jvm, JAVA_HOME or JVM_CACHE_JDK); without one nothing is built
   and every job runs on the default `java` as before.
@@ -28,12 +35,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from jobs.core.settings import Settings
+from joins.sparkapi import driver_jvm
+from spec.model import Pipeline, Topic
 
-__all__ = ["build", "driver_java"]
+__all__ = ["build", "driver_java", "training_workload", "match_fields", "heavy_entries", "Synth"]
 
 _DROPPED = "--add-modules=jdk.incubator.vector"
 _WRAPPER = f"""#!/bin/bash
@@ -111,92 +121,248 @@ def driver_java(settings: Settings, master: str | None = None) -> tuple[str, str
     return str(home), f"-XX:AOTCache={d / 'spark.aot'} -Xlog:aot*=error"
 
 
-def _training_workload(
-    seed: int = 5, users: int = 2_000, follows: int = 6_000, tweets: int = 6_000
-) -> tuple[list[dict], list[dict]]:
-    """(tweets, follows) records for the training run, seeded: every kind the ingest and the timeline job handle
-    (posts, deletes, follows, unfollows, re-follows, duplicate deliveries, `ts` as epoch ms and as ISO-8601),
-    authors and followees drawn with a strong bias to the first three users (celebrities), so both fan-out paths
-    of the job get exercised."""
-    rng = random.Random(seed)
-    t0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+# The training's workload: JOIN_RECORDS records per topic a join job reads (the `join` kind's paths are most of a
+# cold batch), OTHER_RECORDS per topic only interval and asof jobs read; ids drawn from POOL values, the first HOT of
+# them drawn HOT_SHARE of the time in a field some job matches on; the hybrid run's fan-out limit LIMIT, crossed by
+# the hot values, then HEAVY_BATCHES batches of one entry of a hot value each.
+JOIN_RECORDS, OTHER_RECORDS, POOL, HOT, HOT_SHARE = 6_000, 1_500, 2_000, 3, 0.3
+LIMIT, HEAVY_BATCHES = 100, 4
+_T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+_SPAN = 6 * 3_600_000  # the records' times: six hours from _T0
+_STRINGS = tuple(f"s{k}" for k in range(10)) + ("ünïcødé ✓", "two words", "")
 
-    def ts(ms: int):
-        iso = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
-        return iso.replace("+00:00", "Z") if rng.random() < 0.5 else ms
 
-    def user(celebrity_share: float) -> str:
-        return f"u{rng.randrange(3) if rng.random() < celebrity_share else rng.randrange(users)}"
+def match_fields(pipeline: Pipeline) -> dict[str, set[str]]:
+    """topic -> its fields some job of `pipeline` matches on as they are (a `match` side that is a bare field name):
+    where the workload draws hot values, so joins find partners and a few values are heavy."""
+    out: dict[str, set[str]] = {}
+    for job in pipeline.jobs.values():
+        for pair in job.spec.match:
+            for topic, expr in zip(job.topics, pair, strict=True):
+                if expr in pipeline.topics[topic].names:
+                    out.setdefault(topic, set()).add(expr)
+    return out
 
-    tw, fo = [], []
-    for i in range(tweets):
-        author, at = user(0.3), t0 + rng.randrange(6 * 3_600_000)
-        tw.append(
-            {"op": "post", "tweet_id": f"t{i:07d}", "user_id": author, "text": f"tweet {i}", "ts": ts(at)}
-        )
-        if rng.random() < 0.08:
-            tw.append({"op": "delete", "tweet_id": f"t{i:07d}", "user_id": author, "ts": ts(at + 60_000)})
-    for _ in range(follows):
-        a, b, at = user(0.0), user(0.5), t0 + rng.randrange(6 * 3_600_000)
-        if a != b:
-            fo.append({"op": "follow", "follower_id": a, "followee_id": b, "ts": ts(at)})
-            if rng.random() < 0.15:
-                fo.append({"op": "unfollow", "follower_id": a, "followee_id": b, "ts": ts(at + 600_000)})
+
+class Synth:
+    """Seeded synthetic records of a pipeline's topics, made from their declarations only: every field type (ids,
+    strings, longs, doubles, booleans, timestamps as epoch ms and as ISO-8601), optional fields absent a quarter of
+    the time, hot values in the fields jobs match on (`match_fields`), unique identities, changes and removes of
+    a table's rows, duplicate deliveries, and the pins of asof jobs (`<key>@<ms>` of a version, or of none)."""
+
+    def __init__(self, pipeline: Pipeline, seed: int = 5, pool: int = POOL, first: int = 0):
+        self.pipeline, self.rng, self.pool = pipeline, random.Random(seed), pool
+        self.hot = match_fields(pipeline)
+        self.serials: dict[str, int] = {}  # topic -> the next value of its unique identity field
+        self.first = first
+
+    def _draw(self, hot: bool) -> int:
+        rng = self.rng
+        return rng.randrange(HOT) if hot and rng.random() < HOT_SHARE else rng.randrange(self.pool)
+
+    def value(self, topic: Topic, name: str, at: int):
+        """A value of field `name` of `topic` (a timestamp as epoch ms) for a record at time `at`."""
+        kind, hot, rng = topic.type_of(name), name in self.hot.get(topic.name, ()), self.rng
+        if kind == "id":
+            return str(self._draw(hot))
+        if kind == "long":
+            return self._draw(True) if hot else rng.randrange(-5, 50)
+        if kind == "double":
+            return rng.randrange(100) if rng.random() < 0.1 else round(rng.uniform(-10, 1_000), 2)
+        if kind == "boolean":
+            return rng.random() < 0.5
+        if kind == "timestamp":
+            return at + rng.randrange(-3_600_000, 3_600_000)
+        return rng.choice(_STRINGS)
+
+    def _unique(self, topic: Topic) -> str | None:
+        """The identity field that gets a new value per record (0, 1, ... per topic, so the fields of other topics
+        drawn from the pool find them): an event topic's first id or long identity field, a table topic's key when
+        it is one such field not matched on; else None (drawn like any field: a table's rows then change)."""
+        ids = [f for f in topic.identity if topic.type_of(f) in ("id", "long")]
+        if topic.kind == "table" and (len(topic.key) > 1 or set(ids) & self.hot.get(topic.name, set())):
+            return None
+        return ids[0] if ids else None
+
+    def record(self, topic: Topic, at: int, **fixed) -> dict:
+        """An upsert (or an event) of `topic` at time `at` (epoch ms), its fields drawn (`value`) but for `fixed`
+        and a new value of its unique identity field."""
+        unique = self._unique(topic)
+        rec = {"op": topic.op[0]} if topic.op else {}
+        for name in topic.names:
+            if name in fixed:
+                rec[name] = fixed[name]
+            elif name == topic.time:
+                rec[name] = at
+            elif name == unique:
+                n = self.serials.get(topic.name, self.first)
+                self.serials[topic.name] = n + 1
+                rec[name] = str(n) if topic.type_of(name) == "id" else n
+            elif name in topic.optional and self.rng.random() < 0.25:
+                continue
+            else:
+                rec[name] = self.value(topic, name, at)
+        return rec
+
+    def records(self, topic: Topic, n: int) -> list[dict]:
+        """`n` records of `topic` (and its changes, removes and duplicates), times as stored (epoch ms)."""
+        rng, out = self.rng, []
+        for _ in range(n):
+            at = _T0 + rng.randrange(_SPAN)
+            rec = self.record(topic, at)
+            out.append(rec)
+            if topic.kind == "event":
+                continue
+            key = {f: rec[f] for f in topic.key}
+            r = rng.random()
+            if topic.op and r < 0.1:  # removed later (and sometimes back again)
+                kept = {f: rec[f] for f in topic.remove_fields if f in rec}
+                out.append({"op": topic.op[1], **key, **kept, topic.time: at + 600_000})
                 if rng.random() < 0.4:
-                    fo.append({"op": "follow", "follower_id": a, "followee_id": b, "ts": ts(at + 1_200_000)})
-    for recs in (tw, fo):  # duplicate deliveries
-        recs.extend(rng.choice(recs) for _ in range(len(recs) * 3 // 100))
-    return tw, fo
+                    out.append(self.record(topic, at + 1_200_000, **key))
+            elif r < 0.2:  # changed later
+                out.append(self.record(topic, at + 300_000, **key))
+        out.extend(dict(rng.choice(out)) for _ in range(len(out) * 3 // 100))  # delivered twice
+        return out
+
+    def pin(self, stream: list[dict], field: str, table: Topic, versions: list[dict]) -> None:
+        """Set `field` of `stream`'s events: 15% the id of one of `versions` (`<key>@<ms>`, the key fields' text
+        joined by `|`), 5% a pin of no version, the others none."""
+        rng, upserts = self.rng, [v for v in versions if not table.op or v.get("op") == table.op[0]]
+        for rec in stream:
+            r = rng.random()
+            if r < 0.15 and upserts:
+                v = rng.choice(upserts)
+                rec[field] = "|".join(str(v[f]) for f in table.key) + f"@{v[table.time]}"
+            elif r < 0.2:
+                rec[field] = f"{self._draw(True)}@{_T0 + rng.randrange(_SPAN)}"
+            else:
+                rec.pop(field, None)
 
 
-def _ingest(spark, lake: Path, topic: str, records: list[dict], path: Path) -> None:
+def _encoded(topic: Topic, rec: dict, iso: bool) -> dict:
+    """`rec` as a line of its topic's file: timestamps as ISO-8601 text when `iso`, else epoch ms."""
+    if not iso:
+        return rec
+    out = dict(rec)
+    for name, kind in topic.fields:
+        if kind == "timestamp" and isinstance(out.get(name), int):
+            text = datetime.fromtimestamp(out[name] / 1000, tz=timezone.utc).isoformat(
+                timespec="milliseconds"
+            )
+            out[name] = text.replace("+00:00", "Z")
+    return out
+
+
+def training_workload(pipeline: Pipeline, seed: int = 5, scale: float = 1.0) -> dict[str, list[dict]]:
+    """topic -> its records (JSON values, as `mview ingest` reads them) for the training run, seeded: every topic
+    some job of `pipeline` reads, JOIN_RECORDS records for a topic a join job reads and OTHER_RECORDS for the
+    others (times `scale`), made by `Synth`, in the order of their times (so a batch of the first half and one of
+    the second are an earlier and a later stretch of time, not a second batch of late events); half the
+    timestamps as ISO-8601 text."""
+    synth = Synth(pipeline, seed)
+    joined = {t for job in pipeline.jobs.values() if job.kind == "join" for t in job.topics}
+    read = [t for job in pipeline.jobs.values() for t in job.topics]
+    out: dict[str, list[dict]] = {}
+    for name in dict.fromkeys(read):
+        n = max(10, round((JOIN_RECORDS if name in joined else OTHER_RECORDS) * scale))
+        out[name] = synth.records(pipeline.topics[name], n)
+    for job in pipeline.jobs.values():
+        if job.kind == "asof" and job.spec.pin is not None:
+            table = pipeline.topics[job.spec.table]
+            synth.pin(out[job.spec.stream], job.spec.pin, table, out[job.spec.table])
+    return {
+        name: [
+            _encoded(pipeline.topics[name], r, synth.rng.random() < 0.5)
+            for r in sorted(recs, key=lambda r: r[pipeline.topics[name].time])
+        ]
+        for name, recs in out.items()
+    }
+
+
+def heavy_entries(synth: Synth, pipeline: Pipeline, job: str, entry_side: int, n: int) -> list[dict]:
+    """`n` new records of join job `job`'s topic on `entry_side` (the entry side of a list view), each matching the
+    hottest value (`0`) wherever its side of a match is a bare field: one per batch of the hybrid training, the
+    entries of a heavy value that a job under a fan-out limit writes before it counts the batch."""
+    spec, topic = pipeline.jobs[job].spec, pipeline.topics[pipeline.jobs[job].topics[entry_side]]
+    hot = {
+        pair[entry_side]: ("0" if topic.type_of(pair[entry_side]) == "id" else 0)
+        for pair in spec.match
+        if pair[entry_side] in topic.names
+    }
+    return [synth.record(topic, _T0 + _SPAN + i, **hot) for i in range(n)]
+
+
+def _ingest(lake: Path, topic: Topic, records: list[dict], path: Path) -> None:
     from changelog.ingest import ingest
 
     path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records))
-    ingest(spark, lake, topic, [str(path)])
+    ingest(None, lake, topic, [str(path)])
+
+
+def _limited(spark, pipeline: Pipeline) -> tuple[Pipeline, dict[str, int]]:
+    """`pipeline` with a fan-out limit of LIMIT on every list view of a join job that can have one (the list shape
+    of `joins.table_list`), and the entry side of each job that has such a view."""
+    from joins.table import TableJoin
+    from joins.table_list import list_shape
+
+    jobs, sides = dict(pipeline.jobs), {}
+    for job in pipeline.jobs.values():
+        if job.kind != "join":
+            continue
+        join = TableJoin(spark, *pipeline.sides(job.name), job.spec.match)
+        shapes = {v.name: list_shape(join, v) for v in job.views if v.kind == "list"}
+        shaped = {name: shape for name, shape in shapes.items() if shape is not None}
+        if shaped:
+            views = tuple(replace(v, fanout_limit=LIMIT) if v.name in shaped else v for v in job.views)
+            jobs[job.name] = replace(job, views=views)
+            sides[job.name] = 1 - next(iter(shaped.values())).side
+    return replace(pipeline, jobs=jobs), sides
 
 
 def _train(lake: Path) -> None:
-    """The training run (in its own process and JVM): the timeline job over `_training_workload()`, two batches,
-    then the same workload under a fan-out limit followed by four one-tweet batches of a celebrity."""
+    """The training run (in its own process and JVM): each job of the settings' pipeline over
+    `training_workload()`, twice (the earlier half of the records, then the later), then every join job with a list view again under a
+    fan-out limit (`_limited`), on the whole workload and then in HEAVY_BATCHES batches of one entry of a hot
+    value each (`heavy_entries`)."""
     from jobs.core.registry import job_spec
     from jobs.core.spark import get_spark
     from jobs.dev.redis import scratch_redis
 
-    def run_timeline(spark, settings, **kwargs):
-        return job_spec(settings, "timeline").run(spark, settings, **kwargs)
-
     proc, port = scratch_redis(lake.parent)
     try:
         env = {"LAKE_DIR": str(lake), "REDIS_URL": f"redis://127.0.0.1:{port}/0", "SPARK_MASTER": "local[2]"}
+        env["METRICS_PORT"] = "off"
         settings = Settings.from_env({**os.environ, **env})
+        pipeline = settings.pipeline()
         spark = get_spark(settings, "mview-jvm-training")
-        tweets, follows = _training_workload()
+        workload = training_workload(pipeline)
         for half in (0, 1):
-            _ingest(spark, lake, "tweets", tweets[half::2], lake.parent / f"tweets{half}.jsonl")
-            _ingest(spark, lake, "follows", follows[half::2], lake.parent / f"follows{half}.jsonl")
-            _say(f"training batch {half + 1}/2: {run_timeline(spark, settings, once=True)}")
-        # The path of a deployed job under a fan-out limit: the workload's three celebrities over the limit, then
-        # batches of their tweets only (posted before the batch is counted, `jobs.timeline`).
+            for name, records in workload.items():
+                part = records[: len(records) // 2] if half == 0 else records[len(records) // 2 :]
+                _ingest(lake, pipeline.topics[name], part, lake.parent / f"{name}{half}.jsonl")
+            for job in pipeline.jobs:
+                totals = job_spec(settings, job).run(spark, settings, once=True)
+                _say(f"training batch {half + 1}/2 of {job}: {totals}")
+        # The path of a deployed job under a fan-out limit: hot values over the limit, then batches of entries of
+        # one of them only (written before the batch is counted, `jobs.kinds.join`).
         hybrid = lake.parent / "lake-hybrid"
-        over = {"LAKE_DIR": str(hybrid), "REDIS_URL": f"redis://127.0.0.1:{port}/1", "FANOUT_LIMIT": "100"}
+        over = {"LAKE_DIR": str(hybrid), "REDIS_URL": f"redis://127.0.0.1:{port}/1"}
         settings = Settings.from_env({**os.environ, **env, **over})
-        _ingest(spark, hybrid, "follows", follows, lake.parent / "follows-h.jsonl")
-        _ingest(spark, hybrid, "tweets", tweets, lake.parent / "tweets-h.jsonl")
-        run_timeline(spark, settings, once=True)
-        for n in range(4):
-            post = {
-                "op": "post",
-                "tweet_id": f"h{n}",
-                "user_id": "u0",
-                "text": "hybrid",
-                "ts": 1_767_250_000_000 + n,
-            }
-            _ingest(spark, hybrid, "tweets", [post], lake.parent / f"tweet-h{n}.jsonl")
-            run_timeline(spark, settings, once=True)
-        _say("training: the batches of a celebrity's tweets under a fan-out limit")
+        limited, sides = _limited(spark, pipeline)
+        synth = Synth(pipeline, seed=6, first=10**9)  # new entries, not changes of the workload's
+        for job, side in sides.items():
+            spec = job_spec(settings, job)
+            for name in pipeline.jobs[job].topics:
+                _ingest(hybrid, pipeline.topics[name], workload[name], lake.parent / f"{name}-h.jsonl")
+            spec.call("runner", spark, settings, limited, job, once=True)
+            entry_topic = pipeline.topics[pipeline.jobs[job].topics[side]]
+            for n, rec in enumerate(heavy_entries(synth, pipeline, job, side, HEAVY_BATCHES)):
+                _ingest(hybrid, entry_topic, [rec], lake.parent / f"{entry_topic.name}-h{n}.jsonl")
+                spec.call("runner", spark, settings, limited, job, once=True)
+            _say(f"training: {job}'s batches of a hot value's entries under a fan-out limit")
         # The JVM writes the recorded configuration as it exits, which it does when its stdin closes: wait for it.
-        jvm = spark.sparkContext._gateway.proc
+        jvm = driver_jvm(spark)
         spark.stop()
         atexit.unregister(spark.stop)  # get_spark's stop at exit would find the JVM gone
         jvm.stdin.close()
@@ -244,7 +410,7 @@ def build(settings: Settings) -> Path | None:
     argv = argv_file.read_bytes().decode().split("\0")[:-1]
     jvm_args = argv[: argv.index("org.apache.spark.deploy.SparkSubmit")]
     jvm_args = [a for a in jvm_args if not a.startswith(("-XX:AOTMode", "-XX:AOTConfiguration", "-Xlog:aot"))]
-    _say("creating the cache from the training's profile")
+    _say("creating the cache from what the training recorded")
     out = subprocess.run(
         [str(java), "-XX:AOTMode=create", f"-XX:AOTConfiguration={conf}", f"-XX:AOTCache={cache}"] + jvm_args,
         capture_output=True,
