@@ -13,7 +13,7 @@ WEB_PORT ?= 8765
 UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop hdfs hdfs-stop s3 s3-stop spark-cluster spark-cluster-stop test lint fmt demo demo-cdc demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop hdfs hdfs-stop s3 s3-stop spark-cluster spark-cluster-stop test test-fast lint fmt demo demo-cdc demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ spark-cluster-stop: setup ## stop the master and workers `make spark-cluster` st
 
 test: setup ## run the test suite (starts its own redis-server on a free port)
 	$(PY) -m pytest -q tests
+
+test-fast: setup ## the suite without the slow and end-to-end tests: feedback in a few minutes
+	$(PY) -m pytest -q -m "not slow and not e2e" tests
 
 lint: setup ## ruff lint and format check
 	$(VENV)/bin/ruff check .
