@@ -20,11 +20,13 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
 - kafka: the bench's own Kafka broker, `bench.kafka`: records/s per core of `mview run kafka --once` copying ~300k
   messages beside the producer's messages/s, and freshness through Kafka (produce -> every follower's timeline,
   `kafka` and `timeline` deployed) beside the Delta path's.
+- nexmark: `bench.nexmark`: Nexmark q3, q8, q13 and q20 (`timeline_demo/pipelines/nexmark.yml`), events/s per core
+  of each job's `run --once` over 2.5M seeded Nexmark events (10M over the four queries), beside Flink's figures.
 - fanout: celebrities, `bench.fanout`: a 1M-follower tweet to visible everywhere, fan-out on write vs FANOUT_LIMIT
   (deployed); `read_timeline` reads/s and p50/p99 plain vs hybrid while the jobs write; Redis bytes per entry.
 
-The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks` and `bench.enrichment`; the table and
-the plot in `bench.report`.
+The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks`, `bench.enrichment`, `bench.nexmark` and the
+modules named above; the table and the plot in `bench.report`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ PARTS = (
     "clicks",
     "enrichment",
     "cdc",
+    "nexmark",
     "kafka",
     "fanout",
 )
@@ -82,6 +85,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enrichment-events", type=int, default=1_000_000, help="events of the enrichment bench")
     p.add_argument("--profiles", type=int, default=100_000, help="profiles of the enrichment bench")
     p.add_argument("--events", type=int, default=None, help="events of both (profiles = events / 10)")
+    p.add_argument(
+        "--nexmark-events",
+        type=int,
+        default=2_500_000,
+        help="nexmark: Nexmark events each of q3, q8, q13, q20 runs over (10M over the four)",
+    )
+    p.add_argument(
+        "--nexmark-warmup-events",
+        type=int,
+        default=10_000,
+        help="nexmark: events of the untimed warm-up run of the four jobs (0: none, e.g. for a smoke run)",
+    )
     p.add_argument("--cdc-rows", type=int, default=100_000, help="rows of the cdc bench's bulk UPDATE")
     p.add_argument(
         "--cdc-seconds", type=float, default=60.0, help="cdc: seconds of profile changes (one every 2 s)"
@@ -119,10 +134,11 @@ def _part(res: dict, name: str, fn, *args, **kwargs) -> None:
     say(f"{name}: {json.dumps(res[name])[:400]}")
 
 
-def _other(run, settings, args: tuple) -> dict:
-    """The clicks or enrichment bench (`run`, given `args` and `settings`): its figures and its seconds."""
+def _other(run, settings, args: tuple, **kwargs) -> dict:
+    """The clicks, enrichment or nexmark bench (`run`, given `args`, `settings` and `kwargs`): its figures and its
+    seconds."""
     started = time.monotonic()
-    out = run(*args, settings=settings)
+    out = run(*args, settings=settings, **kwargs)
     return {"available": True, "seconds": round(time.monotonic() - started, 1), **out}
 
 
@@ -228,6 +244,13 @@ def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
         profiles = max(100, int(args.profiles * args.scale))
         settings = scratch_settings(tmp / "lake-enrich", port, 3)
         _part(res, "enrichment", _other, run, settings, (events, profiles))
+    if "nexmark" in want:
+        from bench.nexmark import run as run_nexmark
+
+        events = max(5_000, int(args.nexmark_events * args.scale))
+        settings = scratch_settings(tmp / "lake-nexmark", port, 12)
+        kw = {"warmup_events": args.nexmark_warmup_events}
+        _part(res, "nexmark", _other, run_nexmark, settings, (events,), **kw)
     if "cdc" in want:
         from bench.cdc import run as run_cdc
 

@@ -276,10 +276,10 @@ def _kafka_rows(res: dict) -> list[dict]:
 
 
 def _other_rows(res: dict) -> list[dict]:
-    """The clicks and enrichment benches: their own rows (in this table's columns), else a summary of their
+    """The clicks, enrichment and nexmark benches: their own rows (in this table's columns), else a summary of their
     figures, or one row saying they were not available or failed."""
     rows = []
-    for name in ("clicks", "enrichment"):
+    for name in ("clicks", "enrichment", "nexmark"):
         o = res.get(name)
         if not o:
             continue
