@@ -25,11 +25,11 @@ kept) over `select_view`'s output.
 
 from __future__ import annotations
 
-import logging
 import re
 from contextlib import contextmanager
 
 from pyspark.errors import AnalysisException
+from pyspark.logger import PySparkLogger
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType
@@ -84,8 +84,11 @@ def view_path(view: View, part: str, name: str | int | None = None) -> tuple:
 
 @contextmanager
 def _quiet():
-    """PySpark logs every analysis error it raises, with the JVM's stack trace, on stderr: not those we report."""
-    loggers = [logging.getLogger(n) for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    """PySpark logs every analysis error it raises, with the JVM's stack trace, on stderr: not those we report.
+    The loggers are PySpark's own class (`PySparkLogger.getLogger`): one made first by `logging.getLogger` stays a
+    plain `Logger`, which every later analysis error raised elsewhere in the process (not quiet) calls with
+    PySpark's keyword arguments, a TypeError instead of the AnalysisException (a join's `reads_only` probe)."""
+    loggers = [PySparkLogger.getLogger(n) for n in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
     was = [x.disabled for x in loggers]
     for x in loggers:
         x.disabled = True
