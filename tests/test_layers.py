@@ -152,3 +152,17 @@ def test_imports_are_resolved_to_project_modules(tmp_path, source, expected):
     path = tmp_path / "mod.py"
     path.write_text(source)
     assert [(t, top) for t, _, top in _imports("bench.mod", path)] == [expected]
+
+
+def test_no_module_of_the_service_imports_the_development_launchers():
+    """`jobs.dev` (local servers, the JVM cache's build) is for development: the service's modules never import it
+    (the demo, the benchmarks and the tests may)."""
+    service = ("spec", "changelog", "joins", "views", "jobs.core", "jobs.kinds", "jobs.ops", "jobs.errors")
+    found = sorted(
+        f"{MODULES[m].relative_to(ROOT)}:{line}: {t}"
+        for m, imports in IMPORTS.items()
+        if m.startswith(service)
+        for t, line, _ in imports
+        if t.startswith("jobs.dev")
+    )
+    assert not found, "service modules importing jobs.dev:\n" + "\n".join(found)

@@ -12,8 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from jobs.core.jvm import driver_java
 from jobs.core.settings import Settings
-from jobs.dev.jvmcache import driver_java
 from joins import sparkapi
 
 __all__ = ["get_spark", "kafka_package", "is_local", "loopback_conf", "loopback_env", "LOOPBACK"]

@@ -39,11 +39,13 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from jobs.core.jvm import RECORD as _RECORD
+from jobs.core.jvm import spark_jars_stamp
 from jobs.core.settings import Settings
 from joins.sparkapi import driver_jvm
 from spec.model import Pipeline, Topic
 
-__all__ = ["build", "driver_java", "training_workload", "match_fields", "heavy_entries", "Synth"]
+__all__ = ["build", "training_workload", "match_fields", "heavy_entries", "Synth"]
 
 _DROPPED = "--add-modules=jdk.incubator.vector"
 _WRAPPER = f"""#!/bin/bash
@@ -56,7 +58,6 @@ if [ -n "$MVIEW_JVM_ARGV" ] && [[ " ${{args[*]}} " == *" org.apache.spark.deploy
 fi
 exec "@JAVA@" "${{args[@]}}"
 """
-_RECORD = "MVIEW_JVM_RECORD"  # set by build() for the training run: the AOT configuration file to record
 
 
 def _say(msg: str) -> None:
@@ -88,37 +89,6 @@ def _find_jdk(cache_dir: Path) -> Path | None:
             if major >= 25 and (best is None or major > best[0]):
                 best = (major, java.resolve())
     return best[1] if best else None
-
-
-def _spark_jars_stamp() -> str:
-    import pyspark
-
-    jars = Path(pyspark.__file__).parent / "jars"
-    return f"pyspark {pyspark.__version__}, {sum(p.stat().st_size for p in jars.glob('*.jar'))} bytes of jars"
-
-
-def driver_java(settings: Settings, master: str | None = None) -> tuple[str, str] | None:
-    """(JAVA_HOME, extra driver JVM options) that start the driver with the AOT cache, or None: no cache, a stale
-    one (other jars or JDK than it was built with), JVM_CACHE=off, or a master other than local (`master`, else
-    SPARK_MASTER), whose executors run their own Java."""
-    if settings.jvm_cache is None or not (master or settings.spark_master).startswith("local"):
-        return None
-    d = settings.jvm_cache
-    home = d / "jdk"
-    record = os.environ.get(_RECORD)
-    if record:
-        return str(home), f"-XX:AOTMode=record -XX:AOTConfiguration={record} -Xlog:aot*=error"
-    try:
-        stamp = json.loads((d / "stamp.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not (d / "spark.aot").is_file() or not (home / "bin" / "java").is_file():
-        return None
-    if not Path(stamp.get("java", "")).is_file():
-        return None
-    if stamp.get("jars") != _spark_jars_stamp():
-        return None
-    return str(home), f"-XX:AOTCache={d / 'spark.aot'} -Xlog:aot*=error"
 
 
 # The training's workload: JOIN_RECORDS records per topic a join job reads (the `join` kind's paths are most of a
@@ -422,7 +392,7 @@ def build(settings: Settings) -> Path | None:
         _say(f"creating the cache failed (exit {out.returncode}): {(out.stdout + out.stderr)[-600:]}")
         shutil.rmtree(d, ignore_errors=True)
         return None
-    (d / "stamp.json").write_text(json.dumps({"java": str(java), "jars": _spark_jars_stamp()}))
+    (d / "stamp.json").write_text(json.dumps({"java": str(java), "jars": spark_jars_stamp()}))
     _say(f"{cache} ({cache.stat().st_size / 2**20:.0f} MiB) in {time.monotonic() - started:.0f}s")
     return cache
 

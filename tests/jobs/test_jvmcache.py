@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 
 from changelog.records import validate
+from jobs.core.jvm import driver_java, spark_jars_stamp
 from jobs.core.settings import Settings
 from jobs.dev.jvmcache import (
     HOT,
     LIMIT,
     Synth,
-    _spark_jars_stamp,
     _write_wrapper,
-    driver_java,
     heavy_entries,
     match_fields,
     training_workload,
@@ -58,7 +57,7 @@ def test_a_cache_is_used_only_when_present_and_built_for_these_jars(tmp_path):
     s = _settings(tmp_path)
     assert driver_java(s) is None  # nothing built
     (tmp_path / "spark.aot").write_bytes(b"x")
-    stamp = {"java": sys.executable, "jars": _spark_jars_stamp()}
+    stamp = {"java": sys.executable, "jars": spark_jars_stamp()}
     (tmp_path / "stamp.json").write_text(json.dumps(stamp))
     assert driver_java(s) is None  # no JDK wrapper to start it with
     _write_wrapper(tmp_path / "jdk", Path(sys.executable))
