@@ -19,6 +19,7 @@ from views.redis_io import STOP as _REDIS_STOP
 from views.redis_io import redact
 
 __all__ = [
+    "Restarts",
     "job_dir",
     "checkpoint_dir",
     "state_dir",
@@ -375,3 +376,29 @@ def run_stream(
     if q.exception() is not None:
         raise QueryFailed(name, q.exception())
     return q
+
+
+# a query that ran this long before failing counts as healthy: its restart waits 2 s again
+HEALTHY_S = 300.0
+
+
+class Restarts:
+    """Restarts after a failed query: from the checkpoint, after 2, 4, ... 60 s (reset after a run of HEALTHY_S
+    seconds); each failure recorded in `status` (`restarting`, the error in one line), `running` again after the wait."""
+
+    def __init__(self, settings: Settings, job: str):
+        self.settings, self.job, self.failures, self.total = settings, job, 0, 0
+
+    def after(self, e: Exception, started: float) -> None:
+        if time.monotonic() - started > HEALTHY_S:
+            self.failures = 0
+        self.failures += 1
+        self.total += 1
+        delay = min(60, 2**self.failures)
+        log(
+            f"{self.job}: query failed, restarting from its checkpoint in {delay}s (failure {self.failures}): {e}"
+        )
+        record_error(self.settings, self.job, e, restarts=self.total, state="restarting")
+        STOP.wait(delay)
+        if not STOP.is_set():
+            write_status(self.settings, self.job, state="running")

@@ -24,11 +24,10 @@ from changelog.errors import KafkaUnavailable
 from changelog.kafka import broker_watch, copy_batch, ensure_kafka_topics, kafka_topic, lag
 from changelog.topics import ensure_topic
 from jobs.core import runtime
-from jobs.core.runtime import checkpoint_dir, log, read_status, write_status
+from jobs.core.runtime import Restarts, checkpoint_dir, log, read_status, write_status
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import SourceNotConfigured
-from jobs.ops.service import _Restarts
 
 __all__ = ["run_kafka", "kafka_lag", "preflight", "MAX_MESSAGES_PER_BATCH"]
 
@@ -141,7 +140,7 @@ def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) 
             t: {k: totals.get(f"{t}.{k}", 0) for k in ("accepted", "rejected")}
             for t in settings.pipeline().topics
         }
-    restarts = _Restarts(settings, "kafka")  # a failed query (the broker went away) restarts after a backoff
+    restarts = Restarts(settings, "kafka")  # a failed query (the broker went away) restarts after a backoff
     while not runtime.STOP.is_set():
         started = time.monotonic()
         try:

@@ -54,7 +54,15 @@ from redis.exceptions import RedisClusterException
 from jobs.core import runtime
 from jobs.core.generations import serving_copy_lost
 from jobs.core.registry import job_spec
-from jobs.core.runtime import clear_error, error_line, job_dir, log, read_status, record_error, write_status
+from jobs.core.runtime import (
+    Restarts,
+    clear_error,
+    error_line,
+    job_dir,
+    log,
+    read_status,
+    write_status,
+)
 from jobs.core.settings import Settings
 from views.errors import RedisMisconfigured, RedisUnavailable, ViewError
 from views.keys import gen_key
@@ -63,7 +71,6 @@ from views.redis_io import connect, ensure_generation, probe, quick_client, reda
 __all__ = ["serve"]
 
 # A query that ran this long before failing was healthy: its failure starts the backoff again at 2 s.
-_HEALTHY_S = 300.0
 
 
 # Whatever a Redis client may raise: a guard takes each as "Redis cannot tell now" and asks again.
@@ -298,27 +305,6 @@ def _stop_on_signals(job: str) -> None:
     signal.signal(signal.SIGINT, _stop)
 
 
-class _Restarts:
-    """Restarts after a failed query: from the checkpoint, after 2, 4, ... 60 s (reset after a healthy run)."""
-
-    def __init__(self, settings: Settings, job: str):
-        self.settings, self.job, self.failures, self.total = settings, job, 0, 0
-
-    def after(self, e: Exception, started: float) -> None:
-        if time.monotonic() - started > _HEALTHY_S:
-            self.failures = 0
-        self.failures += 1
-        self.total += 1
-        delay = min(60, 2**self.failures)
-        log(
-            f"{self.job}: query failed, restarting from its checkpoint in {delay}s (failure {self.failures}): {e}"
-        )
-        record_error(self.settings, self.job, e, restarts=self.total, state="restarting")
-        runtime.STOP.wait(delay)
-        if not runtime.STOP.is_set():
-            write_status(self.settings, self.job, state="running")
-
-
 def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watch: _RedisWatch) -> None:
     """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
     pointer moved, Redis lost the serving copy) follow the pointer or rebuild (also when the job's definition
@@ -327,7 +313,7 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
 
     spec = job_spec(settings, job)
     client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False)
-    restarts = _Restarts(settings, job)
+    restarts = Restarts(settings, job)
     gen = None
     while not runtime.STOP.is_set():
         started = time.monotonic()
