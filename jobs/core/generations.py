@@ -20,9 +20,10 @@ import re
 import shutil
 
 from jobs.core.registry import JobSpec
-from jobs.core.runtime import checkpoint_dir, read_status, state_dir
+from jobs.core.runtime import checkpoint_dir, job_dir, read_status, state_dir
 from jobs.core.settings import Settings
 from views.keys import gen_key, meta_key, view_pattern
+from views.log import log_path
 
 __all__ = [
     "key_kinds",
@@ -75,8 +76,8 @@ def replay_in_progress(settings: Settings, job: str) -> int | None:
 
 def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, *, files: bool = True) -> int:
     """Remove generation `generation` of `spec`: its Redis keys (SCAN + UNLINK, in batches of 1,000) and, with
-    `files`, its checkpoint and state dirs. Returns the number of Redis keys removed. Never call it on the
-    serving generation."""
+    `files`, its checkpoint and state dirs, the output logs of its `log` views and the late records it set aside.
+    Returns the number of Redis keys removed. Never call it on the serving generation."""
     removed = 0
     patterns = [view_pattern(kind, generation) for kind in key_kinds(spec)]
     for pattern in patterns:
@@ -93,6 +94,8 @@ def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, 
         for d in (
             checkpoint_dir(settings, spec.name, generation),
             state_dir(settings, spec.name, generation),
+            job_dir(settings, spec.name) / "late" / f"g{generation}",
+            *(log_path(settings.lake_dir, view, generation) for view in spec.views),
         ):
             shutil.rmtree(d, ignore_errors=True)
     return removed
