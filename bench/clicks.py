@@ -39,6 +39,13 @@ __all__ = ["run", "NEXMARK_Q8_PER_CORE"]
 NEXMARK_Q8_PER_CORE = 146_000  # Flink, Nexmark q8 (windowed join), events/s per core, published figure
 
 
+def run_clicks(spark, settings, **kwargs) -> dict:
+    """The built-in pipeline's `clicks` job, as `mview run clicks` runs it (its kind's runner)."""
+    from jobs.core.registry import job_spec
+
+    return job_spec(settings, "clicks").run(spark, settings, **kwargs)
+
+
 def _cpu_seconds(spark) -> float:
     """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
     from jobs.core.runtime import process_cpu
@@ -122,7 +129,6 @@ def _wait_clicked(client, generation: int, sid: str, started: float, timeout_s: 
 
 def _latency_continuous(spark, settings, generation: int, samples: int, timeout_s: float, far: int) -> list:
     """Append -> `clicked: true` in Redis with the job running as a continuous query; None = not seen in time."""
-    from jobs.clicks import run_clicks
 
     from views.redis_io import connect
 
@@ -164,7 +170,6 @@ def _latency_continuous(spark, settings, generation: int, samples: int, timeout_
 
 def _latency_once(spark, settings, generation: int, samples: int, far: int) -> list[float]:
     """Append -> `clicked: true` in Redis through `run_clicks(once=True)` started right after the append."""
-    from jobs.clicks import run_clicks
 
     from views.redis_io import connect
 
@@ -256,7 +261,6 @@ def run(
     verify: bool = True,
 ) -> dict:
     """Measure the clicks job on about `events` events (see the module docstring). Returns the figures."""
-    from jobs.clicks import run_clicks
 
     from jobs.core.runtime import read_status
     from jobs.core.spark import get_spark

@@ -32,6 +32,13 @@ T0 = 1_767_225_600_000
 SPAN_MS = 24 * 3_600_000
 
 
+def run_enrichment(spark, settings, **kwargs) -> dict:
+    """The built-in pipeline's `enrichment` job, as `mview run enrichment` runs it (its kind's runner)."""
+    from jobs.core.registry import job_spec
+
+    return job_spec(settings, "enrichment").run(spark, settings, **kwargs)
+
+
 def _write_topics(spark, lake: Path, events: int, profiles: int) -> None:
     from pyspark.sql import functions as F
 
@@ -128,7 +135,6 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
     `continuous`: the job deployed as a continuous query (TRIGGER_INTERVAL), measured `samples` times;
     `once`: a `run --once` started right after the append (query start-up included), for comparison and in
     case the continuous query does not pick the commit up within `timeout`."""
-    from jobs.enrichment import run_enrichment
 
     from views.log import log_path
 
@@ -218,7 +224,6 @@ def _rows(events: int, profiles: int, per_core: float, batch_s: float, cpu_s, la
 
 def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings) -> dict:
     """Measure the enrichment job; returns a dict of figures (see the module docstring)."""
-    from jobs.enrichment import run_enrichment
 
     from jobs.core.spark import get_spark
     from views.redis_io import connect
