@@ -3,7 +3,7 @@ problem found, one line each (`<file>:<line>: <key>: <what is wrong>`). No Spark
 by pydantic, then the references between its parts (topics, fields, join kinds, view kinds) here; an expression
 that is a plain field name is checked against what the view sees. Expressions are Spark SQL: any other problem in
 one (a typo in a function, a type that does not fit) is found when the job starts, by Spark, and reported in one
-line naming the file, line and expression (`jobs.core.exprs`).
+line naming the file, line and expression (`views.frame.check_job`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The code keeps the design's shape: the jobs are wiring and no function is too long to read.
 
 Show it with `.venv/bin/python -m pytest -q tests/test_shape.py`.
-- A job module (`jobs/<name>.py` of each job in `jobs.core.registry.JOBS`) is under 150 lines.
+- A job kind's runner (`jobs/kinds/<kind>.py`) is under 300 lines.
 - No function in `joins/`, `views/` or `jobs/` is over 60 lines, unless the comment line right above its `def`
   (or its decorators) starts with `# long:` and says why.
 Read with `ast`, not imported.

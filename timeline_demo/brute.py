@@ -9,7 +9,7 @@ key's `query(view, key)`. A batch is what one micro-batch of every job sees: rec
 Only the interval join's late events and the asof join's held events depend on the batches; everything else is a
 function of the set of records.
 
-The definitions, taken from the contract's wording (and `docs/pipelines-design.md` where the contract is silent):
+The definitions, taken from the contract's wording (and docs/architecture.md, "Pipelines as data (issue #34)", where the contract is silent):
 - Records: a record is valid when it is a JSON object (a line at most `MAX_RECORD_BYTES` bytes) whose fields
   have their declared types (`id`: a non-empty string, not only whitespace, without a control character U+0000-001F
   or U+007F; `string`; `long`: an integer in int64, not a boolean; `double`: a finite number, not a boolean;

@@ -16,7 +16,7 @@ the join's delta for any other shape) and turns one micro-batch's changes into o
   `mode="replace"`: the entries are the key's whole new list (a refill after a removal);
 - `kind="entry"`, `id=<entry>`: `body` is the entry's JSON to store, or null to delete it;
 - `kind="heavy"`, `id=<match value>`: as a list, on the heavy value's entries; `mode="retire"`: let it expire;
-- `kind="reads"`, `id=<key>`: `entries` are heavy values to add to the key's `follows` set, `removes` to remove.
+- `kind="reads"`, `id=<key>`: `entries` are heavy values to add to the key's `.reads` set, `removes` to remove.
 `removes` and `entries` are arrays of wire-protocol text made by `member(entry)` and `entry(order, entry)` in the
 JVM; an added entry is made once per entry, before it is fanned out (the join evaluates `ENTRY_CARRY` per entry).
 The sink builds each operation's Redis commands around them in Spark SQL, and the executors' Python only forwards the
@@ -26,14 +26,14 @@ With a fan-out limit the operations come in three write phases, each applied aft
 reader between phases never misses or doubles an entry of a value that crossed the limit (a reader drops
 duplicates by entry id):
 1. new entry bodies; heavy entries added to or replaced (a value that became heavy first of all); heavy values added
-   to keys' `follows` sets;
+   to keys' `.reads` sets;
 2. the lists (a value that became heavy leaves them here, one that stopped being heavy enters them);
-3. bodies of entries that stopped being live; heavy values removed from `follows` sets; the heavy entries of values
-   that stopped being heavy expire `RETIRE_SECONDS` later (a reader that read a `follows` set just before may still
+3. bodies of entries that stopped being live; heavy values removed from `.reads` sets; the heavy entries of values
+   that stopped being heavy expire `RETIRE_SECONDS` later (a reader that read a `.reads` set just before may still
    read them).
 In a batch of entries only, phase 1's bodies and heavy adds (`ListView.posts_ops`) are applied before the batch's
 changes are counted, and phase 1 keeps the rest. Every key is written whole in its MULTI/EXEC, so a reader sees it
-before or after the batch; a read of a key's list and `follows` set is one atomic script call (one hash slot).
+before or after the batch; a read of a key's list and `.reads` set is one atomic script call (one hash slot).
 
 Every operation is idempotent on its key (ZADD of the same members, trim to the same cap, replace with the same
 content, SET/DEL of the same body), so a micro-batch that Spark replays after a crash, fully or partly applied
@@ -87,7 +87,7 @@ LIST_OPS_SCHEMA = (
 )
 
 # The heavy entries of a value that stopped being heavy expire this long after, rather than at once: a reader that
-# read the key's `follows` set just before can still read them.
+# read the key's `.reads` set just before can still read them.
 RETIRE_SECONDS = 60
 _PIPELINE_BYTES = 1 << 20  # send about this many bytes of commands per round trip
 _MULTI, _EXEC = lit("*1\r\n$5\r\nMULTI\r\n"), lit("*1\r\n$4\r\nEXEC\r\n")
@@ -229,7 +229,7 @@ class ListView:
             yield _union(lists + born + dead), None if lists else n["born"] + n["died"]
             return
         first, last = _heavy_phases(got, posted)
-        if born + first:  # bodies and heavy entries: one per entry or value; `follows` sets: one per key
+        if born + first:  # bodies and heavy entries: one per entry or value; `.reads` sets: one per key
             yield _union(born + first), 2 * n["born"] + n["up"] + n["died"] + n["heavy_gained"]
         lists = _list_parts(got, removing, adding)
         if lists:
@@ -458,7 +458,7 @@ def read_list(client, view: View, job: str | None, key: str, limit: int | None =
 
     The stored list holds the entries fanned out on write; the entries of the heavy values the key reads (a fan-out
     limit) are merged in here, in order, duplicates once. Round trips: the generation pointer; the key's list and
-    `follows` set, read atomically (one hash slot); when it reads heavy values, their entries, pipelined (one round
+    `.reads` set, read atomically (one hash slot); when it reads heavy values, their entries, pipelined (one round
     trip per node); the entries' bodies. An entry whose body is gone by then (deleted meanwhile) is returned with
     null fields (but the entry's own id)."""
     job = job or view.job
@@ -486,7 +486,7 @@ def query_list(client, view: View, key: str, limit: int | None = None) -> dict:
 
 def export_list(client, view: View, job: str | None = None) -> Iterator[dict]:
     """Every non-empty list as `{"<key name>": key, "<entries>": [entry ids in order]}`, ordered by key: the keys
-    with a stored list or a `follows` set, each read and merged as `read_list` does (500 keys per round trip, each
+    with a stored list or a `.reads` set, each read and merged as `read_list` does (500 keys per round trip, each
     heavy value's entries read once)."""
     job = job or view.job
     generation = current_generation(client, job)

@@ -9,7 +9,7 @@ path every executor sees (a shared file system, or the same machine).
 
 With a local master (`local[*]`) the driver listens on 127.0.0.1 only, as in `jobs.core.spark.get_spark`: the command
 adds `jobs.core.spark.loopback_conf` as `--conf`s and `main` starts it with `jobs.core.spark.loopback_env` (Spark's web UI).
-With a cluster master nothing is added: what to set there is in the README ("Spark on a cluster").
+With a cluster master nothing is added: what to set there is in the README ("What listens on the network").
 """
 
 from __future__ import annotations
