@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -11,35 +10,9 @@ from pathlib import Path
 
 from spec import Pipeline
 from spec.builtin import BUILTIN_FILE, pipeline_at
+from spec.durations import parse_duration_ms
 
 __all__ = ["Settings", "parse_duration_ms"]
-
-
-_UNITS_MS = {
-    "ms": 1,
-    "millisecond": 1,
-    "s": 1000,
-    "sec": 1000,
-    "second": 1000,
-    "m": 60_000,
-    "min": 60_000,
-    "minute": 60_000,
-    "h": 3_600_000,
-    "hour": 3_600_000,
-    "d": 86_400_000,
-    "day": 86_400_000,
-}
-
-
-def parse_duration_ms(text: str) -> int:
-    """`"10 minutes"`, `"90s"`, `"1 hour"`, `"500 ms"` -> milliseconds. Raises ValueError naming the text."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if unit not in _UNITS_MS and unit.endswith("s"):
-        unit = unit[:-1]  # plural: "minutes", "secs" (but "ms" is milliseconds, not "m" = minutes)
-    if not m or unit not in _UNITS_MS:
-        raise ValueError(f"cannot parse duration {text!r}: use e.g. '10 minutes', '30 seconds', '500 ms'")
-    return int(float(m.group(1)) * _UNITS_MS[unit])
 
 
 _DURATIONS = (
