@@ -34,6 +34,8 @@ import statistics
 import threading
 import time
 
+from bench.common import cpu_seconds
+
 __all__ = ["run", "NEXMARK_Q8_PER_CORE"]
 
 NEXMARK_Q8_PER_CORE = 146_000  # Flink, Nexmark q8 (windowed join), events/s per core, published figure
@@ -44,21 +46,6 @@ def run_clicks(spark, settings, **kwargs) -> dict:
     from jobs.core.registry import job_spec
 
     return job_spec(settings, "clicks").run(spark, settings, **kwargs)
-
-
-def _cpu_seconds(spark) -> float:
-    """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
-    from jobs.core.runtime import process_cpu
-    from joins.sparkapi import driver_jvm
-
-    total = sum(os.times()[:2])
-    proc = driver_jvm(spark)
-    if proc is None:
-        return total
-    try:
-        return total + sum(process_cpu(proc.pid, waited=True))
-    except OSError:
-        return total
 
 
 def _cleanup(client, generation: int) -> None:
@@ -280,9 +267,9 @@ def run(
     wl = write_clicks_topics(spark, lake, events=events, chunks=chunks)
     write_s = time.monotonic() - t0
     try:
-        cpu0, t1 = _cpu_seconds(spark), time.monotonic()
+        cpu0, t1 = cpu_seconds(spark), time.monotonic()
         totals = run_clicks(spark, settings, once=True, generation=generation, max_files_per_trigger=1)
-        run_s, cpu_s = time.monotonic() - t1, _cpu_seconds(spark) - cpu0
+        run_s, cpu_s = time.monotonic() - t1, cpu_seconds(spark) - cpu0
         status = read_status(settings, "clicks")
         n, batch_s = totals["events"], totals["seconds"]
         verified = _verify(spark, settings, client, generation) if verify else None

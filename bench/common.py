@@ -8,7 +8,16 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["ROOT", "say", "start_redis", "scratch_settings", "ingest_records", "cpu_ticks", "stolen_pct"]
+__all__ = [
+    "ROOT",
+    "say",
+    "start_redis",
+    "scratch_settings",
+    "ingest_records",
+    "cpu_ticks",
+    "stolen_pct",
+    "cpu_seconds",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,3 +71,18 @@ def stolen_pct(since: tuple[int, int]) -> float | None:
     """The share of CPU time the hypervisor gave to other machines since `since` (`cpu_ticks()`), in %."""
     stolen, total = cpu_ticks()
     return round(100 * (stolen - since[0]) / (total - since[1]), 1) if total > since[1] else None
+
+
+def cpu_seconds(spark) -> float:
+    """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children (Python workers)."""
+    from jobs.core.runtime import process_cpu
+    from joins.sparkapi import driver_jvm
+
+    total = sum(os.times()[:2])
+    proc = driver_jvm(spark)
+    if proc is None:
+        return total
+    try:
+        return total + sum(process_cpu(proc.pid, waited=True))
+    except OSError:
+        return total

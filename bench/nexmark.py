@@ -44,6 +44,8 @@ import shutil
 import time
 from pathlib import Path
 
+from bench.common import cpu_seconds
+
 __all__ = ["run", "FLINK_PER_CORE", "QUERIES", "rows"]
 
 QUERIES = ("q3", "q8", "q13", "q20")
@@ -57,21 +59,6 @@ WHAT = {
 }
 SEED = 42
 _CAVEAT = "other hardware; Flink per core on 8-core workers, ours 2 cores incl. Redis writes"
-
-
-def _cpu_seconds(spark) -> float:
-    """CPU seconds (user + sys) used so far by this process, the Spark JVM and its children."""
-    from jobs.core.runtime import process_cpu
-    from joins.sparkapi import driver_jvm
-
-    total = sum(os.times()[:2])
-    proc = driver_jvm(spark)
-    if proc is None:
-        return total
-    try:
-        return total + sum(process_cpu(proc.pid, waited=True))
-    except OSError:
-        return total
 
 
 def _redis_cpu(client) -> float:
@@ -121,10 +108,10 @@ def _one(spark, settings, client, q: str, events: int, cores: int) -> dict:
     from jobs.core.registry import job_spec
 
     spec = job_spec(settings, q)
-    cpu0, redis0, t0 = _cpu_seconds(spark), _redis_cpu(client), time.monotonic()
+    cpu0, redis0, t0 = cpu_seconds(spark), _redis_cpu(client), time.monotonic()
     totals = spec.run(spark, settings, once=True)
     run_s = time.monotonic() - t0
-    cpu_s, redis_s = _cpu_seconds(spark) - cpu0, _redis_cpu(client) - redis0
+    cpu_s, redis_s = cpu_seconds(spark) - cpu0, _redis_cpu(client) - redis0
     batch_s, records = float(totals["seconds"]), _records(totals)
     per_core = events / batch_s / cores if batch_s else 0.0
     return {
