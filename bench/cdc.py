@@ -195,10 +195,11 @@ def _latency(settings, work: Path, seconds: float, interval: float, background: 
 
     started = time.monotonic()
     ensure_topic(None, settings.lake_dir, "activity")
-    _deployed(settings)
-    say(f"cdc: cdc and enrichment deployed and caught up in {time.monotonic() - started:.0f}s")
     client, rng, samples = connect(settings.redis_url), random.Random(19), []
-    try:  # the first sample warms the deployed query's code paths up: reported alone
+    try:  # (a failure while they start stops them too)
+        _deployed(settings)
+        say(f"cdc: cdc and enrichment deployed and caught up in {time.monotonic() - started:.0f}s")
+        # the first sample warms the deployed query's code paths up: reported alone
         first = _sample(settings, client, work, 0, background, rng)["latency_s"]
         t_end = time.monotonic() + seconds
         i = 1
