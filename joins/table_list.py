@@ -157,8 +157,33 @@ class ListPosts:
     heavy_adds: DataFrame  # _m, entries: add to the heavy value's entries, keep the first cap
 
 
+class _Planned:
+    """A batch's list changes whose plans are made on first use: `_plans` maps a name to its plan or to the function
+    that makes it. `adds` (_k, entries: add, then keep the first cap), `removes` (_k, _e: entries to remove, before
+    the adds) and `replaces` (_k, entries: the list's whole new content) are the plan `lists`."""
+
+    _plans: dict
+
+    def _plan(self, name: str):
+        if callable(self._plans[name]):
+            self._plans[name] = self._plans[name]()
+        return self._plans[name]
+
+    @property
+    def adds(self) -> DataFrame:
+        return self._plan("lists")[0]
+
+    @property
+    def removes(self) -> DataFrame:
+        return self._plan("lists")[1]
+
+    @property
+    def replaces(self) -> DataFrame:
+        return self._plan("lists")[2]
+
+
 @dataclass
-class ListChanges:
+class ListChanges(_Planned):
     """One batch's changes of a `ListShape` list. The lists' side (`adds`, `removes`, `replaces`) and
     `entries_dead` are planned on first use."""
 
@@ -173,26 +198,6 @@ class ListChanges:
     heavy_after: DataFrame | None = None  # _m: the heavy values after the batch (the state's)
     cached: list = field(default_factory=list)
     _plans: dict = field(default_factory=dict)
-
-    def _plan(self, name: str):
-        if callable(self._plans[name]):
-            self._plans[name] = self._plans[name]()
-        return self._plans[name]
-
-    @property
-    def adds(self) -> DataFrame:
-        """_k, entries (the first cap): add, then keep the first cap."""
-        return self._plan("lists")[0]
-
-    @property
-    def removes(self) -> DataFrame:
-        """_k, _e: entries to remove (before the adds)."""
-        return self._plan("lists")[1]
-
-    @property
-    def replaces(self) -> DataFrame:
-        """_k, entries (the first cap): the list's whole new content."""
-        return self._plan("lists")[2]
 
     @property
     def entries_dead(self) -> DataFrame:
@@ -642,30 +647,13 @@ def generic_spec(
 
 
 @dataclass
-class GenericChanges:
+class GenericChanges(_Planned):
     """One batch's changes of a `GenericList` list, planned on first use: `adds`, `removes`, `replaces` as
     `ListChanges`'s, and `bodies` (_e, _b: the entry's body to store, or null to delete it; None without bodies)."""
 
     spec: GenericList
     _plans: dict = field(default_factory=dict)
     cached: list = field(default_factory=list)
-
-    def _plan(self, name: str):
-        if callable(self._plans[name]):
-            self._plans[name] = self._plans[name]()
-        return self._plans[name]
-
-    @property
-    def adds(self) -> DataFrame:
-        return self._plan("lists")[0]
-
-    @property
-    def removes(self) -> DataFrame:
-        return self._plan("lists")[1]
-
-    @property
-    def replaces(self) -> DataFrame:
-        return self._plan("lists")[2]
 
     @property
     def bodies(self) -> DataFrame | None:
