@@ -63,7 +63,8 @@ def _words(name: str) -> set[str]:
     return out
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of `tree` (module, class and function docstrings), which the walks skip."""
     ids = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -76,7 +77,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def findings(path: Path) -> list[str]:
     """`<file>:<line>: <word>` for every identifier or string literal of `path` naming the built-in domain."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    docs = _docstrings(tree)
+    docs = docstrings(tree)
     found = []
     for node in ast.walk(tree):
         names: list[str] = []

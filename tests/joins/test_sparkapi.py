@@ -28,6 +28,7 @@ from joins.sparkapi import (
     supported,
     with_size_estimate,
 )
+from tests.test_domain import docstrings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,21 +206,11 @@ PRIVATE_NAMES = {"_parse_datatype_string", "_to_java_column", "_create_column_fr
 JVM_NAMES = {"LogicalRDD", "CodegenMetrics", "QueryExecution", "queryExecution", "ofRows"}
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    ids = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                ids.add(id(body[0].value))
-    return ids
-
-
 def _private_uses(path: Path) -> list[str]:
     """`<file>:<line>: <name>` for every use of a private PySpark attribute or function, or of a JVM class or method
     reached through Py4J, in `path` (docstrings aside)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    docs, found = _docstrings(tree), []
+    docs, found = docstrings(tree), []
     for node in ast.walk(tree):
         what = None
         if isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES | JVM_NAMES:
