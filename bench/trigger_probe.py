@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         env.setdefault("SPARK_MASTER", "local[2]")
         settings = Settings.from_env(env)
         spark = get_spark(settings, "trigger-probe")
-        table = topic_path(settings.lake_dir, "tweets")
+        table = Path(topic_path(settings.lake_dir, "tweets"))  # a local lake
         client = connect(url)
         ensure_topic(spark, settings.lake_dir, "tweets")
         latencies: list[float] = []

@@ -18,19 +18,22 @@ this module, or past a break in the chain) gets them again after a Spark commit 
 append pays at most that many file checks to find out. Readers then read the protocol and metadata with a job,
 as before.
 
-Writers may race: every writer of the same version derives the same checksum, and a checksum file is created
-only if absent (link of a complete temporary file), so a reader never sees half of one. A checksum is written
-just after its commit, so a reader that lists the log in between builds that snapshot the slow way.
+Writers may race: every writer of the same version derives the same checksum, and a checksum is created only if
+absent (`Lake.create`: a complete object, or none), so a reader never sees half of one. A checksum is written just
+after its commit, so a reader that lists the log in between builds that snapshot the slow way.
+
+The log is read and the checksums are written through the lake's store (`changelog.storage`), so this holds on a
+local, HDFS or S3 lake alike.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
-from pathlib import Path
 
-__all__ = ["write_checksums", "checksum_path"]
+from changelog.storage import Lake, StorageError, as_lake
+
+__all__ = ["write_checksums"]
 
 _MAX_WALK = 64  # versions walked back for a checksum to start from, or from version 0 (else none is written)
 _KNOWN_OPS = frozenset(
@@ -42,64 +45,64 @@ class _Inexact(Exception):
     """A commit the incremental checksum cannot account for exactly."""
 
 
-def checksum_path(log: Path, version: int) -> Path:
-    return log / f"{version:020d}.crc"
+def _crc(version: int) -> str:
+    return f"{version:020d}.crc"
 
 
-def _commit_path(log: Path, version: int) -> Path:
-    return log / f"{version:020d}.json"
-
-
-def _apply(state: dict | None, commit: Path) -> dict:
-    """The checksum after `commit` (a commit file's path), from `state` (the predecessor's; None before version 0)."""
+def _apply(state: dict | None, commit: bytes) -> dict:
+    """The checksum after `commit` (a commit file's bytes), from `state` (the predecessor's; None before
+    version 0)."""
     s = dict(state) if state else {"tableSizeBytes": 0, "numFiles": 0, "metadata": None, "protocol": None}
-    with open(commit, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if (a := action.get("add")) is not None:
-                if a.get("deletionVector") or not isinstance(a.get("size"), int):
-                    raise _Inexact("add with a deletion vector or without a size")
-                s["tableSizeBytes"] += a["size"]
-                s["numFiles"] += 1
-            elif (r := action.get("remove")) is not None:
-                if (
-                    r.get("deletionVector")
-                    or not r.get("extendedFileMetadata")
-                    or not isinstance(r.get("size"), int)
-                ):
-                    raise _Inexact("remove without its size")
-                s["tableSizeBytes"] -= r["size"]
-                s["numFiles"] -= 1
-            elif (p := action.get("protocol")) is not None:
-                if p.get("minReaderVersion") != 1 or p.get("readerFeatures") or p.get("writerFeatures"):
-                    raise _Inexact("a protocol with table features")
-                s["protocol"] = p
-            elif (m := action.get("metaData")) is not None:
-                s["metadata"] = m
-            elif (ci := action.get("commitInfo")) is not None:
-                if "inCommitTimestamp" in ci or ci.get("operation") not in _KNOWN_OPS:
-                    raise _Inexact(f"operation {ci.get('operation')!r}")
+    for line in commit.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if (a := action.get("add")) is not None:
+            if a.get("deletionVector") or not isinstance(a.get("size"), int):
+                raise _Inexact("add with a deletion vector or without a size")
+            s["tableSizeBytes"] += a["size"]
+            s["numFiles"] += 1
+        elif (r := action.get("remove")) is not None:
+            if (
+                r.get("deletionVector")
+                or not r.get("extendedFileMetadata")
+                or not isinstance(r.get("size"), int)
+            ):
+                raise _Inexact("remove without its size")
+            s["tableSizeBytes"] -= r["size"]
+            s["numFiles"] -= 1
+        elif (p := action.get("protocol")) is not None:
+            if p.get("minReaderVersion") != 1 or p.get("readerFeatures") or p.get("writerFeatures"):
+                raise _Inexact("a protocol with table features")
+            s["protocol"] = p
+        elif (m := action.get("metaData")) is not None:
+            s["metadata"] = m
+        elif (ci := action.get("commitInfo")) is not None:
+            if "inCommitTimestamp" in ci or ci.get("operation") not in _KNOWN_OPS:
+                raise _Inexact(f"operation {ci.get('operation')!r}")
     if s["metadata"] is None or s["protocol"] is None or s["numFiles"] < 0 or s["tableSizeBytes"] < 0:
         raise _Inexact("no protocol or metadata")
     return s
 
 
-def _read(crc: Path) -> dict | None:
-    """The fields this module derives, from a checksum file (its own or Spark's); None if unusable."""
+def _read(lake: Lake, log: str, version: int) -> dict | None:
+    """The fields this module derives, from a checksum (its own or Spark's); None if unusable."""
     try:
-        c = json.loads(crc.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        c = json.loads(lake.read_bytes(log, _crc(version)))
+    except (StorageError, ValueError):
         return None
-    if not isinstance(c.get("tableSizeBytes"), int) or not isinstance(c.get("numFiles"), int):
+    if (
+        not isinstance(c, dict)
+        or not isinstance(c.get("tableSizeBytes"), int)
+        or not isinstance(c.get("numFiles"), int)
+    ):
         return None
     if not c.get("metadata") or not c.get("protocol"):
         return None
     return {k: c[k] for k in ("tableSizeBytes", "numFiles", "metadata", "protocol")}
 
 
-def _write(crc: Path, state: dict) -> None:
+def _write(lake: Lake, log: str, version: int, state: dict) -> None:
     body = {
         "tableSizeBytes": state["tableSizeBytes"],
         "numFiles": state["numFiles"],
@@ -108,36 +111,31 @@ def _write(crc: Path, state: dict) -> None:
         "metadata": state["metadata"],
         "protocol": state["protocol"],
     }
-    tmp = crc.with_name(f".{crc.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(body, separators=(",", ":")) + "\n", encoding="utf-8")
-    try:
-        os.link(tmp, crc)  # create only if absent: a racing writer's is the same
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    data = (json.dumps(body, separators=(",", ":")) + "\n").encode()
+    lake.create(data, log, _crc(version), mode=0o644)  # only if absent: a racing writer's is the same
 
 
-def write_checksums(path: Path | str, version: int) -> int:
-    """Write the checksum of every version up to `version` (a committed version of the Delta table at `path`)
-    that lacks one, walking back to the newest version that has one (or to version 0). Returns how many were
-    written. Writes nothing where the chain cannot be exact (module docstring); never raises for that or for
-    an unreadable or unwritable log: a missing checksum only makes readers slower."""
-    log = Path(path) / "_delta_log"
-    start = version
-    while start >= 0 and not checksum_path(log, start).exists():
-        start -= 1
-        if version - start > _MAX_WALK:
-            return 0
-    state = _read(checksum_path(log, start)) if start >= 0 else None
-    if start >= 0 and state is None:
-        return 0
+def write_checksums(where: Lake | str | os.PathLike, version: int, *, key: str = "") -> int:
+    """Write the checksum of every version up to `version` (a committed version of the Delta table at `key` of the
+    lake `where`; `where` a table's own path or URI when `key` is empty) that lacks one, walking back to the newest
+    version that has one (or to version 0). Returns how many were written. Writes nothing where the chain cannot
+    be exact (module docstring); never raises for that or for an unreadable or unwritable log: a missing checksum
+    only makes readers slower."""
+    lake, log = as_lake(where), f"{key}/_delta_log" if key else "_delta_log"
     written = 0
     try:
+        start = version
+        while start >= 0 and not lake.exists(log, _crc(start)):
+            start -= 1
+            if version - start > _MAX_WALK:
+                return 0
+        state = _read(lake, log, start) if start >= 0 else None
+        if start >= 0 and state is None:
+            return 0
         for v in range(start + 1, version + 1):
-            state = _apply(state, _commit_path(log, v))
-            _write(checksum_path(log, v), state)
+            state = _apply(state, lake.read_bytes(log, f"{v:020d}.json"))
+            _write(lake, log, v, state)
             written += 1
-    except (_Inexact, OSError, ValueError):
+    except (_Inexact, StorageError, OSError, ValueError):
         pass
     return written

@@ -3,8 +3,8 @@ the topic's declaration (`spec.model.Topic.columns()`: `op` first when the topic
 timestamp or long as bigint, a double as double, a boolean as boolean, an id or string as string).
 
 A record's offset is (Delta commit version, index in the commit). Consumers read a topic as a stream from a
-checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batch`). `latest_version` reads the
-Delta log directory directly, so `mview status` can measure lag without starting Spark.
+checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batch`). `latest_version` lists the
+Delta log itself, so `mview status` can measure lag without starting Spark.
 `ensure_delta_table` creates the lake's other Delta tables (a join's state tables, a view's output log).
 
 A topic is given as its `spec.model.Topic`, or by name: a name is the topic of that name in the pipeline of
@@ -26,25 +26,38 @@ compares the log's columns with the declaration's (`log_change`):
   holds none takes the new columns (an overwrite of its schema).
 `check_topic` makes the same comparison without writing (for `mview produce` and `mview check`).
 
-Creating a topic is safe under concurrency: creators of the same topic take turns on an exclusive lock
-(`LAKE_DIR/topics/.<topic>.lock`, flock), and a creation that fails because another writer created the table
-first counts as done. A schema change is made under that exclusive lock too.
+A topic is addressed through the lake (`changelog.storage.Lake`; a function given a local path or a URI opens it
+with `as_lake`): `topic_path` is the URI Spark reads and writes (a local path, `hdfs://...`, `s3a://...`), delta-rs
+gets `Lake.delta_uri` with `Lake.delta_options`, and the Delta log's own files (its versions, its first commit, the
+checksums) are listed and read as objects of the lake, never through the local file system.
 
 Every commit made here is followed by its version checksum (`changelog.checksums`), as Spark's commits are.
 
-Appending is safe under concurrency too. Every append of records (`append_table`: `mview ingest`, the kafka and
-cdc jobs, all through delta-rs, whose commits are atomic put-if-absent) holds that lock shared, so appends run
-side by side; a Spark writer of a topic (maintenance's compaction and OPTIMIZE) holds it exclusive
-(`topic_lock(path, exclusive=True)`), because Spark's commit on a local disk checks and then renames, which is
-atomic only among the writers of one JVM.
+**Concurrent writers.** Creating a topic is safe under concurrency: a creation that fails because another writer
+created the table first counts as done, and creators and schema changes take the writers' lock exclusive
+(`topic_lock`). Appends of records (`append_table`: `mview ingest`, the kafka and cdc jobs, all through delta-rs)
+hold it shared, so appends run side by side; a Spark writer of a topic (maintenance's compaction and OPTIMIZE)
+holds it exclusive. What that lock is, and what makes concurrent commits safe, depends on the store:
+- **local disk**: delta-rs commits a version by a hard link that fails if the version exists; Spark's local log
+  store checks, then renames, which is atomic only among the writers of one JVM. So the lock is a `flock` of
+  `LAKE_DIR/topics/.<topic>.lock`, a file of this machine (the one place this module touches the local file
+  system, and only on a local lake): shared by delta-rs appenders, exclusive for a Spark writer, so no delta-rs
+  commit lands beside Spark's. All writers of a local lake run on one machine.
+- **HDFS**: Delta's `HDFSLogStore` (Spark) and delta-rs both commit a version by the NameNode's rename without
+  overwrite, which refuses atomically a version that exists: any number of writers on any machines commit
+  safely (a loser retries on the next version). No lock is taken.
+- **S3**: delta-rs commits by conditional PUT (`If-None-Match: *`, `Lake.delta_options`), safe with any number of
+  delta-rs writers: no lock is taken. Spark's default S3 log store is safe for one driver only, and nothing here
+  keeps a delta-rs commit from racing a Spark commit of the same version: a Spark write to a topic on S3
+  (`mview maintain`'s compaction and OPTIMIZE) is safe only while no other process writes that topic (stop the
+  kafka and cdc jobs and the ingest producers of the topic during maintenance).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
+import os
 import re
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,10 +66,12 @@ from arro3.core import Array, DataType, RecordBatch, Table
 
 from changelog.checksums import write_checksums
 from changelog.errors import TopicChanged, UnknownTopic
+from changelog.storage import Lake, NotFound, as_lake
 from spec.model import Topic
 
 __all__ = [
     "declared",
+    "topic_key",
     "topic_path",
     "topic_columns",
     "topic_schema",
@@ -88,6 +103,10 @@ _ARROW = {
 }
 _DELTA = {"long": "bigint", "integer": "bigint", "double": "double", "boolean": "boolean", "string": "string"}
 
+# A lake (or a local path or URI of one: `as_lake`); for the functions on one Delta table, with `key`, the table's
+# key in it (empty: the table is at the lake's root, e.g. a table's own path).
+Where = Lake | str | os.PathLike
+
 
 def declared(topic: Topic | str) -> Topic:
     """`topic` itself, or the topic of that name in the pipeline of `MVIEW_PIPELINE` (the process environment;
@@ -111,9 +130,15 @@ def _name(topic: Topic | str) -> str:
     return name
 
 
-def topic_path(lake_dir: Path, topic: Topic | str) -> Path:
-    """`LAKE_DIR/topics/<name>`: where the topic's log lives (whether or not it exists)."""
-    return Path(lake_dir) / "topics" / _name(topic)
+def topic_key(topic: Topic | str) -> str:
+    """`topics/<name>`: the key of the topic's log in the lake."""
+    return f"topics/{_name(topic)}"
+
+
+def topic_path(lake: Where, topic: Topic | str) -> str:
+    """The URI of the topic's log for Spark (`Lake.uri`: a local path, `hdfs://...`, `s3a://...`), whether or not it
+    exists."""
+    return as_lake(lake).uri(topic_key(topic))
 
 
 def topic_columns(topic: Topic | str) -> list[tuple[str, str]]:
@@ -137,27 +162,44 @@ def topic_arrow_schema(topic: Topic | str):
     return Schema([Field(n, _ARROW[t], True) for n, t in topic_columns(topic)])
 
 
-def _exists(path: Path) -> bool:
-    """Whether the Delta table at `path` has a committed version (a `_delta_log` without one is no table)."""
-    log = path / "_delta_log"
+def _log(key: str) -> str:
+    return f"{key}/_delta_log" if key else "_delta_log"
+
+
+def _exists(lake: Lake, key: str) -> bool:
+    """Whether the Delta table at `key` has a committed version (a `_delta_log` without one is no table)."""
+    log = _log(key)
     return (
-        (log / f"{0:020d}.json").exists() or (log / "_last_checkpoint").exists() or table_version(path) >= 0
+        lake.exists(log, f"{0:020d}.json")
+        or lake.exists(log, "_last_checkpoint")
+        or table_version(lake, key=key) >= 0
     )
 
 
-def _create(path: Path, topic: Topic) -> None:
-    """Create the log at `path` with the topic's columns unless it exists (under the exclusive lock)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with topic_lock(path, exclusive=True):
-        if not _exists(path):
+def _delta_table(lake: Lake, key: str):
+    """The Delta table at `key`, loaded by delta-rs."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(lake.delta_uri(key), storage_options=lake.delta_options() or None)
+
+
+def _create(lake: Lake, key: str, topic: Topic) -> None:
+    """Create the log at `key` with the topic's columns unless it exists (under the exclusive lock)."""
+    with topic_lock(lake, key=key, exclusive=True):
+        if not _exists(lake, key):
             from deltalake import DeltaTable
 
             try:
-                DeltaTable.create(str(path), topic_arrow_schema(topic), mode="ignore")
+                DeltaTable.create(
+                    lake.delta_uri(key),
+                    topic_arrow_schema(topic),
+                    mode="ignore",
+                    storage_options=lake.delta_options() or None,
+                )
             except Exception:
-                if not _exists(path):  # not a writer outside the lock that created it first
+                if not _exists(lake, key):  # not a writer outside the lock that created it first
                     raise
-            write_checksums(path, table_version(path))
+            write_checksums(lake, table_version(lake, key=key), key=key)
 
 
 def _log_columns(table) -> dict[str, str]:
@@ -217,28 +259,28 @@ def _where(topic: Topic) -> str | None:
     return pipeline.where("topics", topic.name, "fields")
 
 
-def open_topic(lake_dir: Path, topic: Topic | str, *, where: str | None = None):
-    """The topic's log, ready for records of its declaration: (path, the log loaded as a `deltalake.DeltaTable`).
+def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
+    """The topic's log, ready for records of its declaration: (its URI for Spark, the log loaded as a
+    `deltalake.DeltaTable`).
 
     Creates it (version 0, empty) if it does not exist; otherwise brings its schema to the declaration (module
     docstring): grows it by new optional fields, takes any new columns when it holds no record, and raises
     `TopicChanged` for any other change of a log that holds records (`where`: the declaration's place for the
     message, default: looked up in the pipeline of the environment). Needs no Spark. Concurrent callers, in this
-    process or others, create or change it once: the rest wait for the first and go on."""
-    from deltalake import DeltaTable
-
-    topic = declared(topic)
-    path = topic_path(lake_dir, topic)
-    if not _exists(path):
-        _create(path, topic)
-    table = DeltaTable(str(path))
+    process or others, create or change it once: the rest wait for the first (or lose the race to commit) and go
+    on."""
+    lake, topic = as_lake(lake), declared(topic)
+    key = topic_key(topic)
+    if not _exists(lake, key):
+        _create(lake, key, topic)
+    table = _delta_table(lake, key)
     if log_change(table, topic) is None:
-        return str(path), table
-    with topic_lock(path, exclusive=True):
+        return lake.uri(key), table
+    with topic_lock(lake, key=key, exclusive=True):
         table.update_incremental()
         change = log_change(table, topic)
         if change is None:
-            return str(path), table
+            return lake.uri(key), table
         kind, what = change
         if kind == "grow":
             from deltalake import Field
@@ -250,76 +292,98 @@ def open_topic(lake_dir: Path, topic: Topic | str, *, where: str | None = None):
 
             schema = topic_arrow_schema(topic)
             write_deltalake(
-                str(path), Table.from_batches([], schema=schema), mode="overwrite", schema_mode="overwrite"
+                lake.delta_uri(key),
+                Table.from_batches([], schema=schema),
+                mode="overwrite",
+                schema_mode="overwrite",
+                storage_options=lake.delta_options() or None,
             )
         else:
-            raise TopicChanged(topic.name, str(path), what, where or _where(topic))
-        write_checksums(path, table_version(path))
-    return str(path), DeltaTable(str(path))
+            raise TopicChanged(topic.name, lake.uri(key), what, where or _where(topic))
+        write_checksums(lake, table_version(lake, key=key), key=key)
+    return lake.uri(key), _delta_table(lake, key)
 
 
-def ensure_topic(spark, lake_dir: Path, topic: Topic | str) -> str:
-    """`open_topic`'s path: the topic's log created if it does not exist, its schema brought to the declaration.
+def ensure_topic(spark, lake: Where, topic: Topic | str) -> str:
+    """`open_topic`'s URI: the topic's log created if it does not exist, its schema brought to the declaration.
     `spark` is not used (None is fine); it stays first so callers holding a session need not change."""
-    return open_topic(lake_dir, topic)[0]
+    return open_topic(lake, topic)[0]
 
 
-def check_topic(lake_dir: Path, topic: Topic | str, *, where: str | None = None) -> tuple[str, list] | None:
+def check_topic(lake: Where, topic: Topic | str, *, where: str | None = None) -> tuple[str, list] | None:
     """What `open_topic` would do to the topic's log, without writing: None (nothing, or no log yet), ("grow",
     columns) or ("replace", changes) for a log without records; raises `TopicChanged` as `open_topic` would."""
-    from deltalake import DeltaTable
-
-    topic = declared(topic)
-    path = topic_path(lake_dir, topic)
-    if not _exists(path):
+    lake, topic = as_lake(lake), declared(topic)
+    key = topic_key(topic)
+    if not _exists(lake, key):
         return None
-    table = DeltaTable(str(path))
+    table = _delta_table(lake, key)
     change = log_change(table, topic)
     if change is None or change[0] == "grow":
         return change
     if not _holds_records(table):
         return "replace", change[1]
-    raise TopicChanged(topic.name, str(path), change[1], where or _where(topic))
+    raise TopicChanged(topic.name, lake.uri(key), change[1], where or _where(topic))
 
 
 @contextmanager
-def topic_lock(path: Path | str, *, exclusive: bool) -> Iterator[None]:
-    """Hold the writers' lock of the topic log at `path` (see the module docstring), shared or exclusive."""
-    path = Path(path)
+def topic_lock(where: Where, *, exclusive: bool, key: str = "") -> Iterator[None]:
+    """Hold the writers' lock of the Delta table at `key` of the lake `where` (a table's own path or URI when `key`
+    is empty), shared or exclusive: on a local lake a `flock` of the file `.<name>.lock` beside the table; on HDFS
+    and S3 nothing (module docstring: what makes concurrent commits safe there)."""
+    lake = as_lake(where)
+    path = lake.local_path(key)
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)  # released when the file is closed
         yield
 
 
 def append_table(
-    path: Path | str,
+    where: Where,
     table,
     *,
     note: str,
     transactions: tuple[tuple[str, int], ...] = (),
     metadata: dict[str, str] | None = None,
     delta_table=None,
+    key: str = "",
 ) -> None:
-    """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `path` in one delta-rs
-    commit with `userMetadata` `note` and the string fields of `metadata` in its `commitInfo`, recording each Delta
-    transaction `(app_id, version)` of `transactions` (the idempotent writes of the kafka and cdc jobs, the
-    positions of `mview ingest`), under the shared writers' lock; then the commit's version checksum
-    (`changelog.checksums`), which spares every streaming reader a Spark job per new version. `delta_table`, a
-    `deltalake.DeltaTable` of `path` already loaded, is written through instead of loading the log again (a
-    commit that finds its version taken is retried on the next one either way). An empty `table` makes a commit
-    too, holding only its transactions and metadata."""
+    """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `key` of the lake `where` (a
+    log's own path or URI when `key` is empty) in one delta-rs commit with `userMetadata` `note` and the string
+    fields of `metadata` in its `commitInfo`, recording each Delta transaction `(app_id, version)` of
+    `transactions` (the idempotent writes of the kafka and cdc jobs, the positions of `mview ingest`), under the
+    shared writers' lock; then the commit's version checksum (`changelog.checksums`), which spares every streaming
+    reader a Spark job per new version. `delta_table`, a `deltalake.DeltaTable` of that log already loaded, is
+    written through instead of loading the log again (a commit that finds its version taken is retried on the next
+    one either way). An empty `table` makes a commit too, holding only its transactions and metadata."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
+    lake = as_lake(where)
     props = CommitProperties(
         custom_metadata={**(metadata or {}), "userMetadata": note},
         app_transactions=[Transaction(app, version) for app, version in transactions] or None,
         max_commit_retries=100,
     )
-    with topic_lock(path, exclusive=False):
-        write_deltalake(
-            str(path) if delta_table is None else delta_table, table, mode="append", commit_properties=props
-        )
-        write_checksums(path, table_version(path))
+    with topic_lock(lake, key=key, exclusive=False):
+        if delta_table is None:
+            write_deltalake(
+                lake.delta_uri(key),
+                table,
+                mode="append",
+                commit_properties=props,
+                storage_options=lake.delta_options() or None,
+            )
+            version = table_version(lake, key=key)
+        else:
+            write_deltalake(delta_table, table, mode="append", commit_properties=props)
+            version = delta_table.version()  # the table's state after its own commit: no listing of the log
+        write_checksums(lake, version, key=key)
 
 
 class RecordTable:
@@ -375,19 +439,19 @@ class RecordTable:
         return Table.from_batches(self._batches, schema=self.schema)
 
 
-def read_stream(spark, lake_dir: Path, topic: Topic | str, *, max_files_per_trigger: int | None = None):
+def read_stream(spark, lake: Where, topic: Topic | str, *, max_files_per_trigger: int | None = None):
     """The topic as a streaming DataFrame, from the start of the log (the checkpoint decides where to resume). The
     log is made ready for the declaration first (`ensure_topic`: a changed declaration is refused here)."""
-    path = ensure_topic(spark, lake_dir, topic)
+    path = ensure_topic(spark, lake, topic)
     reader = spark.readStream.format("delta")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     return reader.load(path)
 
 
-def read_batch(spark, lake_dir: Path, topic: Topic | str, *, version: int | None = None):
+def read_batch(spark, lake: Where, topic: Topic | str, *, version: int | None = None):
     """The topic as a batch DataFrame: every record, or every record committed up to `version`."""
-    path = ensure_topic(spark, lake_dir, topic)
+    path = ensure_topic(spark, lake, topic)
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
@@ -397,41 +461,44 @@ def read_batch(spark, lake_dir: Path, topic: Topic | str, *, version: int | None
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
-def table_version(path: Path | str) -> int:
-    """Latest committed version of the Delta table at `path` (-1 if none), read from its log dir without Spark."""
-    log = Path(path) / "_delta_log"
-    if not log.is_dir():
-        return -1
-    return max((int(m.group(1)) for p in log.iterdir() if (m := _COMMIT.match(p.name))), default=-1)
+def table_version(where: Where, key: str = "") -> int:
+    """Latest committed version of the Delta table at `key` of the lake `where` (a table's own path or URI when
+    `key` is empty), -1 if none: the newest commit its `_delta_log` lists, without Spark."""
+    entries = as_lake(where).list(_log(key))
+    return max((int(m.group(1)) for e in entries if (m := _COMMIT.match(e.name))), default=-1)
 
 
-def latest_version(lake_dir: Path, topic: Topic | str) -> int:
+def latest_version(lake: Where, topic: Topic | str) -> int:
     """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
-    return table_version(topic_path(lake_dir, topic))
+    return table_version(lake, topic_key(topic))
 
 
-def table_id(lake_dir: Path, topic: Topic | str) -> str | None:
+def table_id(lake: Where, topic: Topic | str) -> str | None:
     """The id of the topic's Delta table (its `metaData.id`, fixed at creation; a Delta streaming source's offsets
     name it `reservoirId`), read from the log's first commit without Spark; None when that commit is not there."""
     try:
-        with open(topic_path(lake_dir, topic) / "_delta_log" / f"{0:020d}.json") as f:
-            for line in f:
-                if '"metaData"' in line:
-                    return json.loads(line)["metaData"]["id"]
-    except (OSError, ValueError, KeyError):
+        first = as_lake(lake).read_bytes(_log(topic_key(topic)), f"{0:020d}.json")
+        for line in first.splitlines():
+            if b'"metaData"' in line:
+                return json.loads(line)["metaData"]["id"]
+    except (NotFound, ValueError, KeyError):
         pass
     return None
 
 
-def ensure_delta_table(spark, path: Path, schema: str, *, deletion_vectors: bool = False) -> str:
-    """Create an empty Delta table with `schema` at `path` if none exists; return the path.
+def ensure_delta_table(
+    spark, where: Where, schema: str, *, deletion_vectors: bool = False, key: str = ""
+) -> str:
+    """Create an empty Delta table with `schema` at `key` of the lake `where` (a table's own path or URI when `key`
+    is empty) if none exists; return its URI for Spark.
 
     deletion_vectors: a MERGE then marks replaced rows instead of rewriting whole files (state tables).
     """
-    if not _exists(path):
+    lake = as_lake(where)
+    uri = lake.uri(key)
+    if not _exists(lake, key):
         # A `_delta_log` without a commit (its creator died in between) is no table, but Delta would take it for one.
-        shutil.rmtree(path / "_delta_log", ignore_errors=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        lake.delete_tree(_log(key))
         props = " TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')" if deletion_vectors else ""
-        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({schema}) USING delta{props}")
-    return str(path)
+        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{uri}` ({schema}) USING delta{props}")
+    return uri

@@ -10,8 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from changelog.checksums import checksum_path, write_checksums
+from changelog.checksums import write_checksums
 from changelog.topics import RecordTable, append_table, ensure_topic, table_version
+
+
+def checksum_path(log: Path, version: int) -> Path:
+    return log / f"{version:020d}.crc"
 
 
 def _tweets(n: int, tag: str):
