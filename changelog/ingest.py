@@ -17,25 +17,27 @@ is then bounded whatever the file's size (a piece, plus at most one line of `MAX
 bound is one commit. A piece with only dead letters is committed too (an empty commit that records its position),
 except when it is the whole file: a file with no valid line makes no commit.
 
-**Dead letters** of a piece are appended after its commit, all of them or none (`_append_whole`), so a commit
-that fails leaves no dead letter of its lines behind.
+**Dead letters** of a piece are written after its commit, as one object created once
+(`changelog.deadletters.write_dead_letters`: `deadletter/<topic>/ingest-<run's start>-<run>-<first line>.jsonl`),
+all of them or none, so a commit that fails leaves no dead letter of its lines behind.
 
 **Positions: a retry is exact.** Each commit records in its `commitInfo` (`mview.ingest`, JSON) the file, the
-piece's first and last line and byte range, its dead letters and the dead-letter log's size before them; for a
+piece's first and last line and byte range, how many dead letters it has and the name of their object; for a
 regular file also the SHA-256 of the file's bytes up to the piece's end and a Delta transaction
 (`mview.ingest:<real path>`, that end), atomic with the commit. Ingesting a regular file whose real path has such a
 transaction and whose first bytes up to it still hash to the recorded digest (the same file, or the same file
-grown at its end) goes on after the last line committed: nothing of it is committed twice, and dead letters of
-its last committed piece that the earlier run could not write are written then, once each. A file that differs
-in those bytes is a new file and is ingested whole. Stdin (and any input that is not a regular file) is read once
-and never resumed: a failure says which line to feed again from (`IngestFailed`).
+grown at its end) goes on after the last line committed: nothing of it is committed twice, and the dead letters
+of its last committed piece that the earlier run could not write are written then (their object, if it is not
+there), once each. A file that differs in those bytes is a new file and is ingested whole. Stdin (and any input
+that is not a regular file) is read once and never resumed: a failure says which line to feed again from
+(`IngestFailed`).
 
 A failure to commit or to write dead letters (a full disk) raises `IngestFailed` with exactly what the log holds
 of the file; delta-rs's report of a Rust panic on the way is not shown, since the failure is reported as one
 line.
 
-A rejected line is appended to `LAKE_DIR/deadletter/<topic>.jsonl` as
-`{"file","line","reason","raw","raw_bytes","at"}` and never reaches a view; ingestion goes on with the next line.
+A rejected line becomes a dead letter `{"file","line","reason","raw","raw_bytes","at"}` of the topic (read with
+`changelog.deadletters.read_dead_letters`) and never reaches a view; ingestion goes on with the next line.
 `raw` is the line as text (without its terminator), or for a line over `MAX_RECORD_BYTES` only its first
 `DEADLETTER_RAW_CHARS` characters; `raw_bytes` is the line's whole size in bytes. A line over the maximum is never
 held in memory whole. Blank (whitespace-only) lines are skipped, not rejected. A UTF-8 byte order mark at the
@@ -45,7 +47,6 @@ included.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -57,22 +58,22 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 import orjson
 
 from changelog import records
+from changelog.deadletters import deadletter_key, deadletter_path, write_dead_letters
 from changelog.errors import IngestFailed, InvalidRecord, NotStored, TopicChanged
 from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, line_parser
-from changelog.topics import RecordTable, append_table, declared, open_topic, table_version
+from changelog.storage import Lake, NotFound, StorageError, as_lake
+from changelog.topics import RecordTable, append_table, declared, open_topic, table_version, topic_key
 from spec.model import Topic
 
 __all__ = [
     "IngestResult",
     "ingest",
     "deadletter_path",
-    "append_dead_letters",
     "DEADLETTER_RAW_CHARS",
     "COMMIT_RECORDS",
     "COMMIT_BYTES",
@@ -108,83 +109,16 @@ class IngestResult:
         return out
 
 
-def deadletter_path(lake_dir: Path, topic: Topic | str) -> Path:
-    """`LAKE_DIR/deadletter/<topic>.jsonl`: the topic's rejected records, with their reasons."""
-    return Path(lake_dir) / "deadletter" / f"{topic.name if isinstance(topic, Topic) else topic}.jsonl"
+_LAST_START = [0]  # the newest run start handed out in this process (ns): each run's is later
+_START_LOCK = threading.Lock()
 
 
-def append_dead_letters(path: Path, entries: list[dict], key: Callable[[dict], tuple | None]) -> int:
-    """Append to the dead-letter log `path` those of `entries` it does not hold yet; return how many were appended.
-    A source's batch replayed after a crash (its dead letters written, its records not yet committed) so writes
-    each of its dead letters once.
-
-    `key(entry)` is (group, position) for an entry of the appending source, None for any other (a line of `mview
-    ingest`, another source): a Kafka topic and partition with the offset, or a table with the WAL position. A
-    group's positions grow along the log, so it is read from its end back only until every group of `entries` has
-    shown an entry before their first."""
-    first: dict = {}
-    for e in entries:
-        group, pos = key(e)
-        first[group] = min(first.get(group, pos), pos)
-    seen = _written_since(path, key, first)
-    new = [e for e in entries if key(e) not in seen]
-    if new:
-        _append_whole(path, b"".join(orjson.dumps(e) + b"\n" for e in new))
-    return len(new)
-
-
-def _append_whole(path: Path, data: bytes) -> None:
-    """Append `data` (whole lines) to the dead-letter log `path` (created owner-only: raw input), all of it or none:
-    under the log's exclusive lock (`flock`, which every dead-letter writer takes), a write that fails part way (a
-    full disk) is cut off again before the error is raised. A last line left without its newline by a process
-    killed while writing is ended first, so it never swallows the next entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
-        start = os.fstat(fd).st_size
-        if start and os.pread(fd, 1, start - 1) != b"\n":
-            data = b"\n" + data
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError:
-            os.ftruncate(fd, start)
-            raise
-    finally:
-        os.close(fd)
-
-
-def _written_since(path: Path, key: Callable[[dict], tuple | None], first: dict) -> set[tuple]:
-    """The keys of the entries of `path` at or after their group's position in `first`, read from the end back."""
-    seen: set[tuple] = set()
-    open_groups = set(first)
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return seen
-    with fh:
-        end, rest = fh.seek(0, os.SEEK_END), b""
-        while end > 0 and open_groups:
-            start = max(0, end - (1 << 20))
-            fh.seek(start)
-            lines = (fh.read(end - start) + rest).split(b"\n")
-            rest, lines = (lines[0], lines[1:]) if start > 0 else (b"", lines)
-            for line in reversed(lines):
-                try:
-                    e = orjson.loads(line)
-                    k = key(e) if isinstance(e, dict) else None
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    continue
-                if k is None or k[0] not in first:
-                    continue
-                if k[1] >= first[k[0]]:
-                    seen.add(k)
-                else:
-                    open_groups.discard(k[0])
-            end = start
-    return seen
+def _run_start() -> int:
+    """A run's start in ns since the epoch, later than every earlier run's of this process: the names of the dead
+    letters of files ingested one after the other sort in that order."""
+    with _START_LOCK:
+        _LAST_START[0] = max(time.time_ns(), _LAST_START[0] + 1)
+        return _LAST_START[0]
 
 
 def _terminator(chunk: bytes) -> int:
@@ -248,8 +182,11 @@ def _verdict(parse: Callable[[bytes], dict], raw: bytes, size: int) -> dict | st
 
 
 def _cause(e: BaseException) -> str:
-    """An exception as one short line: the OS's reason for an OSError, else its text."""
-    if isinstance(e, OSError) and e.strerror:
+    """An exception as one short line: the store's reason for a `StorageError`, the OS's for an OSError, else its
+    text."""
+    if isinstance(e, StorageError):
+        text = e.reason
+    elif isinstance(e, OSError) and e.strerror:
         text = e.strerror
     else:
         text = str(e) or type(e).__name__
@@ -304,15 +241,13 @@ def _captured(capture: int) -> Iterator[None]:
             os.write(2, text)
 
 
-def _commit_infos(path: str, since: int = -1) -> Iterator[tuple[int, dict]]:
-    """(version, the `mview.ingest` description of its piece) of the ingest commits of the Delta log at `path`,
+def _commit_infos(lake: Lake, key: str, since: int = -1) -> Iterator[tuple[int, dict]]:
+    """(version, the `mview.ingest` description of its piece) of the ingest commits of the Delta log at `key`,
     newest first, down to the version after `since`; stops at a commit file that is gone (log cleanup)."""
-    log = Path(path) / "_delta_log"
-    for version in range(table_version(path), since, -1):
+    for version in range(table_version(lake, key), since, -1):
         try:
-            with open(log / f"{version:020d}.json", "rb") as f:
-                lines = f.readlines()
-        except FileNotFoundError:
+            lines = lake.read_bytes(key, "_delta_log", f"{version:020d}.json").splitlines()
+        except NotFound:
             return
         for line in lines:
             if line.startswith(b'{"commitInfo"'):
@@ -333,6 +268,7 @@ class _File:
         self.ctx, self.source, self.not_read = ctx, source, not_read
         self.name = "<stdin>" if source == "-" else str(source)
         self.run = uuid.uuid4().hex
+        self.started = _run_start()
         self.committed = 0  # lines of the file committed so far (this run or earlier ones)
         self.commits = 0
         self.accepted = self.rejected = self.already = 0
@@ -350,8 +286,12 @@ class _File:
             dead_letters_missing=dead_letters_missing,
             resumable=self.real is not None,
             not_read=self.not_read,
-            lake_dir=str(self.ctx.lake_dir),
+            lake_dir=self.ctx.lake.uri(),
         )
+
+    def _batch(self, first: int) -> str:
+        """The name of the dead-letter object of this run's piece that starts at line `first`."""
+        return f"ingest-{self.started:019d}-{self.run[:16]}-{first:012d}"
 
     def ingest(self) -> None:
         if self.source == "-":
@@ -404,7 +344,7 @@ class _File:
         if accepted or (dead and (self.commits or self.committed)):
             self._commit(good, accepted, dead, first, lineno, start, offset)
         elif dead:  # the whole file, without a valid line: no commit, its dead letters alone
-            self._write_dead_letters(dead, None)
+            self._write_dead_letters(dead, None, self._batch(first))
             self.rejected += len(dead)
 
     def _digest(self, end: int) -> str:
@@ -430,9 +370,10 @@ class _File:
             "lines": [first, last],
             "bytes": [start, end],
             "dead_letters": len(dead),
-            "dead_letter_offset": _size(ctx.dl_path),
             "run": self.run,
         }
+        if dead:
+            piece["dead_letter_batch"] = self._batch(first)
         transactions: tuple = ()
         if self.real is not None:
             piece.update(path=self.real, sha256=self._digest(end))
@@ -443,8 +384,9 @@ class _File:
                 ctx.refresh()
                 before = ctx.table.version()
                 append_table(
-                    ctx.path,
+                    ctx.lake,
                     table,
+                    key=ctx.key,
                     note=f"ingest {self.name}",
                     transactions=transactions,
                     metadata={_META: json.dumps(piece)},
@@ -456,7 +398,7 @@ class _File:
             raise self.failed(f"committing lines {first:,}-{last:,} failed ({_cause(e)})") from None
         self.committed, self.commits = last, self.commits + 1
         self.accepted += accepted
-        self._write_dead_letters(dead, (first, last))
+        self._write_dead_letters(dead, (first, last), piece.get("dead_letter_batch", ""))
         self.rejected += len(dead)
 
     def _landed(self, before: int, last: int) -> bool:
@@ -466,15 +408,17 @@ class _File:
             return False
         return any(
             p.get("run") == self.run and p["lines"][1] == last
-            for _v, p in _commit_infos(self.ctx.path, before)
+            for _v, p in _commit_infos(self.ctx.lake, self.ctx.key, before)
         )
 
-    def _write_dead_letters(self, dead: list[bytes], lines: tuple[int, int] | None) -> None:
+    def _write_dead_letters(self, dead: list[bytes], lines: tuple[int, int] | None, batch: str) -> int:
+        """Write `dead` (lines `lines` of the file, None: all of it) as the dead-letter object `batch`, unless it
+        exists; how many were written."""
         if not dead:
-            return
+            return 0
         try:
-            _append_whole(self.ctx.dl_path, b"".join(dead))
-        except OSError as e:
+            return len(dead) if write_dead_letters(self.ctx.lake, self.ctx.topic, batch, dead) else 0
+        except (StorageError, OSError) as e:
             what = f"lines {lines[0]:,}-{lines[1]:,}" if lines else "the file"
             raise self.failed(
                 f"writing the dead letters of {what} failed ({_cause(e)})", dead_letters_missing=lines
@@ -490,7 +434,11 @@ class _File:
         if end is None:
             return None
         done = next(
-            (p for _v, p in _commit_infos(ctx.path) if p.get("path") == self.real and p["bytes"][1] == end),
+            (
+                p
+                for _v, p in _commit_infos(ctx.lake, ctx.key)
+                if p.get("path") == self.real and p["bytes"][1] == end
+            ),
             None,
         )
         if done is None or os.fstat(self.fd).st_size < end or self._digest(end) != done.get("sha256"):
@@ -501,32 +449,18 @@ class _File:
         return done
 
     def _complete_dead_letters(self, done: dict) -> None:
-        """Write the dead letters of the committed piece `done` that the dead-letter log does not hold (its run
-        stopped between the commit and them): they come after the log's size at that commit."""
-        want = done.get("dead_letters", 0)
-        if not want:
+        """Write the dead letters of the committed piece `done` if their object is not there (its run stopped
+        between the commit and them): derived again from the piece's lines."""
+        if not done.get("dead_letters", 0):
             return
-        first, last = done["lines"]
-        seen = set()
-        try:
-            log = open(self.ctx.dl_path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:  # none of them is there
-            log = None
-        if log is not None:
-            with log:
-                offset = done.get("dead_letter_offset", 0)
-                log.seek(offset if offset <= log.seek(0, os.SEEK_END) else 0)  # a log cut shorter: all of it
-                for line in log:
-                    try:
-                        e = orjson.loads(line)
-                    except orjson.JSONDecodeError:
-                        continue
-                    n = e.get("line") if isinstance(e, dict) else None
-                    if isinstance(n, int) and e.get("file") == done["file"] and first <= n <= last:
-                        seen.add(n)
-        if len(seen) >= want:
+        batch, seen = done.get("dead_letter_batch"), set()
+        if batch is None:  # a piece committed by an earlier version, whose dead letters went to one file
+            batch = f"ingest-{0:019d}-{done['run'][:16]}-{done['lines'][0]:012d}"
+            seen = self._legacy_dead_lines(done)
+        if self.ctx.lake.exists(deadletter_key(self.ctx.topic), f"{batch}.jsonl"):
             return
-        missing, (start, _end) = [], done["bytes"]
+        (first, last), (start, _end) = done["lines"], done["bytes"]
+        missing = []
         with open(self.source, "rb") as fh:
             fh.seek(start)
             lines = _read_lines(fh, at_start=start == 0)
@@ -534,29 +468,39 @@ class _File:
                 verdict = _verdict(self.ctx.parse, raw, size)
                 if isinstance(verdict, str) and lineno not in seen:
                     missing.append(_dead_letter(done["file"], lineno, raw, size, verdict))
-        self._write_dead_letters(missing, (first, last))
-        self.rejected += len(missing)
+        self.rejected += self._write_dead_letters(missing, (first, last), batch)
 
-
-def _size(path: Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return 0
+    def _legacy_dead_lines(self, done: dict) -> set[int]:
+        """The lines of the piece `done` whose dead letters the single dead-letter file of an earlier version holds
+        (after its size at that commit, `dead_letter_offset`)."""
+        try:
+            data = self.ctx.lake.read_bytes(f"{deadletter_key(self.ctx.topic)}.jsonl")
+        except NotFound:
+            return set()
+        offset, (first, last) = done.get("dead_letter_offset", 0), done["lines"]
+        seen = set()
+        for line in (data[offset:] if offset <= len(data) else data).splitlines():  # cut shorter: all of it
+            try:
+                e = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            n = e.get("line") if isinstance(e, dict) else None
+            if isinstance(n, int) and e.get("file") == done["file"] and first <= n <= last:
+                seen.add(n)
+        return seen
 
 
 @dataclass
 class _Context:
     """What the files of one `ingest` call share: the topic (`topic` its name, `declared` its declaration, `parse`
-    its line parser), its log (path and loaded table), the dead-letter log, the commit bound."""
+    its line parser), the lake, its log (key and loaded table), the commit bound."""
 
     topic: str
     declared: Topic
     parse: Callable[[bytes], dict]
-    lake_dir: Path
-    path: str
+    lake: Lake
+    key: str
     table: object
-    dl_path: Path
     commit_records: int
     commit_bytes: int
     progress: Callable[[str], None] | None
@@ -573,7 +517,7 @@ class _Context:
 
 def ingest(
     spark,
-    lake_dir: Path,
+    lake_dir: Lake | str | os.PathLike,
     topic: Topic | str,
     sources: list[str],
     *,
@@ -588,8 +532,9 @@ def ingest(
     Each file is committed in one commit, or in pieces of at most `commit_records` records / `commit_bytes` bytes
     (module docstring); a file an earlier run committed (in part) goes on after its last committed line. Raises
     `IngestFailed` when a commit or the dead letters cannot be written (its `result`: the files done before it).
-    `quiet` (the command line's): delta-rs's report of a Rust panic on such a failure is not shown on stderr, which
-    is captured around each commit (`_rust_report_hidden`).
+    `lake_dir`: the lake (`changelog.storage.Lake`, or its local path or URI). `quiet` (the command line's):
+    delta-rs's report of a Rust panic on such a failure is not shown on stderr, which is captured around each
+    commit (`_rust_report_hidden`).
 
     A declaration its log's records do not follow raises `TopicChanged` before anything is read
     (`changelog.topics.open_topic`).
@@ -598,13 +543,11 @@ def ingest(
     change."""
     spec = declared(topic)
     topic = spec.name
-    lake_dir = Path(lake_dir)
+    lake = as_lake(lake_dir)
     result = IngestResult(topic)
     try:
         with _rust_report_hidden(quiet):
-            path, table = open_topic(lake_dir, spec)
-        dl_path = deadletter_path(lake_dir, topic)
-        dl_path.parent.mkdir(parents=True, exist_ok=True)
+            _uri, table = open_topic(lake, spec)
     except TopicChanged:
         raise
     except BaseException as e:
@@ -617,16 +560,15 @@ def ingest(
             f"preparing the topic's log failed ({_cause(e)})",
             resumable=sources[0] != "-",
             not_read=len(sources) - 1,
-            lake_dir=str(lake_dir),
+            lake_dir=lake.uri(),
         ) from None
     ctx = _Context(
         topic,
         spec,
         line_parser(spec),
-        lake_dir,
-        path,
+        lake,
+        topic_key(spec),
         table,
-        dl_path,
         commit_records,
         commit_bytes,
         progress,

@@ -21,8 +21,9 @@
   `mview ingest` uses;
   the valid records of a topic are appended in one Delta commit (delta-rs) that records a Delta transaction
   (app id, batch id), skipped when the log already holds that transaction (a batch replayed after a crash
-  commits nothing twice), the rejected ones are appended to the
-  topic's dead-letter log (`LAKE_DIR/deadletter/<topic>.jsonl`) unless that batch already wrote them there.
+  commits nothing twice), the rejected ones are written as the batch's dead-letter object of the topic
+  (`deadletter/<topic>/kafka-<app id>-<batch id>.jsonl`, `changelog.deadletters`), created once: a replayed
+  batch finds it and writes nothing.
   A dead-letter entry is the one `mview ingest` writes for a line, with `file`/`line` replaced by the message's
   Kafka `topic`/`partition`/`offset` (`dead_letter`).
 - A broker that does not answer within the timeout raises `KafkaUnavailable` naming KAFKA_BOOTSTRAP; where
@@ -36,6 +37,7 @@ import gc
 import itertools
 import json
 import logging
+import re
 import signal
 import socket
 import sys
@@ -44,7 +46,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
@@ -213,17 +214,21 @@ def end_offsets(bootstrap: str, names: Iterable[str], *, timeout: float = 5.0) -
     }
 
 
-def committed_offsets(checkpoint: Path) -> dict[str, dict[int, int]]:
+def committed_offsets(checkpoint, *, key: str = "") -> dict[str, dict[int, int]]:
     """Where the last committed micro-batch of a streaming query with one Kafka source ends: per Kafka topic, per
-    partition, the offset of the first message not yet processed. Empty if nothing was committed."""
-    commits = Path(checkpoint) / "commits"
-    try:
-        done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
+    partition, the offset of the first message not yet processed. Empty if nothing was committed. The query's
+    checkpoint is at `key` of the lake `checkpoint` (a `changelog.storage.Lake`, or a local path or URI; `key`
+    empty: the checkpoint's own), read through the lake's store."""
+    from changelog.storage import NotFound, as_lake
+
+    lake = as_lake(checkpoint)
+    done = [int(e.name) for e in lake.list(key, "commits") if not e.is_dir and e.name.isdigit()]
     if not done:
         return {}
-    lines = (Path(checkpoint) / "offsets" / str(max(done))).read_text().splitlines()
+    try:
+        lines = lake.read_bytes(key, "offsets", str(max(done))).decode().splitlines()
+    except NotFound:
+        return {}
     out: dict[str, dict[int, int]] = {}
     for line in lines[2:]:
         try:
@@ -237,10 +242,11 @@ def committed_offsets(checkpoint: Path) -> dict[str, dict[int, int]]:
     return out
 
 
-def lag(bootstrap: str, names: Iterable[str], checkpoint: Path, *, timeout: float = 2.0) -> int:
-    """Messages of the Kafka topics `names` that the query of `checkpoint` has not processed yet, summed over
-    partitions (a partition it never read counts from the first offset the broker still holds)."""
-    done = committed_offsets(checkpoint)
+def lag(bootstrap: str, names: Iterable[str], checkpoint, *, key: str = "", timeout: float = 2.0) -> int:
+    """Messages of the Kafka topics `names` that the query of the checkpoint (`committed_offsets`: `checkpoint`
+    and `key`) has not processed yet, summed over partitions (a partition it never read counts from the first
+    offset the broker still holds)."""
+    done = committed_offsets(checkpoint, key=key)
     total = 0
     for name, parts in watermarks(bootstrap, names, timeout=timeout).items():
         for p, (low, high) in parts.items():
@@ -493,21 +499,13 @@ def _validate(rows, names: dict[str, Topic]) -> tuple[dict[str, list[dict]], dic
     return good, dead
 
 
-def _dead_letter_key(e: dict) -> tuple | None:
-    """(Kafka topic and partition, offset) of a dead letter of the kafka job (`append_dead_letters`)."""
-    if isinstance(e.get("partition"), int) and isinstance(e.get("offset"), int):
-        return (e.get("topic"), e["partition"]), e["offset"]
-    return None
-
-
-def _append(opened: tuple, topic: Topic, lines: list[dict], app_id: str, version: int) -> None:
-    """Append `lines` (validated records) to the topic's log (`opened`: its path and loaded table) in one commit
-    that records the Delta transaction (`app_id`, `version`), unless a commit of this log already recorded
+def _append(lake, log, topic: Topic, lines: list[dict], app_id: str, version: int) -> None:
+    """Append `lines` (validated records) to the topic's log (`log`: it loaded, a `deltalake.DeltaTable`) in one
+    commit that records the Delta transaction (`app_id`, `version`), unless a commit of this log already recorded
     `version` or a later one for `app_id`."""
     from changelog.errors import NotStored
-    from changelog.topics import RecordTable, append_table
+    from changelog.topics import RecordTable, append_table, topic_key
 
-    path, log = opened
     done = log.transaction_version(app_id)
     if done is not None and done >= version:  # committed before a crash: the replayed batch adds nothing
         return
@@ -518,30 +516,39 @@ def _append(opened: tuple, topic: Topic, lines: list[dict], app_id: str, version
     if batches.unfit is not None:  # as ingest: nothing of the batch, never a record silently left out
         raise NotStored(topic.name, f"kafka batch {version}", len(lines), batches.unfit)
     append_table(
-        path, table, note=f"kafka batch {version}", transactions=((app_id, version),), delta_table=log
+        lake,
+        table,
+        key=topic_key(topic),
+        note=f"kafka batch {version}",
+        transactions=((app_id, version),),
+        delta_table=log,
     )
 
 
-def copy_batch(lake_dir: Path, names: dict[str, Topic | str], rows, *, app_id: str, version: int) -> dict:
+def copy_batch(lake_dir, names: dict[str, Topic | str], rows, *, app_id: str, version: int) -> dict:
     """Copy one micro-batch: `rows` are (Kafka topic, partition, offset, value) of the Kafka topics `names`
-    (Kafka topic -> lake topic, a `Topic` or a name of the pipeline of the environment). Returns per lake topic
-    (by name) {"accepted": n, "rejected": m} of the batch's messages. Needs no Spark: the logs are appended to with
-    delta-rs, the Delta protocol Spark reads."""
-    from changelog.ingest import append_dead_letters, deadletter_path
+    (Kafka topic -> lake topic, a `Topic` or a name of the pipeline of the environment) into the lake `lake_dir` (a
+    `changelog.storage.Lake`, or its local path or URI). Returns per lake topic (by name) {"accepted": n,
+    "rejected": m} of the batch's messages. Needs no Spark: the logs are appended to with delta-rs, the Delta
+    protocol Spark reads."""
+    from changelog.deadletters import write_dead_letters
+    from changelog.storage import as_lake
     from changelog.topics import open_topic
+
+    lake = as_lake(lake_dir)
 
     names = {name: declared(t) for name, t in names.items()}
     by_name = {t.name: t for t in names.values()}
     good, dead = _validate(rows, names)
     # every topic the batch writes to, opened first: a declaration its log's records do not follow is refused
     # (`TopicChanged`) before anything of the batch is written
-    opened = {t: open_topic(lake_dir, by_name[t]) for t in good if good[t] or dead[t]}
+    opened = {t: open_topic(lake, by_name[t])[1] for t in good if good[t] or dead[t]}
     for topic, records in good.items():
         if records:
-            _append(opened[topic], by_name[topic], records, f"{app_id}.{topic}", version)
+            _append(lake, opened[topic], by_name[topic], records, f"{app_id}.{topic}", version)
+    batch = f"kafka-{re.sub(r'[^A-Za-z0-9._-]', '_', app_id)}-{version:012d}"
     for topic, entries in dead.items():
-        if entries:
-            append_dead_letters(deadletter_path(lake_dir, topic), entries, _dead_letter_key)
+        write_dead_letters(lake, topic, batch, entries)
     return {t: {"accepted": len(good[t]), "rejected": len(dead[t])} for t in good}
 
 

@@ -20,7 +20,7 @@ column may be missing (null, and the commit time). A column's type must fit its 
   streams from the slot's consistent point, so no change is lost or doubled between the snapshot and the stream. A
   snapshot row's time is its time column when not null, else the time the snapshot was taken: the server's clock
   just before the slot was made, less 1 ms, so it is earlier than the commit time of every streamed change. With
-  several tables, the snapshot's records are first written to a staging directory beside the slot's marker, so a
+  several tables, the snapshot's records are first written to staging objects beside the slot's marker, so a
   start killed between the topics' commits completes the others from it on the next start.
 - Stream: every committed transaction, in commit order. Insert and update -> an upsert of the new row (the
   topic's `op` upsert name when it has `op:`) with the time field = its column when the column exists and is not
@@ -38,14 +38,17 @@ column may be missing (null, and the commit time). A column's type must fit its 
 - Bad rows and schema drift never become a wrong version: a change that is not a valid record (a null or empty
   key, a null required field, a time out of range, a number that does not fit), a change of a table whose columns
   no longer fit (a required column dropped or renamed, a column of another type), an unchanged TOASTed value the
-  server did not send, a delete on a topic without `op:`, and a TRUNCATE become dead letters in
-  `LAKE_DIR/deadletter/<topic>.jsonl` (`{"file","line","lsn","reason","raw","raw_bytes","at"}`, `file` =
-  `postgresql:<table>`, `line` = the change's place in its transaction, `lsn` = the transaction's commit LSN),
-  each once: a transaction the slot sends again after a crash before its commit finds its dead letters written
-  and adds none; capture goes on with the next change. A table that does not fit at the start is an error
-  (`CdcFailed`, one line), and nothing is captured.
+  server did not send, a delete on a topic without `op:`, and a TRUNCATE become dead letters of the topic
+  (`{"file","line","lsn","reason","raw","raw_bytes","at"}`, `file` = `postgresql:<table>`, `line` = the change's
+  place in its transaction, `lsn` = the transaction's commit LSN), one object per transaction and topic
+  (`deadletter/<topic>/cdc-<slot>-<commit LSN>-txn.jsonl`, the snapshot's `-snapshot`, `changelog.deadletters`),
+  written before the transaction's commit and created once: a transaction the slot sends again after a crash
+  before its commit finds its dead letters written and adds none; capture goes on with the next change. A table
+  that does not fit at the start is an error (`CdcFailed`, one line), and nothing is captured.
 - `once`: stops when every transaction committed before the capture started (at `pg_current_wal_insert_lsn()`
   then) is in the logs. Otherwise runs until `stop` is set.
+- The slot's marker and a snapshot's staged records are objects of the lake under the capture's state key
+  (`capture`'s `state`), so a capture started on another machine finds them.
 - `progress`, after the snapshot's commits and each commit of the stream: the run's counts so far (`appended`,
   `rejected`, and per topic in `topics`: its records and dead letters), the `lsn` recorded, and the `seconds`
   the commit took (the Delta appends and the slot's confirmation).
@@ -53,14 +56,13 @@ column may be missing (null, and the commit time). A column's type must fit its 
 
 from __future__ import annotations
 
+import os
 import re
 import select
-import shutil
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
@@ -74,6 +76,7 @@ from changelog.errors import (
     redact,
 )
 from changelog.records import dead_letter_raw, validate
+from changelog.storage import Lake, NotFound, StorageError, as_lake
 from spec.model import Topic
 
 __all__ = ["PgSource", "capture", "probe", "wal_lag", "drop_slot", "shown_dsn", "lsn_text", "captured_topics"]
@@ -508,29 +511,36 @@ class _Decoder:
 
 
 class _Log:
-    """The captured topics' Delta logs, appended by delta-rs; each commit records its last LSN (`txn`), per log."""
+    """The captured topics' Delta logs, appended by delta-rs; each commit records its last LSN (`txn`), per log.
+    `state` and `state_key`: where the slot's marker and a snapshot's staged records are."""
 
-    def __init__(self, lake_dir: Path, source: PgSource, state_dir: Path):
-        from changelog.ingest import deadletter_path
-        from changelog.topics import open_topic
+    def __init__(self, lake: Lake, source: PgSource, state: Lake, state_key: str):
+        from changelog.topics import open_topic, topic_key
 
-        self.source, self.app_id = source, source.app_id
+        self.lake, self.source, self.app_id = lake, source, source.app_id
         self.topics = {t.name: t for t in source.topics}
-        self.paths = {
-            t.name: open_topic(lake_dir, t)[0] for t in source.topics
-        }  # a changed declaration: refused
-        self.dead_paths = {t.name: deadletter_path(lake_dir, t.name) for t in source.topics}
-        self.staging = Path(state_dir) / f"snapshot-{source.slot}"
+        for t in source.topics:
+            open_topic(lake, t)  # a changed declaration: refused
+        self.keys = {t.name: topic_key(t) for t in source.topics}
+        self.state, self.state_key = state, state_key
+        self.staging = _key(state_key, f"snapshot-{source.slot}")
         self.appended = self.rejected = self.commits = 0
         self.per_topic = {name: {"appended": 0, "rejected": 0} for name in self.topics}
         self.done = self.recorded()
+
+    def marker(self) -> str:
+        """The key of the consistent point of the slot we made last, written before its snapshot is committed."""
+        return _key(self.state_key, f"slot-{self.source.slot}.lsn")
 
     def recorded(self, app_id: str | None = None) -> dict[str, int]:
         """Per topic, the LSN its log recorded for `app_id` (default: the capture's), 0 when none."""
         from deltalake import DeltaTable
 
-        app = app_id or self.app_id
-        return {name: DeltaTable(path).transaction_version(app) or 0 for name, path in self.paths.items()}
+        app, opts = app_id or self.app_id, self.lake.delta_options() or None
+        return {
+            name: DeltaTable(self.lake.delta_uri(key), storage_options=opts).transaction_version(app) or 0
+            for name, key in self.keys.items()
+        }
 
     def last_lsn(self) -> int:
         """The LSN up to which every log holds the capture (the smallest they recorded; 0 when one has none)."""
@@ -544,7 +554,7 @@ class _Log:
         """Dead letters first, then per topic one Delta commit of the transactions' records it does not hold yet,
         recording `lsn` (and, for the snapshot, `lsn` as the slot's snapshot marker). A snapshot commit is made in
         every log, even when it holds no row; the snapshot of several topics is staged first (module docstring)."""
-        written = self._dead_letters(txns) if any(t.dead for t in txns) else 0
+        written = self._dead_letters(txns, snapshot) if any(t.dead for t in txns) else 0
         per: dict[str, list[dict]] = {name: [] for name in self.topics}
         for t in txns:
             for (name, _key), record in t.records.items():
@@ -556,7 +566,7 @@ class _Log:
             if records or snapshot:
                 self._commit(name, records, lsn, note, snapshot=snapshot)
         if snapshot:
-            shutil.rmtree(self.staging, ignore_errors=True)
+            self.state.delete_tree(self.staging)
         self.rejected += written
 
     def _commit(self, name: str, records: list[dict], lsn: int, note: str, *, snapshot: bool) -> None:
@@ -570,38 +580,39 @@ class _Log:
         if table.unfit is not None:
             raise NotStored(name, f"postgresql:{note}", len(records), table.unfit)
         txns = ((self.app_id, lsn), (f"{self.app_id}:snapshot", lsn)) if snapshot else ((self.app_id, lsn),)
-        append_table(self.paths[name], arrow, note=note, transactions=txns)
+        append_table(self.lake, arrow, key=self.keys[name], note=note, transactions=txns)
         self.commits += 1
         self.done[name] = lsn
         self.appended += len(records)
         self.per_topic[name]["appended"] += len(records)
 
-    def _dead_letters(self, txns: list[_Txn]) -> int:
-        """Append the transactions' dead letters but those the logs hold already (written before a crash that came
-        before the transactions' commit, so the slot sends them again); return how many were appended."""
-        from changelog.ingest import append_dead_letters
+    def _dead_letters(self, txns: list[_Txn], snapshot: bool) -> int:
+        """Write the transactions' dead letters (those of the snapshot: `snapshot`), one object per transaction and
+        topic, but those written before (a crash that came before the transactions' commit, so the slot sends them
+        again); return how many were written."""
+        from changelog.deadletters import write_dead_letters
 
         at = int(time.time() * 1000)
-        by_topic: dict[str, list[dict]] = {}
+        written = 0
         for t in txns:
+            by_topic: dict[str, list[dict]] = {}
             for name, d in t.dead:
                 by_topic.setdefault(name, []).append({**d, "lsn": lsn_text(t.commit_lsn), "at": at})
-        written = 0
-        for name, entries in by_topic.items():
-            n = append_dead_letters(self.dead_paths[name], entries, _dead_letter_key)
-            self.per_topic[name]["rejected"] += n
-            written += n
+            batch = f"cdc-{self.source.slot}-{t.commit_lsn:016X}-{'snapshot' if snapshot else 'txn'}"
+            for name, entries in by_topic.items():
+                if write_dead_letters(self.lake, name, batch, entries):
+                    self.per_topic[name]["rejected"] += len(entries)
+                    written += len(entries)
         return written
 
     def _stage(self, per: dict[str, list[dict]], lsn: int) -> None:
         """Write the snapshot's records of every topic beside the slot's marker (its LSN last: then it is whole)."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-        self.staging.mkdir(parents=True, mode=0o700)
+        self.state.delete_tree(self.staging)
         for name, records in per.items():
-            with open(self.staging / f"{name}.jsonl", "wb", opener=_private) as f:
-                f.write(b"".join(orjson.dumps(r) + b"\n" for r in records))
-        with open(self.staging / "lsn", "w", opener=_private) as f:
-            f.write(lsn_text(lsn) + "\n")
+            self.state.write_bytes(
+                b"".join(orjson.dumps(r) + b"\n" for r in records), self.staging, f"{name}.jsonl"
+            )
+        self.state.write_bytes((lsn_text(lsn) + "\n").encode(), self.staging, "lsn")
 
     def complete_snapshot(self, made: int) -> bool:
         """Whether the snapshot taken at `made` is in every log: True when it is, or when some logs hold it and
@@ -613,34 +624,34 @@ class _Log:
         if not any(v == made for v in have.values()):
             return False
         try:
-            if _lsn((self.staging / "lsn").read_text().strip()) != made:
+            if _lsn(self.state.read_bytes(self.staging, "lsn").decode().strip()) != made:
                 return False
             staged = {
-                name: [orjson.loads(x) for x in (self.staging / f"{name}.jsonl").read_bytes().splitlines()]
+                name: [
+                    orjson.loads(x) for x in self.state.read_bytes(self.staging, f"{name}.jsonl").splitlines()
+                ]
                 for name in self.topics
             }
-        except (OSError, ValueError):
+        except (StorageError, ValueError):
             return False
         for name, lsn in have.items():
             if lsn != made:
                 table = self.topics[name].capture.postgres
                 note = f"cdc snapshot of {table} at {lsn_text(made)} (completed)"
                 self._commit(name, staged[name], made, note, snapshot=True)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        self.state.delete_tree(self.staging)
         return True
 
 
-def _private(path, flags):
-    import os
-
-    return os.open(path, flags, 0o600)
+def _key(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
-def _dead_letter_key(e: dict) -> tuple | None:
-    """(table, (commit LSN, place in the transaction)) of a dead letter of the capture (`append_dead_letters`)."""
-    if str(e.get("file", "")).startswith("postgresql:") and isinstance(e.get("lsn"), str):
-        return e["file"], (_lsn(e["lsn"]), e["line"])
-    return None
+def _state(lake: Lake, state) -> tuple[Lake, str]:
+    """The store and key of the capture's state (`capture`'s `state`)."""
+    if isinstance(state, str) and "://" not in state and not os.path.isabs(state):
+        return lake, state.strip("/")
+    return as_lake(state), ""
 
 
 # --- slot, snapshot, stream --------------------------------------------------------------------------------------
@@ -667,12 +678,7 @@ def _ensure_publication(cur, source: PgSource) -> None:
         )
 
 
-def _marker(state_dir: Path, source: PgSource) -> Path:
-    """The consistent point of the slot we made last, written before its snapshot is committed."""
-    return state_dir / f"slot-{source.slot}.lsn"
-
-
-def _snapshot_done(cur, source: PgSource, log: _Log, state_dir: Path) -> bool:
+def _snapshot_done(cur, source: PgSource, log: _Log) -> bool:
     """Whether the slot exists and its snapshot is in the logs (completed from its staged records where a start
     was killed between the logs' commits). A slot whose snapshot is in no log (a start killed before the
     snapshot's commits) is dropped here."""
@@ -685,8 +691,8 @@ def _snapshot_done(cur, source: PgSource, log: _Log, state_dir: Path) -> bool:
             f"replication slot {source.slot} exists with plugin {row[0]}: set PG_SLOT to another name"
         )
     try:
-        made = _lsn(_marker(state_dir, source).read_text().strip())
-    except (FileNotFoundError, ValueError):
+        made = _lsn(log.state.read_bytes(log.marker()).decode().strip())
+    except (NotFound, ValueError):
         made = None
     if made is not None and log.complete_snapshot(made):
         return True
@@ -694,11 +700,10 @@ def _snapshot_done(cur, source: PgSource, log: _Log, state_dir: Path) -> bool:
     return False
 
 
-def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder, state_dir: Path) -> int:
+def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder) -> int:
     """Make the slot, append the tables as of its exported snapshot (one commit per topic), return the
     consistent point."""
-    marker = _marker(state_dir, source)
-    marker.unlink(missing_ok=True)
+    log.state.delete(log.marker())
     conn = _connect(source)
     try:
         with conn.cursor() as cur:  # the server's clock before the slot: every streamed commit comes later
@@ -708,9 +713,7 @@ def _snapshot(repl, source: PgSource, log: _Log, dec: _Decoder, state_dir: Path)
         rcur.execute(f"CREATE_REPLICATION_SLOT {_q(source.slot)} LOGICAL pgoutput EXPORT_SNAPSHOT")
         _name, point_text, snapshot, _plugin = rcur.fetchone()
         point = _lsn(point_text)
-        state_dir.mkdir(parents=True, exist_ok=True)
-        marker.touch(mode=0o600)  # owner-only, as everything in the job's directory (removed above)
-        marker.write_text(point_text + "\n")
+        log.state.write_bytes((point_text + "\n").encode(), log.marker())  # owner-only on a local lake
         conn.autocommit = False
         conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
         _read_snapshot(conn, snapshot, source, dec, _Txn(point, taken_ms, end_lsn=point))
@@ -740,8 +743,8 @@ def _read_snapshot(conn, snapshot: str, source: PgSource, dec: _Decoder, txn: _T
 
 def capture(
     source: PgSource,
-    lake_dir: Path,
-    state_dir: Path,
+    lake_dir,
+    state,
     *,
     once: bool,
     stop: Callable[[], bool] = lambda: False,
@@ -749,12 +752,15 @@ def capture(
 ) -> dict:
     """Capture the tables of `source` into their topics' logs (see the module's docstring); return the counts of
     this run (`snapshot_rows`, `appended`, `rejected`, `commits`, `seconds`, and per topic in `topics` its
-    `appended` and `rejected`). `state_dir` keeps the slot's marker (and a snapshot's staged records). Raises
+    `appended` and `rejected`). `lake_dir`: the lake (a `changelog.storage.Lake`, or its local path or URI).
+    `state` keeps the slot's marker (and a snapshot's staged records): a key of the lake (a `str` such as
+    `jobs/cdc`), or a directory of its own (a `Path`, an absolute path or a URI). Raises
     `PostgresUnavailable` / `CdcFailed` / `TopicChanged` (one line, what to do)."""
     import psycopg2
 
     try:
-        return _capture(source, Path(lake_dir), state_dir, once=once, stop=stop, progress=progress)
+        lake = as_lake(lake_dir)
+        return _capture(source, lake, *_state(lake, state), once=once, stop=stop, progress=progress)
     except psycopg2.Error as e:
         raise _pg_error(source, e) from None
 
@@ -842,11 +848,13 @@ def probe(source: PgSource) -> PostgresUnavailable | None:
     return None
 
 
-def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, stop, progress) -> dict:
+def _capture(
+    source: PgSource, lake: Lake, state: Lake, state_key: str, *, once: bool, stop, progress
+) -> dict:
     from psycopg2.extras import LogicalReplicationConnection
 
     started = time.monotonic()
-    log = _Log(lake_dir, source, state_dir)
+    log = _Log(lake, source, state, state_key)
     dec = _Decoder(source)
     with _connect(source) as conn, conn.cursor() as cur:
         cur.execute("SELECT pg_current_wal_insert_lsn()::text")
@@ -854,14 +862,14 @@ def _capture(source: PgSource, lake_dir: Path, state_dir: Path, *, once: bool, s
         for topic in source.topics:
             _check_table(cur, source, topic)
         _ensure_publication(cur, source)
-        done = _snapshot_done(cur, source, log, state_dir)
+        done = _snapshot_done(cur, source, log)
     conn.close()
     repl = _connect(source, connection_factory=LogicalReplicationConnection)
     try:
         snapshot = 0
         if not done:
             took = time.monotonic()
-            _snapshot(repl, source, log, dec, state_dir)
+            _snapshot(repl, source, log, dec)
             snapshot = log.appended + log.rejected
             if progress:
                 took = time.monotonic() - took

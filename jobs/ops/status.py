@@ -25,7 +25,7 @@ from pathlib import Path
 
 import redis
 
-from changelog.ingest import deadletter_path
+from changelog.deadletters import count_dead_letters
 from changelog.topics import latest_version
 from jobs.core.generations import lake_generation, replay_in_progress
 from jobs.core.registry import jobs
@@ -121,17 +121,8 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
 
 
 def rejected_per_topic(settings: Settings, topics) -> dict[str, int]:
-    """Dead-lettered lines of each of `topics` (`changelog.ingest.deadletter_path`)."""
-    out = {}
-    for topic in topics:
-        n = 0
-        try:
-            with open(deadletter_path(settings.lake_dir, topic), "rb") as fh:
-                n = sum(chunk.count(b"\n") for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""))
-        except FileNotFoundError:
-            pass
-        out[topic] = n
-    return out
+    """Dead-lettered lines of each of `topics` (`changelog.deadletters.count_dead_letters`)."""
+    return {topic: count_dead_letters(settings.lake, topic) for topic in topics}
 
 
 def rejected(settings: Settings, topics) -> int:

@@ -13,12 +13,18 @@ import pytest
 from deltalake import DeltaTable
 
 from changelog import records
+from changelog.deadletters import deadletter_path, read_dead_letters
 from changelog.errors import NotStored
-from changelog.ingest import deadletter_path, ingest
+from changelog.ingest import ingest
 from changelog.records import MAX_RECORD_BYTES
 from changelog.topics import ensure_topic, latest_version, read_batch, read_stream, topic_path, topic_schema
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
+
+
+def _dead_objects(lake, topic: str) -> list[Path]:
+    """The topic's dead-letter objects on a local lake, in key order."""
+    return sorted(Path(deadletter_path(lake, topic)).glob("*.jsonl"))
 
 
 def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_rest(spark, tmp_path):
@@ -38,11 +44,13 @@ def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_r
     assert latest_version(lake, "follows") == 1
     rows = sorted(tuple(r) for r in read_batch(spark, lake, "follows").collect())
     assert rows == [("follow", "u1", "u2", 1767225600000), ("unfollow", "u1", "u2", 1767225600001)]
-    dead = [json.loads(x) for x in deadletter_path(lake, "follows").read_text().splitlines()]
+    dead = list(read_dead_letters(lake, "follows"))
     assert [(d["file"], d["line"]) for d in dead] == [(str(a), 2), (str(b), 1)]
     assert "not valid JSON" in dead[0]["reason"] and "unknown op" in dead[1]["reason"]
     assert dead[0]["raw"] == "garbage"
-    assert deadletter_path(lake, "follows").stat().st_mode & 0o777 == 0o600  # raw input: its owner's only
+    objects = _dead_objects(lake, "follows")  # one per file: its one piece
+    assert len(objects) == 2 and all(p.name.startswith("ingest-") for p in objects)
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in objects)  # raw input: its owner's only
 
 
 def _post(tweet_id: str, text: str = "hi", ts: int = 1767225600000) -> bytes:
@@ -67,7 +75,7 @@ def test_a_line_over_the_maximum_record_size_is_dead_lettered_with_a_bounded_pre
     assert result.summary() == {"topic": "tweets", "accepted": 3, "rejected": 1}
     expected = [("max", "y" * (MAX_RECORD_BYTES - len(_post("max", "")))), ("t1", "hi"), ("t2", "hi")]
     assert _texts(spark, lake) == expected
-    raw = deadletter_path(lake, "tweets").read_bytes()
+    raw = b"".join(p.read_bytes() for p in _dead_objects(lake, "tweets"))
     assert len(raw) < 2_000
     (dead,) = [json.loads(x) for x in raw.splitlines()]
     assert dead["reason"] == (
@@ -98,7 +106,7 @@ def test_a_byte_order_mark_is_dropped_at_the_start_of_a_file_only(spark, tmp_pat
     result = ingest(spark, lake, "tweets", [str(src)])
     assert result.summary() == {"topic": "tweets", "accepted": 2, "rejected": 1}
     assert _texts(spark, lake) == [("t1", "hi"), ("t3", "hi")]
-    (dead,) = [json.loads(x) for x in deadletter_path(lake, "tweets").read_text().splitlines()]
+    (dead,) = read_dead_letters(lake, "tweets")
     assert dead["line"] == 2 and "byte order mark" in dead["reason"]
 
 
@@ -245,34 +253,33 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
     assert sorted(streamed) == expected  # the first run's 10 records, then every later one, each once
 
 
-def test_append_dead_letters_adds_only_what_the_log_does_not_hold_of_each_group(tmp_path):
-    """A replayed batch's dead letters are appended once per (group, position); lines of other sources (and a line
-    that is not JSON) between them are passed over; the log stays readable by its owner only."""
-    from changelog.ingest import append_dead_letters
+def test_dead_letters_are_written_once_per_batch_and_read_in_key_order(tmp_path):
+    """A replayed batch's dead letters are written once (its object exists: nothing is written); the reader gives
+    every entry in key order, after those of the single file an earlier version wrote, passing over a line that is
+    not JSON; the objects stay readable by their owner only."""
+    from changelog.deadletters import count_dead_letters, write_dead_letters
 
-    path = tmp_path / "dead" / "t.jsonl"
+    lake = tmp_path / "lake"
 
-    def key(e):
-        return (e["g"], e["p"]) if "g" in e else None
+    def entries(*ns):
+        return [{"p": n} for n in ns]
 
-    def entries(*gp):
-        return [{"g": g, "p": p} for g, p in gp]
-
-    assert append_dead_letters(path, entries(("a", 1), ("a", 2), ("b", 5)), key) == 3
-    with open(path, "ab") as f:
-        f.write(b'{"file": "x.jsonl", "line": 1}\nnot json\n')
-    assert append_dead_letters(path, entries(("a", 2), ("a", 3), ("b", 5), ("b", 6)), key) == 2
-    assert append_dead_letters(path, entries(("a", 1)), key) == 0
-    got = [orjson.loads(line) for line in path.read_bytes().splitlines() if line != b"not json"]
-    assert [(e.get("g"), e.get("p")) for e in got] == [
-        ("a", 1),
-        ("a", 2),
-        ("b", 5),
-        (None, None),
-        ("a", 3),
-        ("b", 6),
+    assert write_dead_letters(lake, "t", "kafka-a-000000000002", entries(3, 4))
+    assert write_dead_letters(lake, "t", "kafka-a-000000000001", entries(1, 2))
+    assert not write_dead_letters(lake, "t", "kafka-a-000000000001", entries(1, 2))  # the batch replayed
+    assert not write_dead_letters(lake, "t", "kafka-a-000000000003", [])  # nothing: no object
+    legacy = lake / "deadletter" / "t.jsonl"
+    legacy.write_bytes(b'{"p": 0}\nnot json\n')
+    assert [e["p"] for e in read_dead_letters(lake, "t")] == [0, 1, 2, 3, 4]
+    assert count_dead_letters(lake, "t") == 6  # lines, the one that is not JSON too
+    assert [p.name for p in _dead_objects(lake, "t")] == [
+        "kafka-a-000000000001.jsonl",
+        "kafka-a-000000000002.jsonl",
     ]
-    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in _dead_objects(lake, "t"))
+    assert list(read_dead_letters(lake, "none")) == [] and count_dead_letters(lake, "none") == 0
+    with pytest.raises(ValueError):
+        write_dead_letters(lake, "t", "../x", entries(1))
 
 
 # --- Retries, a full disk and the commit bound (#36 D6, D8): through the command line, as a user meets them. ---
@@ -303,12 +310,8 @@ def _log_ids(lake: Path) -> list[str]:
 
 
 def _dead_lines(lake: Path, src) -> list[int]:
-    """The lines of `src` the tweets dead-letter log holds, one per entry."""
-    path = deadletter_path(lake, "tweets")
-    if not path.exists():
-        return []
-    entries = [json.loads(x) for x in path.read_text().splitlines()]
-    return sorted(e["line"] for e in entries if e["file"] == str(src))
+    """The lines of `src` the tweets dead letters hold, one per entry."""
+    return sorted(e["line"] for e in read_dead_letters(lake, "tweets") if e["file"] == str(src))
 
 
 def _one_error_line(done: subprocess.CompletedProcess) -> str:
@@ -442,7 +445,7 @@ def test_dead_letters_that_a_full_disk_kept_out_are_written_by_the_next_run_once
     again = _summary(_ingest_cli(env, src, "--json"))
     assert again == {"topic": "tweets", "accepted": 0, "rejected": 0, "already_committed": 3}
     assert _log_ids(lake) == ["a", "b"] and _dead_lines(lake, src) == [2]
-    (dead,) = [json.loads(x) for x in deadletter_path(lake, "tweets").read_text().splitlines()]
+    (dead,) = read_dead_letters(lake, "tweets")
     assert dead["raw_bytes"] == 900_001 and "not valid JSON" in dead["reason"]
 
 

@@ -110,7 +110,7 @@ def test_copy_batch_replayed_after_a_crash_adds_nothing(tmp_path):
     Spark's checkpoint commit: no record and no dead letter twice; the next batch id is copied."""
     from deltalake import DeltaTable
 
-    from changelog.ingest import deadletter_path
+    from changelog.deadletters import read_dead_letters
     from changelog.kafka import copy_batch
     from changelog.topics import topic_path
 
@@ -123,14 +123,14 @@ def test_copy_batch_replayed_after_a_crash_adds_nothing(tmp_path):
     assert copy_batch(tmp_path, names, rows, app_id="a", version=4) == first  # what the batch holds
     tweets = DeltaTable(str(topic_path(tmp_path, "tweets")))
     assert tweets.version() == 1 and tweets.transaction_version("a.tweets") == 4
-    dead = [orjson.loads(x) for x in deadletter_path(tmp_path, "tweets").read_bytes().splitlines()]
+    dead = list(read_dead_letters(tmp_path, "tweets"))
     assert [(d["partition"], d["offset"], d["raw"]) for d in dead] == [(1, 3, "nope")]
-    assert len(deadletter_path(tmp_path, "follows").read_bytes().splitlines()) == 1
+    assert len(list(read_dead_letters(tmp_path, "follows"))) == 1
     copy_batch(
         tmp_path, names, [("p.tweets", 1, 4, b"again"), ("p.tweets", 0, 8, good)], app_id="a", version=5
     )
     assert DeltaTable(str(topic_path(tmp_path, "tweets"))).version() == 2
-    assert len(deadletter_path(tmp_path, "tweets").read_bytes().splitlines()) == 2
+    assert [d["raw"] for d in read_dead_letters(tmp_path, "tweets")] == ["nope", "again"]  # in batch order
 
 
 def _tweet_line(i: int, text: str = "hi") -> bytes:

@@ -9,14 +9,14 @@ import time
 import orjson
 import pytest
 
+from changelog.deadletters import read_dead_letters
 from changelog.errors import CdcFailed, PostgresUnavailable
-from changelog.ingest import deadletter_path
 from changelog.postgres import PgSource, capture, drop_slot, wal_lag
 from tests.pghelp import fold, log_commits
 
 
 def _capture(pg, lake, **kw):
-    return capture(PgSource(pg.dsn, pg.topics(), pg.slot), lake, lake / "state", once=True, **kw)
+    return capture(PgSource(pg.dsn, pg.topics(), pg.slot), lake, "state", once=True, **kw)
 
 
 def _capture_killed_in_append(monkeypatch, pg, lake, *, after_commit: bool) -> None:
@@ -139,7 +139,7 @@ def test_bad_rows_and_schema_drift_become_dead_letters_with_the_lsn(pg, tmp_path
     second = _capture(pg, lake)
     assert (second["appended"], second["rejected"]) == (1, 2)
     assert fold(_records(lake)) == {"u1": ("a", "DE"), "u5": ("fine again", "DE")}
-    dead = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
+    dead = list(read_dead_letters(lake, "profiles"))
     reasons = [d["reason"] for d in dead]
     assert "field 'user_id' is empty" in reasons[0] or "field 'user_id' is empty" in reasons[1]
     assert any("missing field 'name'" in r for r in reasons[:2])
@@ -213,8 +213,8 @@ def test_a_transaction_sent_again_after_a_crash_before_its_commit_writes_its_dea
     pg.sql("INSERT INTO {t} VALUES ('u1', NULL, 'DE', NULL), ('u2', 'ok', 'DE', NULL), ('', 'x', 'DE', NULL)")
     real = postgres._Log._dead_letters
 
-    def dead_letters_then_die(self, txns):
-        real(self, txns)
+    def dead_letters_then_die(self, txns, snapshot):
+        real(self, txns, snapshot)
         raise SystemExit("killed")
 
     monkeypatch.setattr(postgres._Log, "_dead_letters", dead_letters_then_die)
@@ -225,7 +225,7 @@ def test_a_transaction_sent_again_after_a_crash_before_its_commit_writes_its_dea
     assert (again["appended"], again["rejected"]) == (1, 0)
     pg.sql("INSERT INTO {t} VALUES ('u3', NULL, 'DE', NULL)")
     assert _capture(pg, lake)["rejected"] == 1
-    dead = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
+    dead = list(read_dead_letters(lake, "profiles"))
     assert [(d["line"], orjson.loads(d["raw"])["user_id"]) for d in dead] == [(1, "u1"), (3, ""), (1, "u3")]
     assert dead[0]["lsn"] == dead[1]["lsn"] != dead[2]["lsn"]
     assert fold(_records(lake)) == {"u2": ("ok", "DE")}
@@ -237,7 +237,7 @@ def test_truncate_is_a_dead_letter_not_a_silent_gap(pg, tmp_path):
     _capture(pg, lake)
     pg.sql("TRUNCATE {t}")
     assert _capture(pg, lake)["rejected"] == 1
-    (dead,) = [orjson.loads(line) for line in deadletter_path(lake, "profiles").read_bytes().splitlines()]
+    (dead,) = read_dead_letters(lake, "profiles")
     assert "TRUNCATE is not captured" in dead["reason"] and "/" in dead["lsn"]
 
 
@@ -299,8 +299,7 @@ def _own(pg, tables: bool = True):
 
 
 def _dead(lake, topic: str) -> list[dict]:
-    path = deadletter_path(lake, topic)
-    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+    return list(read_dead_letters(lake, topic))
 
 
 _JAN1 = 1767225600000  # 2026-01-01T00:00:00Z

@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from changelog.deadletters import read_dead_letters
 from jobs.dev.redis import free_port
 from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
@@ -429,10 +430,7 @@ def test_a_captured_row_over_the_record_limit_is_a_dead_letter_exactly_as_ingest
 
     kept = {r["user_id"]: r for c in log_commits(settings.lake_dir) for r in c}
     assert sorted(kept) == ["h2", "h5"] and kept["h2"]["name"] == fits  # at the limit: kept whole
-    dead = [
-        orjson.loads(x)
-        for x in (settings.lake_dir / "deadletter" / "profiles.jsonl").read_bytes().splitlines()
-    ]
+    dead = list(read_dead_letters(settings.lake, "profiles"))
     assert [d["raw"][:30] for d in dead] == [
         '{"op":"upsert","user_id":"h1",',
         '{"op":"upsert","user_id":"h3",',
@@ -453,8 +451,6 @@ def test_a_captured_row_over_the_record_limit_is_a_dead_letter_exactly_as_ingest
     (tmp_path / "same.jsonl").write_bytes(line("h3", over) + b"\n" + line("h2", fits) + b"\n")
     ingested = mview(settings, "ingest", "profiles", str(tmp_path / "same.jsonl"), "--json")
     assert json.loads(ingested.stdout.splitlines()[-1]) == {"topic": "profiles", "accepted": 1, "rejected": 1}
-    by_ingest = orjson.loads(
-        (settings.lake_dir / "deadletter" / "profiles.jsonl").read_bytes().splitlines()[-1]
-    )
+    by_ingest = list(read_dead_letters(settings.lake, "profiles"))[-1]  # `ingest-...` sorts after `cdc-...`
     assert by_ingest["reason"] == dead[1]["reason"].split(": ", 1)[1]
     assert (by_ingest["raw"], by_ingest["raw_bytes"]) == (dead[1]["raw"], dead[1]["raw_bytes"])

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from changelog.ingest import deadletter_path, ingest
+from changelog.deadletters import read_dead_letters
+from changelog.ingest import ingest
 from jobs.core.registry import job_spec
 from jobs.core.runtime import job_dir, read_status
 from jobs.kinds.interval import close_idle
@@ -158,8 +159,8 @@ def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp
         for x in p.read_text().splitlines()
     ]
     assert [(r["id"], r["reason"].startswith("late: ts")) for r in late] == [("c3", True)]
-    dead = deadletter_path(settings.lake_dir, "clicks").read_text().splitlines()
-    assert "'ts'" in json.loads(dead[0])["reason"] and "not valid JSON" in json.loads(dead[1])["reason"]
+    dead = list(read_dead_letters(settings.lake, "clicks"))
+    assert "'ts'" in dead[0]["reason"] and "not valid JSON" in dead[1]["reason"]
 
     # 4. s3 opens, then nothing arrives: after the idle timeout the watermark moves with the wall clock.
     _ingest(spark, settings, tmp_path, "searches", [_search("s3", "y", T0 + 2 * H, "hats")], "s3.jsonl")

@@ -23,10 +23,12 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from pathlib import Path
 
 import orjson
 
-from changelog.ingest import deadletter_path, ingest
+from changelog.deadletters import read_dead_letters
+from changelog.ingest import ingest
 from changelog.records import MAX_RECORD_BYTES
 from changelog.topics import table_version, topic_columns, topic_path
 from jobs.core.runtime import checkpoint_dir
@@ -53,8 +55,7 @@ def _records(lake, topic) -> list[dict]:
 
 
 def _dead(lake, topic) -> list[dict]:
-    path = deadletter_path(lake, topic)
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+    return list(read_dead_letters(lake, topic))
 
 
 def _mview(settings, *args, check=True) -> subprocess.CompletedProcess:
@@ -158,11 +159,11 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
         assert all(c[0] == f"{kafka['KAFKA_TOPIC_PREFIX']}{topic}" for c in coords)
     assert out["tweets"] == {"accepted": 300, "rejected": 9}
 
-    versions = {t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS}
+    versions = {t: sorted(os.listdir(Path(topic_path(settings.lake_dir, t)) / "_delta_log")) for t in TOPICS}
     again = json.loads(_here(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
     assert again == {t: {"accepted": 0, "rejected": 0} for t in TOPICS}
     assert versions == {
-        t: sorted(os.listdir(topic_path(settings.lake_dir, t) / "_delta_log")) for t in TOPICS
+        t: sorted(os.listdir(Path(topic_path(settings.lake_dir, t)) / "_delta_log")) for t in TOPICS
     }
     assert sum(len(_dead(settings.lake_dir, t)) for t in TOPICS) == 9 + 2 + 1 + 1 + 1 + 1
     assert status_of(settings, JOB)["lag_versions"] == 0

@@ -20,7 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from changelog.ingest import deadletter_path, ingest
+from changelog.deadletters import read_dead_letters
+from changelog.ingest import ingest
 from jobs.core.registry import job_spec
 from jobs.core.settings import Settings
 from jobs.ops.deploy import settings_env
@@ -125,8 +126,7 @@ def check_dead_letters(settings: Settings, pipeline: Pipeline, files: dict[str, 
     total = 0
     for name, paths in files.items():
         want = [(p, n, text, why) for p in paths for n, text, why in rejections(pipeline.topics[name], p)]
-        path = deadletter_path(settings.lake_dir, name)
-        got = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        got = list(read_dead_letters(settings.lake, name))
         assert [(d["file"], d["line"], d["raw"]) for d in got] == [w[:3] for w in want], name
         for d, (_, _, _, why) in zip(got, want, strict=True):
             named = _FIELD.search(why)
@@ -143,8 +143,7 @@ def check_kafka_dead_letters(settings: Settings, pipeline: Pipeline, files: dict
     total = 0
     for name, paths in files.items():
         want = Counter(text for p in paths for _, text, _ in rejections(pipeline.topics[name], p))
-        path = deadletter_path(settings.lake_dir, name)
-        got = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        got = list(read_dead_letters(settings.lake, name))
         assert Counter(d["raw"] for d in got) == want, name
         assert len({(d["topic"], d["partition"], d["offset"]) for d in got}) == len(got), name
         assert all(d["topic"] == f"{settings.kafka_topic_prefix}{name}" for d in got), name

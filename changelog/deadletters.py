@@ -1,0 +1,106 @@
+"""Dead letters: the records a source rejected, with their reasons, as objects of the lake written once per batch.
+
+A topic's dead letters are the objects `LAKE_DIR/deadletter/<topic>/<batch>.jsonl`, one JSON line per rejected
+record (`changelog.ingest` and `changelog.kafka` say what an entry holds). An object is created whole and exactly
+once (`Lake.create`: a temporary file renamed or linked without overwrite, or a conditional PUT), never appended
+to, since appends are not atomic on object stores: of several writers of one batch exactly one writes it, and a
+batch written again after a crash finds its object and writes nothing. `<batch>` names the batch by its source,
+so that the names of one source sort in the order they were written:
+
+- `mview ingest`: `ingest-<the run's start, ns since the epoch, 19 digits>-<run id>-<the piece's first line, 12
+  digits>`, one per committed piece of a file, its name recorded in the piece's commit (`changelog.ingest`);
+- the `kafka` job: `kafka-<app id>-<batch id, 12 digits>`, one per micro-batch;
+- the `cdc` job: `cdc-<slot>-<the transaction's commit LSN, 16 hex digits>-txn`, one per transaction (the
+  snapshot's: `cdc-<slot>-<its consistent point>-snapshot`).
+
+`read_dead_letters` reads them all, in key order (with, first, the single file `deadletter/<topic>.jsonl` that a
+lake written by an earlier version holds). The objects are readable by their owner only on a local lake (mode
+0600): they hold raw input.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+
+import orjson
+
+from changelog.storage import Lake, NotFound, as_lake
+from spec.model import Topic
+
+__all__ = [
+    "deadletter_key",
+    "deadletter_path",
+    "write_dead_letters",
+    "read_dead_letters",
+    "count_dead_letters",
+]
+
+_BATCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a batch's name: one key part, never hidden
+
+
+def _topic(topic: Topic | str) -> str:
+    return topic.name if isinstance(topic, Topic) else topic
+
+
+def deadletter_key(topic: Topic | str) -> str:
+    """`deadletter/<topic>`: the key under which the topic's dead letters are."""
+    return f"deadletter/{_topic(topic)}"
+
+
+def deadletter_path(lake: Lake | str | os.PathLike, topic: Topic | str) -> str:
+    """Where the topic's dead letters are, as a user reaches them (`Lake.uri`: a local directory or a URI)."""
+    return as_lake(lake).uri(deadletter_key(topic))
+
+
+def write_dead_letters(
+    lake: Lake | str | os.PathLike, topic: Topic | str, batch: str, entries: Iterable[dict | bytes]
+) -> bool:
+    """Write the dead letters `entries` of the batch `batch` (module docstring) of `topic` as one object, unless it
+    exists; True when this call wrote it, False when it existed (the batch was written before) or `entries` is
+    empty. An entry is a dict, or one JSON line (bytes, its newline included). Raises `changelog.storage.
+    StorageError` (its `reason`: the store's, e.g. no space left) when the store cannot write it: then nothing of
+    it is written."""
+    if not _BATCH.match(batch):
+        raise ValueError(f"a dead-letter batch name is letters, digits, '.', '_' and '-', not {batch!r}")
+    data = b"".join(e if isinstance(e, bytes) else orjson.dumps(e) + b"\n" for e in entries)
+    if not data:
+        return False
+    return as_lake(lake).create(data, deadletter_key(topic), f"{batch}.jsonl")
+
+
+def _objects(lake: Lake, topic: Topic | str) -> Iterator[bytes]:
+    """The bytes of each dead-letter object of `topic`, the file of an earlier version first, then in key order."""
+    key = deadletter_key(topic)
+    names = [f"{key}.jsonl"] if lake.exists(f"{key}.jsonl") else []
+    names += [
+        f"{key}/{e.name}"
+        for e in lake.list(key)
+        if not e.is_dir and e.name.endswith(".jsonl") and not e.name.startswith(".")
+    ]
+    for name in names:
+        try:
+            yield lake.read_bytes(name)
+        except NotFound:  # removed since it was listed
+            continue
+
+
+def read_dead_letters(lake: Lake | str | os.PathLike, topic: Topic | str) -> Iterator[dict]:
+    """Every dead letter of `topic`, in key order (module docstring); a line that is not a JSON object (an entry
+    cut short by a crash in a file of an earlier version) is passed over."""
+    for data in _objects(as_lake(lake), topic):
+        for line in data.splitlines():
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(entry, dict):
+                yield entry
+
+
+def count_dead_letters(lake: Lake | str | os.PathLike, topic: Topic | str) -> int:
+    """How many dead letters `topic` has: the non-blank lines of its objects."""
+    return sum(
+        sum(1 for line in data.splitlines() if line.strip()) for data in _objects(as_lake(lake), topic)
+    )
