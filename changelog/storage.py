@@ -35,7 +35,7 @@ import orjson
 
 from changelog.errors import ChangelogError
 
-__all__ = ["Lake", "Entry", "StorageError", "LakeUnreachable", "NotFound", "open_lake"]
+__all__ = ["Lake", "Entry", "StorageError", "LakeUnreachable", "NotFound", "open_lake", "as_lake"]
 
 
 class StorageError(ChangelogError):
@@ -114,11 +114,14 @@ class _Local:
             with os.scandir(self._p(prefix)) as it:
                 out = []
                 for e in it:
-                    if e.is_dir():
-                        out.append(Entry(e.name, True))
-                    else:
-                        st = e.stat()
-                        out.append(Entry(e.name, False, st.st_size, int(st.st_mtime * 1000)))
+                    try:
+                        if e.is_dir():
+                            out.append(Entry(e.name, True))
+                        else:
+                            st = e.stat()
+                            out.append(Entry(e.name, False, st.st_size, int(st.st_mtime * 1000)))
+                    except FileNotFoundError:  # removed while listed (Spark's log clean-up, a rename)
+                        continue
                 return out
         except (FileNotFoundError, NotADirectoryError):
             return []
@@ -448,3 +451,18 @@ class Lake:
 def open_lake(text: str | os.PathLike, env: Mapping[str, str] | None = None) -> Lake:
     """The `Lake` of `LAKE_DIR`'s value `text` (a local path, `hdfs://host:port/path`, `s3a://bucket/path`)."""
     return Lake(str(text), env)
+
+
+_OPENED: dict[str, Lake] = {}
+
+
+def as_lake(lake: Lake | str | os.PathLike) -> Lake:
+    """`lake` itself, or the `Lake` at a path or URI (one per process and text, credentials from the environment):
+    for functions that take a lake from callers that still hold a local `Path`."""
+    if isinstance(lake, Lake):
+        return lake
+    text = str(lake)
+    got = _OPENED.get(text)
+    if got is None:
+        got = _OPENED[text] = open_lake(text)
+    return got

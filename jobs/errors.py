@@ -23,11 +23,12 @@ class JobsError(Exception):
 
 class LakeUnusable(JobsError):
     """LAKE_DIR cannot be used by a command: it does not exist (for a command that only reads it) or cannot be
-    written (for one that writes). `path` is the directory, `reason` what is wrong."""
+    written (for one that writes), or its store does not answer. `path` is the directory or URI (no credentials),
+    `reason` what is wrong."""
 
-    def __init__(self, path: Path, reason: str):
+    def __init__(self, path: Path | str, reason: str):
         super().__init__(f"LAKE_DIR {path} {reason}")
-        self.path = Path(path)
+        self.path = path if isinstance(path, str) else Path(path)
         self.reason = reason
 
 

@@ -5,23 +5,50 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from pathlib import Path
 
+from changelog.storage import LakeUnreachable, StorageError
 from jobs.core.settings import Settings
 from jobs.errors import LakeUnusable
 
 __all__ = ["require_lake"]
 
 
-def require_lake(settings: Settings, *, write: bool) -> Path:
-    """The lake directory, checked for a command.
+def _require_store(settings: Settings, *, write: bool) -> None:
+    lake = settings.lake
+    try:
+        if write:
+            probe = f".mview-probe-{uuid.uuid4().hex}"
+            lake.write_bytes(b"", probe)
+            lake.delete(probe)
+        else:
+            lake.list()
+    except LakeUnreachable as e:
+        raise LakeUnusable(
+            lake.uri(), f"does not answer ({e.reason}): start the store or check LAKE_DIR"
+        ) from None
+    except StorageError as e:
+        what = "be written" if write else "be read"
+        raise LakeUnusable(
+            lake.uri(), f"cannot {what} ({e.reason}): check LAKE_DIR and the store's credentials"
+        ) from None
+
+
+def require_lake(settings: Settings, *, write: bool) -> Path | None:
+    """The lake directory (None for a lake on HDFS or S3), checked for a command.
 
     write=False (commands that only read it, e.g. `status`): it must exist; nothing is created.
     write=True (ingest, run, deploy, replay, maintain): it is created if missing, then a probe file is written and
     removed, so a read-only file system or missing permission is found before any work starts.
+    A lake on HDFS or S3 is checked the same way through the storage layer: read, it must answer; written, a probe
+    object is created and removed (a store that does not answer, a missing bucket or permission fail here).
     Raises `LakeUnusable` saying what is wrong and what to do.
     """
     path = settings.lake_dir
+    if path is None:
+        _require_store(settings, write=write)
+        return None
     if not write:
         if not path.exists():
             raise LakeUnusable(

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from changelog.storage import Lake, open_lake
 from spec import Pipeline
 from spec.builtin import BUILTIN_FILE, pipeline_at
 from spec.durations import parse_duration_ms
@@ -46,6 +47,14 @@ def _flag(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _local_lake(text: str) -> Path | None:
+    """LAKE_DIR's local directory (resolved), or None when it is a URI of another store."""
+    text = text.strip() or "./lake"
+    if "://" in text and not text.lower().startswith("file://"):
+        return None
+    return Path(text.removeprefix("file://")).expanduser().resolve()
+
+
 def _pipeline_file(text: str) -> Path:
     return Path(text).expanduser().resolve() if text.strip() else BUILTIN_FILE
 
@@ -61,7 +70,11 @@ class Settings:
     """Configuration of every job and command. What a pipeline declares (a list's cap, a fan-out limit) is in its
     file; the built-in file reads TIMELINE_CAP and FANOUT_LIMIT from the environment the settings were read from.
 
-    lake_dir: LAKE_DIR, where logs, state, dead letters and checkpoints live (default ./lake).
+    lake_dir: LAKE_DIR when it is a local path (resolved), else None; where logs, state, dead letters and
+        checkpoints live (default ./lake).
+    lake_uri: LAKE_DIR as the service addresses it: the resolved local path, `hdfs://host:port/path` or
+        `s3a://bucket/path`. `lake` is its `changelog.storage.Lake`, through which every lake file is read and
+        written (S3's endpoint and credentials from S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION).
     redis_url: REDIS_URL, the serving Redis (default redis://127.0.0.1:6379/0).
     spark_master: SPARK_MASTER, the Spark master URL (default local[*]).
     allowed_lateness: ALLOWED_LATENESS, watermark delay of every event-time stream (default "10 minutes").
@@ -100,7 +113,7 @@ class Settings:
         <venv>/mview-jvm; "off" = never use one). Used by local-master jobs when present and current.
     """
 
-    lake_dir: Path
+    lake_dir: Path | None
     redis_url: str = field(repr=False)  # may hold a password: never in a repr or traceback
     spark_master: str
     allowed_lateness: str
@@ -125,6 +138,7 @@ class Settings:
     pg_dsn: str = field(default="", repr=False)  # may hold a password
     pg_slot: str = ""
     redis_cluster: bool = False
+    lake_uri: str = ""  # set from lake_dir when that is given
     # The durations above, parsed once when the settings are made (a bad one raises ValueError naming it).
     allowed_lateness_ms: int = field(init=False)
     trigger_interval_ms: int = field(init=False)
@@ -135,6 +149,10 @@ class Settings:
     stop_timeout_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.lake_dir is not None:
+            object.__setattr__(self, "lake_uri", str(self.lake_dir))
+        elif not self.lake_uri:
+            raise ValueError("LAKE_DIR: a local path, hdfs://host:port/path or s3a://bucket/path is needed")
         for name in _DURATIONS:
             object.__setattr__(self, f"{name}_ms", _duration(name, getattr(self, name)))
         idle = self.idle_timeout
@@ -144,7 +162,8 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         e = os.environ if env is None else env
         s = cls(
-            lake_dir=Path(e.get("LAKE_DIR", "./lake")).resolve(),
+            lake_dir=_local_lake(e.get("LAKE_DIR", "./lake")),
+            lake_uri=e.get("LAKE_DIR", "").strip(),
             redis_url=e.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
             spark_master=e.get("SPARK_MASTER", "local[*]"),
             allowed_lateness=e.get("ALLOWED_LATENESS", "10 minutes"),
@@ -170,6 +189,15 @@ class Settings:
         object.__setattr__(s, "pipeline_file", _pipeline_file(e.get("MVIEW_PIPELINE", "")))
         object.__setattr__(s, "env", dict(e))
         return s
+
+    @property
+    def lake(self) -> Lake:
+        """The lake at `lake_uri` (one per settings object and process)."""
+        got = self.__dict__.get("_lake")
+        if got is None or got.text != self.lake_uri:
+            got = open_lake(self.lake_uri, self.env or None)
+            object.__setattr__(self, "_lake", got)
+        return got
 
     def pipeline(self) -> Pipeline:
         """The pipeline of `pipeline_file` (loaded once per file content and environment; `spec.PipelineError`
