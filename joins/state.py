@@ -1,9 +1,10 @@
-"""The one state contract of every join, and the file helpers the join states share.
+"""The one state contract of every join, and the helpers the join states share.
 
 A join that runs one micro-batch at a time keeps state between batches (the current tables of a table-table join,
 the open rows of an interval join, the versioned copy and held events of an as-of join). Each join module has one
-state class, local to the job (files under the job's state directory of one generation), with three steps per
-micro-batch N (`N`: the batch id, or any number that orders the steps, like the interval join's fence):
+state class, local to the job (files under the job's state key of one generation, `state/<job>/g<g>`, in the lake:
+small files through `changelog.storage.Lake`, Spark's Parquet and Delta files by the lake's URIs), with three steps
+per micro-batch N (`N`: the batch id, or any number that orders the steps, like the interval join's fence):
 
     state = store.restore(N)      # the state before batch N
     changes = <join>(state, batch)
@@ -25,11 +26,10 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import threading
-from pathlib import Path
+from os import PathLike
 from typing import Any, Protocol, TypeVar
 
+from changelog.storage import Lake, NotFound, as_lake
 from joins.sparkapi import with_size_estimate
 
 __all__ = ["JoinState", "write_json", "read_json", "complete_dirs", "empty_frame", "with_row_count"]
@@ -52,33 +52,53 @@ class JoinState(Protocol[S]):
         ...
 
 
-def write_json(path: Path, value: Any) -> None:
-    """Replace `path` with `value` as JSON, atomically (a reader sees the old file or the new one), owner-only.
-    Writers in other threads or processes use temporary files of their own: the last replace wins."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(value, sort_keys=True))
-    tmp.replace(path)
+def _where(target: Lake | PathLike | str, key: str) -> tuple[Lake, str]:
+    """(lake, key) of a small state file: `target` a `Lake` with `key`, or (old callers) the file's own local path
+    or URI with no key, its lake then the one of its parent directory."""
+    if isinstance(target, Lake):
+        return target, key
+    if key:
+        return as_lake(target), key
+    parent, _, name = str(target).rstrip("/").rpartition("/")
+    return as_lake(parent or "."), name
 
 
-def read_json(path: Path, default: Any = None) -> Any:
-    """The JSON value in `path`, or `default` when it does not exist or is not complete JSON."""
+def write_json(target: Lake | PathLike | str, value: Any, key: str = "") -> None:
+    """Replace the object at `key` of lake `target` (or the file at the path or URI `target`) with `value` as JSON
+    (sorted keys), whole (`changelog.storage.Lake.write_bytes`: a reader sees the old object or the new one),
+    owner-only on a local lake. Of writers racing, the last replace wins."""
+    lake, k = _where(target, key)
+    lake.write_bytes(json.dumps(value, sort_keys=True).encode(), k)
+
+
+def read_json(target: Lake | PathLike | str, default: Any = None, key: str = "") -> Any:
+    """The JSON value at `key` of lake `target` (or in the file at the path or URI `target`), or `default` when
+    there is none or it is not complete JSON."""
+    lake, k = _where(target, key)
     try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return json.loads(lake.read_bytes(k))
+    except (NotFound, json.JSONDecodeError, UnicodeDecodeError):
         return default
 
 
-def complete_dirs(root: Path, prefix: str, below: int) -> list[tuple[int, Path]]:
-    """(id, dir) of the complete `<prefix><id>` directories under `root` (with a `_SUCCESS` marker, as a Spark
-    write leaves it) whose id < `below`, by id."""
+def complete_dirs(
+    lake: Lake, root: str, prefix: str, below: int, known: set[str] | None = None
+) -> list[tuple[int, str]]:
+    """(id, key) of the complete `<prefix><id>` directories under key `root` of `lake` (with a `_SUCCESS` marker,
+    as a Spark write leaves it) whose id < `below`, by id. One listing of `root`, then one look per directory not in
+    `known` (names found complete are added to it: a complete directory stays so until it is deleted)."""
     found = []
-    for d in Path(root).glob(f"{prefix}*"):
-        n = d.name[len(prefix) :]
-        if n.isdigit() and int(n) < below and (d / "_SUCCESS").exists():
-            found.append((int(n), d))
+    for e in lake.list(root):
+        n = e.name[len(prefix) :]
+        if not (e.is_dir and e.name.startswith(prefix) and n.isdigit() and int(n) < below):
+            continue
+        key = f"{root}/{e.name}" if root else e.name
+        if known is not None and e.name in known:
+            found.append((int(n), key))
+        elif lake.exists(key, "_SUCCESS"):
+            found.append((int(n), key))
+            if known is not None:
+                known.add(e.name)
     return sorted(found)
 
 
