@@ -11,7 +11,8 @@ resolve by its fields in declared order (`joins.interval`: the smallest wins); c
 time and match keys (the only columns it keeps).
 
 Every step of the join (a micro-batch, or an idle tick between two) has a *fence*, a number that grows with every
-step. The state after step `fence` is the version `v<fence:020d>/` under the store's directory:
+step. The state after step `fence` is the version `v<fence:020d>/` under the store's key in the lake
+(`changelog.storage.Lake`; Spark reads and writes `state/` by its URI, so the store works on every kind of lake):
 - `state/`: the rows both sides keep (Parquet, the stream's layout plus `_matches`: each side's rows with their
   own columns, `_side` telling which);
 - `meta.json`: the join's progress after the step (`IntervalProgress`: its watermark, what it saw, counters),
@@ -20,8 +21,10 @@ Steps per fence: `restore(fence)` is the newest version before `fence` (a step r
 same fence, restores what its first attempt restored); `stage(fence, result)` writes the rows of a join result
 that stay in the state (the version does not exist yet); `advance(fence, progress)` writes its meta, which makes it
 exist, and drops the versions older than `prune_below`. Only rows that may still match are kept (see
-`joins.interval`), so a version stays flat as event time advances. `exclusive()` serializes steps on one store,
-across threads and processes.
+`joins.interval`), so a version stays flat as event time advances. `exclusive()` serializes steps on one store
+among the threads of a process (a job's micro-batches and its idle ticks): one process steps a store, the driver
+of its job, of which one runs at a time (the job's lease on the lake, `jobs.core.lease`); nothing here guards two
+processes stepping one store at once.
 
 The steps themselves: `step` (join a step's records with the state, publish through the caller's `publish`, then
 stage), `batch_step` (one micro-batch: the watermark rule, late records and duplicates, `step`, `advance`) and
@@ -33,13 +36,12 @@ The watermark is one per job, over both topics: the greatest time seen on either
 
 from __future__ import annotations
 
-import fcntl
-import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from os import PathLike
 from typing import NamedTuple
 
 from pyspark.errors import AnalysisException
@@ -47,6 +49,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from changelog.storage import Lake, as_lake
 from joins.interval import MATCHES, MIN_WATERMARK, IntervalJoinResult, JoinSide, batch_constant, interval_join
 from joins.sides import TwoTopics, identity_sql, own_columns, sql_type
 from joins.state import empty_frame, read_json, write_json
@@ -215,44 +218,72 @@ def _no_mark(name: str) -> None:
     pass
 
 
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_of(uri: str) -> threading.Lock:
+    """The process's one lock of the store at `uri` (shared by every `IntervalStore` object of it)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(uri, threading.Lock())
+
+
 class IntervalStore:
-    """The interval join's state of one job generation, versioned by fence under `root` (see the module
-    docstring), for the job laid out by `sides` and a watermark `lateness_ms` behind the newest event. Implements
+    """The interval join's state of one job generation, versioned by fence under key `key` of lake `root` (see the
+    module docstring), for the job laid out by `sides` and a watermark `lateness_ms` behind the newest event.
+    `root` may also be a local path or a URI, the store's own directory (`changelog.storage.as_lake`). Implements
     `joins.state.JoinState[IntervalSnapshot]`: `stage` takes the step's `IntervalJoinResult`, `advance` the step's
     `IntervalProgress`."""
 
-    def __init__(self, spark, root: Path, *, sides: IntervalSides, lateness_ms: int):
-        self.spark, self.root, self.sides = spark, Path(root), sides
+    def __init__(
+        self,
+        spark,
+        root: Lake | PathLike | str,
+        *,
+        sides: IntervalSides,
+        lateness_ms: int,
+        key: str = "",
+    ):
+        self.spark, self.lake, self.key, self.sides = spark, as_lake(root), key.strip("/"), sides
         self.upper_ms, self.lateness_ms = sides.upper_ms, lateness_ms
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_of(self.lake.uri(self.key))
 
-    def _dir(self, fence: int) -> Path:
-        return self.root / f"v{fence:020d}"
+    def _version(self, fence: int) -> str:
+        """The key of version `fence`."""
+        name = f"v{fence:020d}"
+        return f"{self.key}/{name}" if self.key else name
 
-    def _versions(self) -> list[int]:
+    def _dirs(self) -> list[int]:
+        """The fences of the version directories, complete or not."""
         return sorted(
-            int(p.name[1:])
-            for p in self.root.iterdir()
-            if p.name.startswith("v") and p.name[1:].isdigit() and (p / "meta.json").exists()
+            int(e.name[1:])
+            for e in self.lake.list(self.key)
+            if e.is_dir and e.name.startswith("v") and e.name[1:].isdigit()
         )
+
+    def meta(self, fence: int) -> dict | None:
+        """The meta of version `fence` as written (None: the version does not exist)."""
+        return read_json(self.lake, None, f"{self._version(fence)}/meta.json")
 
     def latest(self, below: int | None = None) -> tuple[int | None, IntervalProgress]:
         """(fence, progress) of the newest version (before `below`), or (None, the progress before the first
         step); reads no rows."""
-        vs = [v for v in self._versions() if below is None or v < below]
-        if not vs:
-            return None, IntervalProgress()
-        meta = read_json(self._dir(vs[-1]) / "meta.json")
-        return vs[-1], IntervalProgress(
-            **{f.name: meta[f.name] for f in fields(IntervalProgress) if f.name in meta}
-        )
+        for v in reversed([v for v in self._dirs() if below is None or v < below]):
+            meta = self.meta(v)
+            if meta is not None:
+                return v, IntervalProgress(
+                    **{f.name: meta[f.name] for f in fields(IntervalProgress) if f.name in meta}
+                )
+        return None, IntervalProgress()
 
     def restore(self, fence: int) -> IntervalSnapshot:
         """The state before step `fence`: the newest version before it."""
         base, progress = self.latest(below=fence)
         if base is None:
             return IntervalSnapshot(None, None, progress, None)
-        df = self.spark.read.schema(self.sides.state_schema()).parquet(str(self._dir(base) / "state"))
+        df = self.spark.read.schema(self.sides.state_schema()).parquet(
+            self.lake.uri(self._version(base), "state")
+        )
         left, right = (self.sides.rows(df, i, extra=(MATCHES,)) for i in (0, 1))
         return IntervalSnapshot(left, right, progress, base)
 
@@ -350,8 +381,8 @@ class IntervalStore:
         Spark job of their own): `new_left`, `new_right` (first seen in this step), `closed` (left events closed
         in this step), `provisional` (left events whose matches grew, not closed), `held` (left events kept),
         `state_rows` (rows kept) and `min_kept_ts` (the earliest kept left event's time, None if none)."""
-        d = self._dir(fence)
-        (d / "meta.json").unlink(missing_ok=True)
+        d = self._version(fence)
+        self.lake.delete(d, "meta.json")
 
         def n(c):
             return F.sum(F.col(c).cast("bigint"))
@@ -370,7 +401,7 @@ class IntervalStore:
         kept = self.sides.to_state(left.where("_keep"), 0).unionByName(
             self.sides.to_state(right.where("_keep"), 1)
         )
-        kept.coalesce(1).write.mode("overwrite").parquet(str(d / "state"))
+        kept.coalesce(1).write.mode("overwrite").parquet(self.lake.uri(d, "state"))
         cl, cr = obs_l.get, obs_r.get
         return {
             "new_left": int(cl["new"] or 0),
@@ -386,16 +417,17 @@ class IntervalStore:
         """Write the progress of version `fence` (staged before) as its meta: the version exists, the next step
         restores it. Then drop the versions older than `prune_below` (pass the base a replay of this step would
         restore)."""
-        write_json(self._dir(fence) / "meta.json", asdict(progress))
+        write_json(self.lake, asdict(progress), f"{self._version(fence)}/meta.json")
         if prune_below is None:
             return
-        for p in self.root.iterdir():
-            if p.name.startswith("v") and p.name[1:].isdigit() and int(p.name[1:]) < prune_below:
-                shutil.rmtree(p, ignore_errors=True)
+        for v in self._dirs():
+            if v < prune_below:
+                self.lake.delete_tree(self._version(v))
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        """Hold the store alone for one step (a flock on `<root>/.lock`: other threads and processes wait)."""
-        with open(self.root / ".lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file is closed
+        """Hold the store alone for one step: the other threads of this process that step it (a job's micro-batch
+        and its idle tick) wait. A lock of the process, not of the lake: one process steps a store, its job's
+        driver, one at a time by the job's lease (see the module docstring)."""
+        with self._lock:
             yield

@@ -1,7 +1,8 @@
 """The state of a `join` job (`joins.table`) between micro-batches: `TableStore`, a `JoinState`.
 
 The state (`TableState`: each side's current table, one row per key ever seen) lives in memory across
-micro-batches (materialized DataFrames) and is durable under the store's directory as a log of changed rows:
+micro-batches (materialized DataFrames) and is durable under the store's key in the lake (`changelog.storage.Lake`:
+listed and removed through it, written and read by Spark by its URI) as a log of changed rows:
 - `b<id>/`: the state rows batch `id` changed (Parquet, written by `stage`, replaced by a replay of the batch);
 - `s<id>/`: the whole state after batch `id` (a compaction of the directories before it).
 Both sides' rows are in the same files (one Spark job writes a batch's): `_side` says whose, and side `i`'s
@@ -16,14 +17,14 @@ list with a fan-out limit, is not stored: it is computed again from the restored
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from changelog.current import quoted
+from changelog.storage import Lake, as_lake
 from joins.state import complete_dirs, empty_frame
 from joins.table import JoinChanges, TableJoin, TableState, state_schema
 
@@ -33,11 +34,16 @@ _DIR_ID = r"/[bs]([0-9]+)/[^/]*$"  # the id in a file's path .../b<id>/part-... 
 
 
 class TableStore:
-    """The join state of one job generation: in memory after batch `self.batch`, durable under `path` (see the
-    module docstring). Implements `joins.state.JoinState[TableState]` with `JoinChanges` as changes."""
+    """The join state of one job generation: in memory after batch `self.batch`, durable under key `key` of lake
+    `root` (or in the local directory or URI `root` itself; see the module docstring). Implements
+    `joins.state.JoinState[TableState]` with `JoinChanges` as changes."""
 
-    def __init__(self, spark, path: Path, join: TableJoin, *, snapshot_every: int = 100):
-        self.spark, self.path, self.join, self.snapshot_every = spark, Path(path), join, snapshot_every
+    def __init__(
+        self, spark, root: Lake | PathLike | str, join: TableJoin, *, key: str = "", snapshot_every: int = 100
+    ):
+        self.spark, self.join, self.snapshot_every = spark, join, snapshot_every
+        self.lake, self.key = as_lake(root), key.strip("/")
+        self._complete: set[str] = set()  # directories known to be complete (`joins.state.complete_dirs`)
         self.state: TableState | None = None
         self.batch: int | None = None  # the state in memory is the state after this batch
         self._columns = []  # per side: (name, SQL type) of its state columns
@@ -71,19 +77,23 @@ class TableStore:
         """Move the state in memory past `batch_id` (once the view has the batch and `stage` is done)."""
         self.state, self.batch = changes.settle(), batch_id
 
-    def _log_before(self, batch_id: int) -> tuple[list[Path], list[Path]]:
-        """The newest complete snapshot before `batch_id` (a list of at most one) and the batch dirs after it."""
-        snaps = complete_dirs(self.path, "s", batch_id)
+    def _complete_dirs(self, prefix: str, below: int) -> list[tuple[int, str]]:
+        return complete_dirs(self.lake, self.key, prefix, below, self._complete)
+
+    def _log_before(self, batch_id: int) -> tuple[list[str], list[str]]:
+        """The keys of the newest complete snapshot before `batch_id` (a list of at most one) and of the batch
+        dirs after it."""
+        snaps = self._complete_dirs("s", batch_id)
         since = snaps[-1][0] if snaps else -1
-        batches = [d for i, d in complete_dirs(self.path, "b", batch_id) if i > since]
+        batches = [d for i, d in self._complete_dirs("b", batch_id) if i > since]
         return [d for _, d in snaps[-1:]], batches
 
-    def _read(self, dirs: list[Path]) -> TableState:
+    def _read(self, dirs: list[str]) -> TableState:
         if not dirs:
             return TableState(sides=tuple(empty_frame(self.spark, state_schema(t)) for t in self.join.topics))
         rows = (
             self.spark.read.schema(self._file_schema)
-            .parquet(*[str(d) for d in dirs])
+            .parquet(*[self.lake.uri(d) for d in dirs])
             .withColumn("_batch", F.regexp_extract("_metadata.file_path", _DIR_ID, 1).cast("bigint"))
         )
 
@@ -115,9 +125,11 @@ class TableStore:
 
     def _write(self, name: str, sides: list[DataFrame]) -> None:
         rows = self._log_rows(0, sides[0]).unionByName(self._log_rows(1, sides[1]))
-        rows.coalesce(1).write.mode("overwrite").parquet(str(self.path / name))
+        self._complete.discard(name)  # replaced: complete again only once this write has its marker
+        rows.coalesce(1).write.mode("overwrite").parquet(self.lake.uri(self.key, name))
 
     def _snapshot(self, batch_id: int) -> None:
         self._write(f"s{batch_id}", list(self.state.sides))
-        for _, d in complete_dirs(self.path, "b", batch_id + 1) + complete_dirs(self.path, "s", batch_id):
-            shutil.rmtree(d, ignore_errors=True)
+        for _, d in self._complete_dirs("b", batch_id + 1) + self._complete_dirs("s", batch_id):
+            self.lake.delete_tree(d)
+            self._complete.discard(d.rpartition("/")[2])

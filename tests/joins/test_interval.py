@@ -1,15 +1,17 @@
 """`joins.interval.interval_join` on small in-memory DataFrames: a semantics table over several micro-batches
 (matches, late rows, duplicates, closing under the watermark, outer rows), a self-join, and the state bound; its
-state between steps (`joins.interval_state`): the watermark and idle rules, versions, a replayed step, pruning."""
+state between steps (`joins.interval_state`): the watermark and idle rules, versions, a replayed step, pruning, in
+a local lake and in one on a real HDFS."""
 
 from __future__ import annotations
 
-import json
+import uuid
 from dataclasses import replace
 
 import pytest
 from pyspark.sql import functions as F
 
+from changelog.storage import open_lake
 from joins.errors import BadJoinArgument
 from joins.interval import MIN_WATERMARK, JoinSide, interval_join
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
@@ -180,12 +182,26 @@ def _batch(spark, sides, rows):
     return parts[0].unionByName(parts[1])
 
 
-def test_store_steps_replay_idle_tick_and_layout(spark, tmp_path):
+@pytest.fixture(params=["local", pytest.param("hdfs", marks=pytest.mark.e2e)])
+def lake(request, tmp_path):
+    """A lake on the local disk, or on the session's HDFS (a directory of its own per test)."""
+    if request.param == "local":
+        return open_lake(tmp_path / "lake")
+    return open_lake(f"{request.getfixturevalue('hdfs_server').url}/lake-{uuid.uuid4().hex[:8]}")
+
+
+def test_store_steps_replay_idle_tick_and_layout(spark, lake):
     """One version per step (`v<fence>/state` + `meta.json`); a replayed step restores what its first attempt
     did and counts nothing twice; late records go to `on_late`; an idle tick is fenced after the newest version;
-    versions a replay can no longer need are pruned."""
+    versions a replay can no longer need are pruned. The same on a lake on HDFS (Spark reads and writes the rows
+    by URI, the versions and their meta go through the lake): the state lives off the local disk."""
     sides = IntervalSides.of(spark, parse_pipeline(PIPELINE, "t.yml"), "j")
-    store = IntervalStore(spark, tmp_path, sides=sides, lateness_ms=10)
+    key = "state/j/g1"
+    store = IntervalStore(spark, lake, key=key, sides=sides, lateness_ms=10)
+
+    def versions() -> list[str]:
+        return [e.name for e in lake.list(key) if e.name.startswith("v")]
+
     published, late = {}, []
 
     def publish(left, fence):
@@ -220,18 +236,16 @@ def test_store_steps_replay_idle_tick_and_layout(spark, tmp_path):
         and tick.progress.watermark == 390
         and published[2_000_001] == [("s3", 0, True)]
     )
-    assert sorted(d.name for d in tmp_path.glob("v*")) == [
-        f"v{f:020d}" for f in (1_000_000, 2_000_000, 2_000_001)
-    ]
-    meta = json.loads((tmp_path / f"v{2_000_001:020d}" / "meta.json").read_text())
+    assert versions() == [f"v{f:020d}" for f in (1_000_000, 2_000_000, 2_000_001)]
+    meta = lake.read_json(key, f"v{2_000_001:020d}", "meta.json")
     assert (meta["fence"], meta["watermark"], meta["closed"], meta["late"]) == (2_000_001, 390, 2, 1)
     # each side keeps its own columns: a left row its topic's fields, a right row only its key, id and time
-    state = spark.read.schema(sides.state_schema()).parquet(str(tmp_path / f"v{2_000_000:020d}" / "state"))
+    state = spark.read.schema(sides.state_schema()).parquet(lake.uri(key, f"v{2_000_000:020d}", "state"))
     kept = sorted((r["_side"], r["_id"], r["_k0"], r["_0_text"], r["_matches"]) for r in state.collect())
     assert kept == [(0, "s3", "y", "h", 0), (1, "c9", "z", None, 0)]
     assert not any(f.name.startswith("_1_") for f in state.schema.fields)
     step(4_000_000, [("c", "c10", "z", "u", 400)])  # its base is 2_000_001: older versions are dropped
-    assert sorted(d.name for d in tmp_path.glob("v*")) == [f"v{f:020d}" for f in (2_000_001, 4_000_000)]
+    assert versions() == [f"v{f:020d}" for f in (2_000_001, 4_000_000)]
 
 
 @pytest.mark.parametrize(

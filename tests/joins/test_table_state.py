@@ -1,10 +1,15 @@
 """The `join` kind's durable state (`joins.table_state.TableStore`): the changes log it stages and the state a new
-store restores from it, for the built-in join and for sides with composite keys and types of every kind."""
+store restores from it, for the built-in join and for sides with composite keys and types of every kind; on a
+real HDFS, its compaction into snapshots."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
+import pytest
+
+from changelog.storage import open_lake
 from joins.sparkapi import codegen_compilations
 from joins.table import TableJoin, maintain_join
 from joins.table_state import TableStore
@@ -13,6 +18,7 @@ from spec import load_pipeline, parse_pipeline
 BUILTIN = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"
 _TWEETS = "op string, tweet_id string, user_id string, text string, ts bigint"
 _FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
+_POSTS = (("t0", 10), ("t1", 11), ("t2", 12))
 
 
 def _builtin_join(spark) -> TableJoin:
@@ -119,3 +125,30 @@ def test_sides_with_a_composite_key_and_fields_of_every_type_restore_as_they_wer
         ("s1", "Oslo", 1, True, False),
         ("s2", "Rome", 2, True, False),
     ]
+
+
+@pytest.mark.e2e
+def test_on_hdfs_the_state_restores_compacts_and_drops_what_a_snapshot_covers(spark, hdfs_server):
+    """The store with its root on a real HDFS (Spark writes and reads the rows by URI; directories are listed,
+    checked for `_SUCCESS` and removed through the lake): every second batch the log is compacted into one
+    snapshot, the directories it covers are removed, and a new store (a driver started elsewhere) restores the
+    same state from the snapshot and the batches after it."""
+    lake = open_lake(f"{hdfs_server.url}/lake-{uuid.uuid4().hex[:8]}")
+    key = "state/timeline/g1/table"
+    join = _builtin_join(spark)
+    store = TableStore(spark, lake, join, key=key, snapshot_every=2)
+    follows = spark.createDataFrame([("follow", "r", "a", 1)], _FOLLOWS)
+    tweets = [spark.createDataFrame([("post", t, "a", f"{t}@{ts}", ts)], _TWEETS) for t, ts in _POSTS]
+    for b, inputs in enumerate([(None, follows), *((t, None) for t in tweets)]):
+        changes = maintain_join(join, store.restore(b), inputs)
+        store.stage(b, changes)
+        store.advance(b, changes)
+    assert [e.name for e in lake.list(key)] == ["b2", "b3", "s1"]  # s1 covers b0 and b1
+    restored = TableStore(spark, lake, join, key=key, snapshot_every=2).restore(4)
+    assert [e.name for e in lake.list(key)] == ["s3"]
+    again = TableStore(spark, lake, join, key=key).restore(4)
+    for i in (0, 1):
+        want = sorted(map(tuple, store.state.sides[i].collect()))
+        assert sorted(map(tuple, restored.sides[i].collect())) == want
+        assert sorted(map(tuple, again.sides[i].collect())) == want
+    assert sorted(r[0] for r in again.sides[0].collect()) == ["t0", "t1", "t2"]
