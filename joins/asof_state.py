@@ -1,6 +1,7 @@
 """The state of an asof job's join (`joins.asof`) between micro-batches: the versioned copy and the held events.
 
-Files, under the job's state directory of one generation (`LAKE_DIR/state/<job>/g<g>/`):
+Files, under the job's state key of one generation (`state/<job>/g<g>/` in the lake; the Delta tables by their
+URIs, the mark through `changelog.storage.Lake`):
 - `versions`: Delta table, the versioned local copy of the table topic (SCD type 2), one row per change received
   (`joins.asof.AsofSides.version_schema`; a change delivered twice is stored twice and resolved on read, so the
   append needs no lookup);
@@ -28,11 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from changelog.storage import Lake, as_lake
 from changelog.topics import ensure_delta_table
 from joins.asof import AsofSides, version_rows
 from joins.state import read_json, write_json
@@ -69,15 +71,31 @@ class AsofProgress:
 
 
 class AsofState:
-    """The asof join's `JoinState` in `directory` for the job laid out by `sides` (see the module docstring).
-    `app_id` names the job and generation in the Delta idempotent-write options; `emitted`: keep the `emitted`
-    table (the job has no log view that records every emitted event)."""
+    """The asof join's `JoinState` under key `key` of lake `root` (or in the local directory or URI `root` itself)
+    for the job laid out by `sides` (see the module docstring). `app_id` names the job and generation in the Delta
+    idempotent-write options; `emitted`: keep the `emitted` table (the job has no log view that records every
+    emitted event)."""
 
-    def __init__(self, spark, directory: Path, app_id: str, sides: AsofSides, *, emitted: bool = False):
-        self.spark, self.dir, self.app_id, self.sides = spark, Path(directory), app_id, sides
-        self._versions = ensure_delta_table(spark, self.dir / "versions", sides.version_schema())
-        self._held = ensure_delta_table(spark, self.dir / "held", sides.stream.schema())
-        self._emitted = ensure_delta_table(spark, self.dir / "emitted", _EMITTED_SCHEMA) if emitted else None
+    def __init__(
+        self,
+        spark,
+        root: Lake | PathLike | str,
+        app_id: str,
+        sides: AsofSides,
+        *,
+        key: str = "",
+        emitted: bool = False,
+    ):
+        self.spark, self.app_id, self.sides = spark, app_id, sides
+        self.lake, self.key = as_lake(root), key.strip("/")
+        self._mark = f"{self.key}/{_MARK}" if self.key else _MARK
+
+        def table(name: str, schema: str) -> str:
+            return ensure_delta_table(spark, self.lake, schema, key=f"{self.key}/{name}".lstrip("/"))
+
+        self._versions = table("versions", sides.version_schema())
+        self._held = table("held", sides.stream.schema())
+        self._emitted = table("emitted", _EMITTED_SCHEMA) if emitted else None
 
     def _read(self, path: str) -> Callable[[], DataFrame]:
         return lambda: self.spark.read.format("delta").load(path)
@@ -92,7 +110,7 @@ class AsofState:
         )
 
     def restore(self, batch_id: int) -> AsofSnapshot:
-        mark = read_json(self.dir / _MARK, {})
+        mark = read_json(self.lake, {}, self._mark)
         return AsofSnapshot(
             mark.get("max_ts"), mark.get("held", 0), self._read(self._versions), self._read(self._held)
         )
@@ -112,4 +130,4 @@ class AsofState:
     def advance(self, batch_id: int, changes: AsofProgress) -> None:
         if changes.held_events is not None:
             self._append(changes.held_events, self._held, "held", batch_id, mode="overwrite")
-        write_json(self.dir / _MARK, {"max_ts": changes.max_ts, "held": changes.held})
+        write_json(self.lake, {"max_ts": changes.max_ts, "held": changes.held}, self._mark)

@@ -20,14 +20,15 @@ Identities and keys are SQL text over a topic's columns:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from changelog.errors import UnknownTopic
-from changelog.topics import ensure_delta_table, read_stream
+from changelog.storage import Lake
+from changelog.topics import ensure_delta_table, read_stream, topic_key
 from spec.model import Topic
 
 __all__ = ["TwoTopics", "identity_sql", "key_text_sql", "topic_stream", "own_columns", "sql_type"]
@@ -59,16 +60,16 @@ def sql_type(df: DataFrame, column: str) -> str:
 
 
 def topic_stream(
-    spark, lake_dir: Path, topic: Topic, *, max_files_per_trigger: int | None = None
+    spark, lake: Lake | PathLike | str, topic: Topic, *, max_files_per_trigger: int | None = None
 ) -> DataFrame:
-    """`topic`'s log as a streaming DataFrame from its start (the checkpoint decides where to resume). A topic the
-    changelog does not know by name (a pipeline's own) is read at `LAKE_DIR/topics/<name>`, made empty first if it
-    does not exist, with the columns `topic.columns()`."""
+    """`topic`'s log in `lake` (a `Lake`, or a lake's local path or URI) as a streaming DataFrame from its start
+    (the checkpoint decides where to resume). A topic the changelog does not know by name (a pipeline's own) is
+    read at `topics/<name>`, made empty first if it does not exist, with the columns `topic.columns()`."""
     try:
-        return read_stream(spark, lake_dir, topic.name, max_files_per_trigger=max_files_per_trigger)
+        return read_stream(spark, lake, topic.name, max_files_per_trigger=max_files_per_trigger)
     except UnknownTopic:
         pass
-    path = ensure_delta_table(spark, Path(lake_dir) / "topics" / topic.name, topic.schema())
+    path = ensure_delta_table(spark, lake, topic.schema(), key=topic_key(topic.name))
     reader = spark.readStream.format("delta")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
@@ -114,10 +115,12 @@ class TwoTopics:
                 exprs.append(f"{value} AS {quoted(f'_{j}_{c}')}")
         return df.selectExpr(*exprs)
 
-    def stream(self, spark, lake_dir: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
-        """Both topics' logs as one streaming DataFrame in the union's schema."""
+    def stream(
+        self, spark, lake: Lake | PathLike | str, *, max_files_per_trigger: int | None = None
+    ) -> DataFrame:
+        """Both topics' logs in `lake` as one streaming DataFrame in the union's schema."""
         a, b = (
-            self.project(topic_stream(spark, lake_dir, t, max_files_per_trigger=max_files_per_trigger), i)
+            self.project(topic_stream(spark, lake, t, max_files_per_trigger=max_files_per_trigger), i)
             for i, t in enumerate(self.topics)
         )
         return a.unionByName(b)

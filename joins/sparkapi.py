@@ -133,8 +133,9 @@ def check_jvm(spark, verdicts: Path | None = None) -> None:
     SPARK_HOME names another Spark) and has every class and method of `_JVM_METHODS`, with those parameters.
 
     One Py4J call per method (Py4J's help of the class, filtered to the method): 40-90 ms at a session's start. With
-    `verdicts` (a directory), a pass is remembered there for this Spark version and this module's table of methods
-    (`sparkapi-<digest>.ok`), and a later start with the same finds it and asks the JVM for its version only."""
+    `verdicts` (a directory of this machine, beside the venv: never in the lake), a pass is remembered there for
+    this Spark version and this module's table of methods (`sparkapi-<digest>.ok`), and a later start with the same
+    finds it and asks the JVM for its version only."""
     version = spark.version
     if not supported(version):
         raise SparkUnsupported(version)
