@@ -33,9 +33,9 @@ checksums) are listed and read as objects of the lake, never through the local f
 
 Every commit made here is followed by its version checksum (`changelog.checksums`), as Spark's commits are.
 
-**Concurrent writers.** Creating a topic is safe under concurrency: a creation that fails because another writer
-created the table first counts as done, and creators and schema changes take the writers' lock exclusive
-(`topic_lock`). Appends of records (`append_table`: `mview ingest`, the kafka and cdc jobs, all through delta-rs)
+**Concurrent writers.** Creating a topic is safe under concurrency: a creation (or a schema change) is one
+attempt at its version, never retried at the next one, and one that fails because another writer made it first
+counts as done; creators and schema changes take the writers' lock exclusive (`topic_lock`). Appends of records (`append_table`: `mview ingest`, the kafka and cdc jobs, all through delta-rs)
 hold it shared, so appends run side by side; a Spark writer of a topic (maintenance's compaction and OPTIMIZE)
 holds it exclusive. What that lock is, and what makes concurrent commits safe, depends on the store:
 - **local disk**: delta-rs commits a version by a hard link that fails if the version exists; Spark's local log
@@ -183,8 +183,18 @@ def _delta_table(lake: Lake, key: str):
     return DeltaTable(lake.delta_uri(key), storage_options=lake.delta_options() or None)
 
 
+def _once():
+    """Commit properties of a commit made at most once: a writer that finds its version taken fails instead of
+    making it again at the next version (delta-rs retries a CREATE TABLE that lost its race as a second one, with
+    another table id, which other writers then refuse as a metadata change)."""
+    from deltalake import CommitProperties
+
+    return CommitProperties(max_commit_retries=0)
+
+
 def _create(lake: Lake, key: str, topic: Topic) -> None:
-    """Create the log at `key` with the topic's columns unless it exists (under the exclusive lock)."""
+    """Create the log at `key` with the topic's columns unless it exists (under the exclusive lock; on HDFS and S3,
+    of racing creators the one whose version 0 lands creates it)."""
     with topic_lock(lake, key=key, exclusive=True):
         if not _exists(lake, key):
             from deltalake import DeltaTable
@@ -195,6 +205,7 @@ def _create(lake: Lake, key: str, topic: Topic) -> None:
                     topic_arrow_schema(topic),
                     mode="ignore",
                     storage_options=lake.delta_options() or None,
+                    commit_properties=_once(),
                 )
             except Exception:
                 if not _exists(lake, key):  # not a writer outside the lock that created it first
@@ -281,27 +292,42 @@ def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
         change = log_change(table, topic)
         if change is None:
             return lake.uri(key), table
-        kind, what = change
-        if kind == "grow":
-            from deltalake import Field
-
-            delta = {"bigint": "long", "double": "double", "boolean": "boolean", "string": "string"}
-            table.alter.add_columns([Field(n, delta[t], nullable=True) for n, t in what])
-        elif not _holds_records(table):
-            from deltalake import write_deltalake
-
-            schema = topic_arrow_schema(topic)
-            write_deltalake(
-                lake.delta_uri(key),
-                Table.from_batches([], schema=schema),
-                mode="overwrite",
-                schema_mode="overwrite",
-                storage_options=lake.delta_options() or None,
-            )
-        else:
-            raise TopicChanged(topic.name, lake.uri(key), what, where or _where(topic))
+        if change[0] != "grow" and _holds_records(table):
+            raise TopicChanged(topic.name, lake.uri(key), change[1], where or _where(topic))
+        try:
+            _change(lake, key, table, topic, change)
+        except Exception:
+            table = _delta_table(lake, key)
+            if (
+                log_change(table, topic) is not None
+            ):  # not a racing writer (HDFS, S3) that made the change first
+                raise
         write_checksums(lake, table_version(lake, key=key), key=key)
     return lake.uri(key), _delta_table(lake, key)
+
+
+def _change(lake: Lake, key: str, table, topic: Topic, change: tuple[str, list]) -> None:
+    """Bring the log `table` (at `key`) to the declaration of `topic`: `change` is its `log_change`, a growth or
+    a change of a log without records."""
+    kind, what = change
+    if kind == "grow":
+        from deltalake import Field
+
+        delta = {"bigint": "long", "double": "double", "boolean": "boolean", "string": "string"}
+        table.alter.add_columns(
+            [Field(n, delta[t], nullable=True) for n, t in what], commit_properties=_once()
+        )
+    else:
+        from deltalake import write_deltalake
+
+        write_deltalake(
+            lake.delta_uri(key),
+            Table.from_batches([], schema=topic_arrow_schema(topic)),
+            mode="overwrite",
+            schema_mode="overwrite",
+            storage_options=lake.delta_options() or None,
+            commit_properties=_once(),
+        )
 
 
 def ensure_topic(spark, lake: Where, topic: Topic | str) -> str:

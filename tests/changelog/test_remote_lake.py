@@ -101,3 +101,34 @@ def test_mview_ingest_with_lake_dir_on_the_store(remote_lake, tmp_path):
     assert env.get("AWS_SECRET_ACCESS_KEY", "\0") not in done.stdout + done.stderr
     assert _ids(lake) == ["c1"]
     assert [(d["file"], d["line"]) for d in read_dead_letters(lake, "tweets")] == [(str(src), 2)]
+
+
+def test_concurrent_ingest_processes_on_the_store_store_every_record_and_dead_letter_once(
+    remote_lake, tmp_path
+):
+    """Four `mview ingest` processes creating the topic and appending to it at once, with no lock on the store:
+    every record and every dead letter once, one commit per file after the creation."""
+    lake, env = remote_lake
+    files = []
+    for n in range(4):
+        files.append(tmp_path / f"p{n}.jsonl")
+        files[-1].write_bytes(b"".join(_post(f"p{n}-{i}") + b"\n" for i in range(50)) + b"bad\n")
+    procs = [
+        subprocess.Popen(
+            [MVIEW, "ingest", "tweets", str(f), "--json"],
+            env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for f in files
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.splitlines()[-1]) == {"topic": "tweets", "accepted": 50, "rejected": 1}
+    assert _ids(lake) == sorted(f"p{n}-{i}" for n in range(4) for i in range(50))
+    assert latest_version(lake, "tweets") == 4
+    assert sorted((d["file"], d["line"]) for d in read_dead_letters(lake, "tweets")) == [
+        (str(f), 51) for f in files
+    ]
