@@ -87,8 +87,12 @@ class _Local:
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(_tmp_name(p.name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+        except BaseException:  # a full disk: no temporary file left behind
+            tmp.unlink(missing_ok=True)
+            raise
         return tmp
 
     def write(self, key: str, data: bytes, mode: int) -> None:
@@ -461,6 +465,8 @@ def as_lake(lake: Lake | str | os.PathLike) -> Lake:
     for functions that take a lake from callers that still hold a local `Path`."""
     if isinstance(lake, Lake):
         return lake
+    if lake is None:  # a caller's `settings.lake_dir` on a lake that is not local: never `./None`
+        raise TypeError("as_lake(None): pass settings.lake (LAKE_DIR is not a local path)")
     text = str(lake)
     got = _OPENED.get(text)
     if got is None:
