@@ -3,7 +3,8 @@
 A generation g of job J is: the Redis keys `mv:<kind>:<g>:*` for every view and extra key kind of J (see
 `JobSpec.extra_keys`) plus `mv:meta:<J>:<g>`, and the lake dirs `checkpoints/<J>/g<g>` and `state/<J>/g<g>`.
 Readers only ever see the generation `mv:gen:<J>` points at; every other generation is either being built by a
-replay (its marker `LAKE_DIR/jobs/<J>/replay.json` names it while the replaying process lives) or garbage.
+replay (its marker `jobs/<J>/replay.json` names it while the replaying process holds the job's replay lease,
+`replay_lease_key`) or garbage. Every lake file is read and removed through `settings.lake` by key.
 
 Redis is a cache of the logs, and it may lose what it holds (a restart without persistence, FLUSHALL, a restore of
 an older snapshot). The lake says what the serving copy must hold: the serving generation's checkpoint lists the
@@ -15,15 +16,21 @@ a loss cannot hide it.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 
+from jobs.core.lease import holder_of
 from jobs.core.registry import JobSpec
-from jobs.core.runtime import checkpoint_dir, job_dir, read_status, state_dir
+from jobs.core.runtime import (
+    checkpoint_key,
+    committed_batches,
+    job_key,
+    read_status,
+    replay_lease_key,
+    state_key,
+)
 from jobs.core.settings import Settings
 from views.keys import gen_key, meta_key, view_pattern
-from views.log import log_path
+from views.log import log_key
 
 __all__ = [
     "key_kinds",
@@ -55,23 +62,26 @@ def generations(settings: Settings, client, spec: JobSpec) -> set[int]:
             g = rest.split(":", 1)[0]
             if g.isdigit():
                 found.add(int(g))
-    for root in (settings.lake_dir / "checkpoints" / spec.name, settings.lake_dir / "state" / spec.name):
-        if root.is_dir():
-            found.update(int(m.group(1)) for p in root.iterdir() if (m := _GEN_DIR.match(p.name)))
+    for root in ("checkpoints", "state"):
+        found.update(_lake_generations(settings, root, spec.name))
     return found
 
 
+def _lake_generations(settings: Settings, root: str, job: str) -> list[int]:
+    """The generations with a directory under `<root>/<job>` in the lake."""
+    return [
+        int(m.group(1)) for e in settings.lake.list(root, job) if e.is_dir and (m := _GEN_DIR.match(e.name))
+    ]
+
+
 def replay_in_progress(settings: Settings, job: str) -> int | None:
-    """The generation a live replay process is building for `job`, else None."""
+    """The generation a live replay is building for `job` (its marker names it, unfinished, and the job's replay
+    lease has a holder that may be alive: `jobs.core.lease.holder_of`), else None."""
     marker = read_status(settings, job, "replay.json")
-    pid, gen = marker.get("pid"), marker.get("building")
-    if not pid or gen is None or marker.get("finished"):
+    gen = marker.get("building")
+    if gen is None or marker.get("finished"):
         return None
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, PermissionError, ValueError):
-        return None
-    return int(gen)
+    return int(gen) if holder_of(settings.lake, replay_lease_key(job)) is not None else None
 
 
 def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, *, files: bool = True) -> int:
@@ -91,13 +101,13 @@ def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, 
             removed += client.unlink(*batch)
     removed += client.unlink(meta_key(spec.name, generation))
     if files:
-        for d in (
-            checkpoint_dir(settings, spec.name, generation),
-            state_dir(settings, spec.name, generation),
-            job_dir(settings, spec.name) / "late" / f"g{generation}",
-            *(log_path(settings.lake_dir, view, generation) for view in spec.views),
+        for key in (
+            checkpoint_key(spec.name, generation),
+            state_key(spec.name, generation),
+            f"{job_key(spec.name)}/late/g{generation}",
+            *(log_key(view, generation) for view in spec.views),
         ):
-            shutil.rmtree(d, ignore_errors=True)
+            settings.lake.delete_tree(key)
     return removed
 
 
@@ -140,12 +150,7 @@ def record_batch(client, job: str, generation: int, batch_id: int | None, **fiel
 
 def last_committed_batch(settings: Settings, job: str, generation: int) -> int | None:
     """The id of the last micro-batch Spark committed in `generation`'s checkpoint, None if none."""
-    commits = checkpoint_dir(settings, job, generation) / "commits"
-    try:
-        done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return max(done, default=None)
+    return max(committed_batches(settings.lake, checkpoint_key(job, generation)), default=None)
 
 
 def lake_generation(settings: Settings, spec: JobSpec) -> int:
@@ -154,10 +159,7 @@ def lake_generation(settings: Settings, spec: JobSpec) -> int:
     recorded = read_status(settings, spec.name, "status.json").get("generation")
     if isinstance(recorded, int) and last_committed_batch(settings, spec.name, recorded) is not None:
         return recorded
-    root = settings.lake_dir / "checkpoints" / spec.name
-    found = (
-        [int(m.group(1)) for p in root.iterdir() if (m := _GEN_DIR.match(p.name))] if root.is_dir() else []
-    )
+    found = _lake_generations(settings, "checkpoints", spec.name)
     published = [g for g in found if last_committed_batch(settings, spec.name, g) is not None]
     return max(published, default=0)
 

@@ -14,8 +14,11 @@
    (`status.json` generation = n+1), then REPLAY_GRACE for reads still on n, then removes n's Redis keys
    (SCAN + UNLINK) and its checkpoint and state dirs.
 
-A replay that crashes before the switch leaves n serving, untouched; run it again. One replay per job at a time
-(`LAKE_DIR/jobs/<job>/replay.lock`).
+A replay that crashes before the switch leaves n serving, untouched; run it again. One replay per job at a time,
+on any machine: a replay holds the job's replay lease (`jobs/<job>/replay-lease`, `jobs.core.lease`); a second one
+exits at once when the holder is alive on this machine, after at most one heartbeat when it renews elsewhere, and
+takes over a holder that stopped renewing (killed) after the lease's TTL. A replay that loses its lease stops
+before its switch (`runtime.STOP`).
 
 `rebuild` is the same build and switch, run in-process by a deployed job (`jobs.ops.service`) and by `run --once`
 when Redis lost the serving copy (`jobs.core.generations.serving_copy_lost`): n is then the generation the lake
@@ -24,7 +27,6 @@ says was serving, and what is left of it in Redis is dropped right after the swi
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 import threading
@@ -39,13 +41,14 @@ from jobs.core.generations import (
     lake_generation,
     serving_copy_lost,
 )
+from jobs.core.lease import Lease
 from jobs.core.registry import job_spec
 from jobs.core.runtime import (
-    checkpoint_dir,
-    job_dir,
+    checkpoint_key,
+    job_key,
     log,
-    open_private,
     read_status,
+    replay_lease_key,
     status_file,
     write_status,
 )
@@ -62,10 +65,10 @@ _MAX_CATCH_UP_ROUNDS = 5
 def lag_of(settings: Settings, job: str, generation: int) -> tuple[int, int]:
     """(versions processed, versions in the logs) of `generation`'s checkpoint, summed over the job's topics."""
     spec = job_spec(settings, job)
-    done = processed_versions(checkpoint_dir(settings, job, generation))
+    done = processed_versions(settings.lake, checkpoint_key(job, generation))
     processed = total = 0
     for i, topic in enumerate(spec.topics):
-        latest = latest_version(settings.lake_dir, topic) + 1
+        latest = latest_version(settings.lake, topic) + 1
         nxt = done[i] if i < len(done) and done[i] is not None else 0
         total += latest
         processed += min(nxt, latest)
@@ -113,17 +116,17 @@ class _Progress(threading.Thread):
 
 
 def _write_replay(settings: Settings, job: str, **fields) -> None:
-    """Merge `fields` into LAKE_DIR/jobs/<job>/replay.json (atomic replace; safe from any thread)."""
+    """Merge `fields` into `jobs/<job>/replay.json` (atomic replace; safe from any thread)."""
     write_status(settings, job, file="replay.json", **fields)
 
 
 def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: float = 300.0) -> bool:
-    """Wait until a deployed `job` serves `generation` (or is not running). False on timeout."""
-    from jobs.ops.deploy import pid_of
+    """Wait until a deployed `job` serves `generation` (or is not running, here or elsewhere). False on timeout."""
+    from jobs.ops.deploy import running
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if pid_of(settings, job) is None:
+        if not running(settings, job):
             return True
         if int(read_status(settings, job, "status.json").get("generation", -1)) == generation:
             return True
@@ -131,15 +134,24 @@ def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: f
     return False
 
 
-def _lock(settings: Settings, job: str, *, wait: bool):
-    """The open lock file `replay.lock` of `job`, locked exclusively; None if `wait` is False and it is held."""
-    guard = os.fdopen(open_private(job_dir(settings, job) / "replay.lock"), "w")  # the caller closes it
-    try:
-        fcntl.flock(guard, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        guard.close()
-        return None
-    return guard
+def _lock(settings: Settings, job: str, *, wait: bool) -> Lease | None:
+    """The job's replay lease (`replay_lease_key`), held until the caller releases it; None if `wait` is False and
+    a live replay holds it, or if this process stops (`runtime.STOP`) while it waits. Lost to another holder (it
+    expired here), this process stops: a replay then ends before its switch."""
+
+    def lost(lease: Lease) -> None:
+        log(f"replay {job}: lost the replay lease ({lease.lost_reason}): stopping")
+        runtime.STOP.set()
+
+    holder = f"replay of {job} (pid {os.getpid()})"
+    return Lease.acquire(
+        settings.lake,
+        replay_lease_key(job),
+        holder,
+        wait_for_holder=wait,
+        stop=runtime.STOP,
+        on_lost=lost,
+    )
 
 
 def _serving_or_published(settings: Settings, client, job: str) -> int:
@@ -159,7 +171,7 @@ def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new
     cleared = drop_generation(settings, client, spec, new)
     if cleared:
         log(f"replay {job}: removed {cleared:,} keys left by an earlier, unfinished replay of g{new}")
-    (job_dir(settings, job) / "replay.json").unlink(missing_ok=True)
+    settings.lake.delete(job_key(job), "replay.json")
     _write_replay(
         settings, job, pid=os.getpid(), building=new, serving=old, started_ms=int(time.time() * 1000)
     )
@@ -190,6 +202,8 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     Waits for a replay of the same job in flight. Returns n+1."""
     spec = job_spec(settings, job)
     guard = _lock(settings, job, wait=True)
+    if guard is None:
+        raise InterruptedError(f"replay {job}: stopped while waiting for the replay lease")
     try:
         client = connect(settings.redis_url, cluster=settings.redis_cluster)
         pointer = client.get(gen_key(job))
@@ -214,7 +228,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
             _write_replay(settings, job, finished=True)
         return new
     finally:
-        guard.close()
+        guard.release()
 
 
 def rebuild_reason(settings: Settings, client, spec) -> str | None:
@@ -266,4 +280,4 @@ def replay(spark, settings: Settings, job: str) -> int:
         return 0
     finally:
         _write_replay(settings, job, finished=True)
-        guard.close()
+        guard.release()

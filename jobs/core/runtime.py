@@ -1,4 +1,9 @@
-"""What every job shares: where its checkpoint, state and status live, how its streaming query runs and stops."""
+"""What every job shares: where its checkpoint, state and status live, how its streaming query runs and stops.
+
+A job's lake state is addressed by key through `settings.lake` (`changelog.storage.Lake`): `jobs/<job>/` (status
+files, replay records, leases: `job_key`), `checkpoints/<job>/g<g>` (`checkpoint_key`; Spark gets its URI,
+`checkpoint_dir`) and `state/<job>/g<g>` (`state_key`, `state_dir`). Machine-local, never in a remote lake: /proc
+(`process_cpu`) and the files `open_private` opens (a deployed process's pid file and log, `jobs.ops.deploy`)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from changelog.storage import Lake, LakeUnreachable, NotFound
 from jobs.core.settings import Settings
 from jobs.errors import QueryFailed
 from joins.state import read_json, write_json
@@ -21,6 +27,11 @@ from views.redis_io import redact
 __all__ = [
     "Restarts",
     "job_dir",
+    "job_key",
+    "job_lease_key",
+    "replay_lease_key",
+    "checkpoint_key",
+    "state_key",
     "checkpoint_dir",
     "state_dir",
     "write_status",
@@ -31,6 +42,8 @@ __all__ = [
     "clear_error",
     "run_stream",
     "moved_sources",
+    "offsets",
+    "committed_batches",
     "log",
     "log_sources",
     "STOP",
@@ -102,27 +115,20 @@ def log_sources(settings: Settings, job: str, generation: int, topics) -> None:
     """Log where a run of `job` starts: each topic's latest Delta version (read without Spark)."""
     from changelog.topics import latest_version
 
-    versions = ", ".join(f"{t}@v{latest_version(settings.lake_dir, t)}" for t in topics)
+    versions = ", ".join(f"{t}@v{latest_version(settings.lake, t)}" for t in topics)
     log(f"{job} g{generation}: reading {versions}")
 
 
-def job_dir(settings: Settings, job: str) -> Path:
-    """`LAKE_DIR/jobs/<job>`, made if missing: its owner's only (0700, also where an older version made it 0755),
-    as is every file in it (`open_private`, `joins.state.write_json`), whichever process writes it: the deploying
-    command, the job, a foreground run, a replay, each with its own umask."""
-    d = settings.lake_dir / "jobs" / job
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if d.stat().st_mode & 0o077:
-        try:
-            d.chmod(0o700)
-        except PermissionError:  # another user's directory (a shared lake): its files are 0600 all the same
-            pass
-    return d
+def job_dir(settings: Settings, job: str) -> str:
+    """The URI of the job's directory in the lake (`job_key`): status, replay records, leases. Nothing is created:
+    its objects are written through `settings.lake` by key, owner-only (0600) on a local lake."""
+    return settings.lake.uri(job_key(job))
 
 
 def open_private(path: Path, flags: int = os.O_WRONLY) -> int:
-    """A descriptor of `path` opened with `flags`, the file created if missing, readable and writable by its owner
-    only (0600) whatever the umask, and made so if it exists with a wider mode (an older version's)."""
+    """A descriptor of the machine-local file `path` opened with `flags`, the file created if missing, readable and
+    writable by its owner only (0600) whatever the umask, and made so if it exists with a wider mode (an older
+    version's). Lake files get the same mode from the local store (`Lake.write_bytes`)."""
     fd = os.open(path, flags | os.O_CREAT, 0o600)
     try:
         os.fchmod(fd, 0o600)
@@ -132,12 +138,40 @@ def open_private(path: Path, flags: int = os.O_WRONLY) -> int:
     return fd
 
 
-def checkpoint_dir(settings: Settings, job: str, generation: int) -> Path:
-    return settings.lake_dir / "checkpoints" / job / f"g{generation}"
+def job_key(job: str) -> str:
+    """The lake key of a job's directory (status, replay records, leases): `jobs/<job>`."""
+    return f"jobs/{job}"
 
 
-def state_dir(settings: Settings, job: str, generation: int) -> Path:
-    return settings.lake_dir / "state" / job / f"g{generation}"
+def job_lease_key(job: str) -> str:
+    """The lease a deployed job's driver holds for its lifetime (`jobs.core.lease`): one driver per job, on any
+    machine (`jobs.ops.service`)."""
+    return f"{job_key(job)}/lease"
+
+
+def replay_lease_key(job: str) -> str:
+    """The lease a replay or rebuild of `job` holds (`jobs.core.lease`): one at a time, on any machine."""
+    return f"{job_key(job)}/replay-lease"
+
+
+def checkpoint_key(job: str, generation: int) -> str:
+    """The lake key of a generation's streaming checkpoint: `checkpoints/<job>/g<generation>`."""
+    return f"checkpoints/{job}/g{generation}"
+
+
+def state_key(job: str, generation: int) -> str:
+    """The lake key of a generation's join state: `state/<job>/g<generation>`."""
+    return f"state/{job}/g{generation}"
+
+
+def checkpoint_dir(settings: Settings, job: str, generation: int) -> str:
+    """The URI Spark checkpoints `generation` of `job` at (`checkpoint_key` in the lake)."""
+    return settings.lake.uri(checkpoint_key(job, generation))
+
+
+def state_dir(settings: Settings, job: str, generation: int) -> str:
+    """The URI of `generation`'s join state of `job` (`state_key` in the lake)."""
+    return settings.lake.uri(state_key(job, generation))
 
 
 # The longest error line a status holds (an error class and message fit; a stack trace never does).
@@ -200,12 +234,9 @@ def write_status(settings: Settings, job: str, *, file: str | None = None, **fie
         if fields.get(key) is not None:
             fields[key] = error_line(fields[key], settings.redis_url, settings.pg_dsn)
     name = file or _STATUS_FILE[0]
-    path = job_dir(settings, job) / name
     # the batch loop, the Redis watcher and a replay's progress each merge their own fields
     with _STATUS_LOCK:
-        current = read_status(settings, job, name)
-        current.update(fields)
-        write_json(path, current)
+        _update(settings, job, name, lambda current: {**current, **fields})
 
 
 _FAILING: set[str] = set()  # jobs whose `last_error` this process recorded and has not cleared
@@ -238,18 +269,21 @@ def clear_error(settings: Settings, job: str) -> None:
     starts afresh: the current problem (`last_error`, else `error`), if any, moves to `previous_error` ({"error",
     "at_ms", "cleared_ms"}) and both fields become null, so `mview status` no longer shows it as current. Always
     in `status.json` (what the deployed process reports), even while a rebuild routes its status elsewhere."""
-    with _STATUS_LOCK:
-        current = read_status(settings, job, "status.json")
+
+    def cleared(current: dict) -> dict | None:
         line = current.get("last_error") or current.get("error")
         if line is None:
-            return
+            return None
         current["previous_error"] = {
             "error": line,
             "at_ms": current.get("last_error_ms") if current.get("last_error") else current.get("stopped_ms"),
             "cleared_ms": int(time.time() * 1000),
         }
         current["last_error"] = current["last_error_ms"] = current["error"] = None
-        write_json(job_dir(settings, job) / "status.json", current)
+        return current
+
+    with _STATUS_LOCK:
+        _update(settings, job, "status.json", cleared)
 
 
 class status_file:
@@ -267,7 +301,33 @@ class status_file:
 
 
 def read_status(settings: Settings, job: str, name: str | None = None) -> dict:
-    return read_json(settings.lake_dir / "jobs" / job / (name or _STATUS_FILE[0]), {})
+    """The job's status file `name` (default: the one `status_file` routes to), {} when there is none. Raises
+    `changelog.storage.LakeUnreachable` when the store does not answer."""
+    got = read_json(settings.lake, None, f"{job_key(job)}/{name or _STATUS_FILE[0]}")
+    return got if isinstance(got, dict) else {}
+
+
+_UNWRITTEN: set[str] = set()  # status files whose last update failed because the store did not answer
+
+
+def _update(settings: Settings, job: str, name: str, change: Callable[[dict], dict | None]) -> None:
+    """Replace the status file `name` of `job` with `change(its content)` (nothing when that is None). A store that
+    does not answer loses the update (the status is a report: its fields are written again as they change), said
+    once in the log until an update lands."""
+    key = f"{job_key(job)}/{name}"
+    try:
+        new = change(read_status(settings, job, name))
+        if new is None:
+            return
+        write_json(settings.lake, new, key)
+    except LakeUnreachable as e:
+        if key not in _UNWRITTEN:
+            _UNWRITTEN.add(key)
+            log(f"{job}: cannot update {key} now: {e.reason}")
+        return
+    if key in _UNWRITTEN:
+        _UNWRITTEN.discard(key)
+        log(f"{job}: {key} updated again")
 
 
 def _stop_between_batches(q, patience_s: float = 600.0) -> None:
@@ -305,22 +365,29 @@ def _cancel_until_quiet(quiet_s: float = 3.0, patience_s: float = 20.0) -> None:
         time.sleep(0.2)
 
 
-def _offsets(checkpoint: Path, batch_id: int) -> list[dict | None] | None:
-    """The end offset of each source of the query after micro-batch `batch_id` (None: no offset yet), from the
-    query's offset log (`offsets/<batch_id>`: a version line, the batch's metadata, one line per source)."""
+def offsets(lake: Lake, checkpoint: str, batch_id: int) -> list[dict | None] | None:
+    """The end offset of each source of the query checkpointed at key `checkpoint` of `lake` after micro-batch
+    `batch_id` (None: no offset yet), from the query's offset log (`offsets/<batch_id>`: a version line, the
+    batch's metadata, one line per source); None when that file is not there or not readable."""
     try:
-        lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+        lines = lake.read_bytes(checkpoint, "offsets", str(batch_id)).decode().splitlines()
         return [None if x.strip() == "-" else json.loads(x) for x in lines[2:]]
-    except (OSError, ValueError):
+    except (NotFound, ValueError):
         return None
 
 
-def moved_sources(checkpoint: Path, batch_id: int) -> list[dict] | None:
+def committed_batches(lake: Lake, checkpoint: str) -> list[int]:
+    """The ids of the micro-batches the checkpoint at key `checkpoint` of `lake` lists as committed (its
+    `commits/` log, Spark keeping the last hundred or so), ascending; [] for none or no checkpoint."""
+    return sorted(int(e.name) for e in lake.list(checkpoint, "commits") if e.name.isdigit() and not e.is_dir)
+
+
+def moved_sources(lake: Lake, checkpoint: str, batch_id: int) -> list[dict] | None:
     """The end offsets of the sources whose offset moved in micro-batch `batch_id` of the query checkpointed at
-    `checkpoint`: the only sources with input in it (a source whose offset did not move has none). Read from the
-    offset log, which Spark writes before it runs the batch, without a Spark job. None when it cannot be told: the
-    first batch of a checkpoint, or a log that is not there or not readable."""
-    before, after = _offsets(checkpoint, batch_id - 1), _offsets(checkpoint, batch_id)
+    key `checkpoint` of `lake`: the only sources with input in it (a source whose offset did not move has none).
+    Read from the offset log, which Spark writes before it runs the batch, without a Spark job. None when it cannot
+    be told: the first batch of a checkpoint, or a log that is not there or not readable."""
+    before, after = offsets(lake, checkpoint, batch_id - 1), offsets(lake, checkpoint, batch_id)
     if before is None or after is None or len(before) != len(after):
         return None
     return [a for b, a in zip(before, after, strict=True) if a != b]
@@ -330,7 +397,7 @@ def run_stream(
     stream_df,
     process,
     *,
-    checkpoint: Path,
+    checkpoint: str,
     once: bool,
     settings: Settings,
     name: str,
@@ -349,7 +416,7 @@ def run_stream(
     writer = (
         stream_df.writeStream.queryName(name)
         .foreachBatch(process)
-        .option("checkpointLocation", str(checkpoint))
+        .option("checkpointLocation", str(checkpoint))  # a URI (tests may pass a local Path)
     )
     if once:
         q = writer.trigger(availableNow=True).start()

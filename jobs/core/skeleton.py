@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import DataFrame
 
@@ -33,6 +32,7 @@ from jobs.core.registry import job_spec
 from jobs.core.replay import serving_or_rebuild
 from jobs.core.runtime import (
     checkpoint_dir,
+    checkpoint_key,
     log,
     log_sources,
     moved_sources,
@@ -65,11 +65,13 @@ class JobRun:
     )
 
     @property
-    def state_dir(self) -> Path:
+    def state_dir(self) -> str:
+        """The URI of this run's join state (`state/<job>/g<generation>` in the lake)."""
         return state_dir(self.settings, self.job, self.generation)
 
     @property
-    def checkpoint(self) -> Path:
+    def checkpoint(self) -> str:
+        """The URI of this run's streaming checkpoint (`checkpoints/<job>/g<generation>` in the lake)."""
         return checkpoint_dir(self.settings, self.job, self.generation)
 
     def topics_moved(self, batch_id: int, topics) -> frozenset[str] | None:
@@ -77,8 +79,8 @@ class JobRun:
         offset log without a Spark job (`jobs.core.runtime.moved_sources`): the topics whose log advanced, a superset of
         those with records in the batch. None when it cannot be told (see there, or a log without its first
         commit)."""
-        moved = moved_sources(self.checkpoint, batch_id)
-        ids = {table_id(self.settings.lake_dir, t): t for t in topics}
+        moved = moved_sources(self.settings.lake, checkpoint_key(self.job, self.generation), batch_id)
+        ids = {table_id(self.settings.lake, t): t for t in topics}
         if moved is None or None in ids or any(o.get("reservoirId") not in ids for o in moved):
             return None
         return frozenset(ids[o["reservoirId"]] for o in moved)

@@ -1,9 +1,10 @@
 """A deployed source job (`JobSpec.source`: it copies an outside system into the topics' logs; no Spark, no
 Redis, no generations): `python -m jobs run JOB` without `--once`.
 
-Holds the job's lock for its lifetime (two copies never run at once), records its pid and state in the status
-file, and runs the job's runner with `once=False` until SIGTERM/SIGINT (`runtime.STOP`); the runner retries
-failures of its outside system itself. A runner that raises ends the process with exit 1 and `state: "failed"`,
+Holds the job's lease on the lake for its lifetime (`jobs.ops.service._single_instance`: two copies never run at
+once, on any machines; one that loses the lease stops), records its pid and state in the status file, and runs
+the job's runner with `once=False` until SIGTERM/SIGINT (`runtime.STOP`); the runner retries failures of its
+outside system itself. A runner that raises ends the process with exit 1 and `state: "failed"`,
 its error in `error` (one line); the next start moves it to `previous_error`.
 """
 
@@ -39,5 +40,5 @@ def serve_source(settings: Settings, job: str) -> int:
     finally:
         write_status(settings, spec.name, state=state, stopped_ms=int(time.time() * 1000))
         log(f"{spec.name}: {state}")
-        lock.close()
+        lock.release()
     return 0

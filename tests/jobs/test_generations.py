@@ -3,6 +3,8 @@ nothing of another generation is touched."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from jobs.core.generations import drop_generation
 from jobs.core.registry import job_spec
 from jobs.core.runtime import checkpoint_dir, job_dir, state_dir
@@ -21,10 +23,10 @@ def test_dropping_a_generation_removes_its_keys_state_checkpoint_output_logs_and
     dirs = {}
     for g in (1, 2):
         dirs[g] = [
-            checkpoint_dir(settings, spec.name, g),
-            state_dir(settings, spec.name, g),
-            job_dir(settings, spec.name) / "late" / f"g{g}",
-            *(log_path(settings.lake_dir, view, g) for view in spec.views),
+            Path(checkpoint_dir(settings, spec.name, g)),
+            Path(state_dir(settings, spec.name, g)),
+            Path(job_dir(settings, spec.name)) / "late" / f"g{g}",
+            *(Path(log_path(settings.lake, view, g)) for view in spec.views),
         ]
         for d in dirs[g]:
             d.mkdir(parents=True, exist_ok=True)

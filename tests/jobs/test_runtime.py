@@ -50,6 +50,29 @@ def test_a_write_to_the_service_status_file_is_not_routed_to_a_rebuilds_file(tmp
     assert read_status(settings, "timeline", "replay.json") == {"state": "rebuilding"}
 
 
+def test_a_status_update_the_store_does_not_take_is_lost_and_said_once(tmp_path, capsys):
+    """A lake that does not answer (a NameNode down) loses status updates, each without raising (a job waits for
+    its store; its report must not fail it), said once in the log; the first update that lands says so."""
+    from changelog.storage import LakeUnreachable
+
+    settings = Settings.from_env({"LAKE_DIR": str(tmp_path)})
+    write_status(settings, "timeline", a=1)
+    lake = settings.lake
+
+    def down(*_args, **_kw):
+        raise LakeUnreachable(lake.uri(), "jobs/timeline/status.json", "the store does not answer")
+
+    lake.write_bytes = down
+    write_status(settings, "timeline", b=2)
+    clear_error(settings, "timeline")
+    write_status(settings, "timeline", c=3)
+    del lake.write_bytes
+    write_status(settings, "timeline", d=4)
+    assert read_status(settings, "timeline") == {"a": 1, "d": 4}
+    err = capsys.readouterr().err
+    assert err.count("cannot update jobs/timeline/status.json") == 1 and "status.json updated again" in err
+
+
 # What a query whose micro-batch raised in an executor says (Spark 4, abridged: frames, nested traceback, plan).
 _STREAM_FAILED = """[STREAM_FAILED] Query [id = 9e74, runId = 8131] terminated with exception: \
 [FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch sink. \
