@@ -72,7 +72,7 @@ def _check_topics(settings, topics) -> None:
 
     pipeline = _pipeline(settings)
     for topic in topics:
-        check_topic(settings.lake_dir, topic, where=pipeline.where("topics", topic.name, "fields"))
+        check_topic(settings.lake, topic, where=pipeline.where("topics", topic.name, "fields"))
 
 
 def _job_topics(settings, job: str) -> list:
@@ -166,8 +166,13 @@ def cmd_produce(args) -> int:
     missing = [f for f in args.files if f != "-" and not os.path.isfile(f)]
     if missing:
         raise SystemExit(f"mview: no such file: {missing[0]}")
-    if settings.lake_dir.is_dir():  # the logs the kafka job will copy into (a lake elsewhere: not checked)
-        _check_topics(settings, [topic])
+    if settings.lake_dir is None or settings.lake_dir.is_dir():  # the logs the kafka job will copy into
+        from changelog.storage import LakeUnreachable
+
+        try:
+            _check_topics(settings, [topic])
+        except LakeUnreachable:  # a lake that does not answer now: the kafka job checks when it copies
+            pass
     try:
         result = publish(settings.kafka_bootstrap, settings.kafka_topic_prefix, topic, args.files)
     except NotProduced as e:  # what did reach the broker, then the one line of the failure
@@ -347,12 +352,14 @@ def cmd_maintain(args) -> int:
 
 def cmd_check(args) -> int:
     """Validate the pipeline file `args.file` (default: MVIEW_PIPELINE's, else the built-in one) without Spark:
-    its problems one line each and exit 1, or a short summary and exit 0. Where LAKE_DIR exists, each topic's log
-    is compared with its declaration too (a change its records do not follow is a problem)."""
+    its problems one line each and exit 1, or a short summary and exit 0. Where LAKE_DIR exists (a local directory,
+    or a store that answers), each topic's log is compared with its declaration too (a change its records do not
+    follow is a problem)."""
     from pathlib import Path
 
     from changelog.errors import TopicChanged
     from changelog.postgres import captured_topics
+    from changelog.storage import StorageError, open_lake
     from changelog.topics import check_topic
     from spec import PipelineError, load_pipeline
     from spec.builtin import pipeline_file
@@ -363,14 +370,19 @@ def cmd_check(args) -> int:
     except PipelineError as e:
         print(str(e), file=sys.stderr)
         return 1
-    lake = Path(os.environ.get("LAKE_DIR", "./lake"))
+    text = os.environ.get("LAKE_DIR", "").strip() or "./lake"
+    local = "://" not in text or text.lower().startswith("file://")
     problems = []
-    if lake.is_dir():
-        for name, topic in pipeline.topics.items():
-            try:
-                check_topic(lake, topic, where=pipeline.where("topics", name, "fields"))
-            except TopicChanged as e:
-                problems.append(str(e))
+    if not local or Path(text.removeprefix("file://")).expanduser().is_dir():
+        try:
+            lake = open_lake(text)
+            for name, topic in pipeline.topics.items():
+                try:
+                    check_topic(lake, topic, where=pipeline.where("topics", name, "fields"))
+                except TopicChanged as e:
+                    problems.append(str(e))
+        except StorageError:  # a store that does not answer (or refuses): the file alone is checked
+            pass
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1

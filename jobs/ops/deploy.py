@@ -1,10 +1,20 @@
 """`mview deploy JOB` / `mview stop JOB`: a job as a background process with a pid file and a log.
 
-Layout under `LAKE_DIR/jobs/<job>/`: `pid` (the driver's pid, which is also its process group), `job.log`
-(stdout and stderr of the driver, the Spark JVM and local executors, appended across runs), `status.json`
-(written by the job), `lock` (held by the running job, see `jobs.ops.service`), `deploy.lock` (held while a deploy
-starts it). The directory is its owner's only (0700) and so is every file in it (0600, `runtime.job_dir`,
-`runtime.open_private`); the job itself runs with umask 077, so what Spark writes in the lake is owner-only too.
+What a deployed process leaves is of two kinds. In the lake, under `jobs/<job>/` (through `settings.lake`, any
+store): `status.json` (written by the job) and the driver's lease `lease.<epoch>` (held by the running job on
+whatever machine it runs, see `jobs.ops.service` and `jobs.core.lease`). Machine-local, on the machine that
+deployed it (`local_dir`): `pid` (the driver's pid, which is also its process group), `job.log` (stdout and stderr
+of the driver, the Spark JVM and local executors, appended across runs) and `deploy.lock` (a flock held while a
+deploy starts it, guarding the pid file). On a local lake the local directory is the job's directory in the lake,
+`LAKE_DIR/jobs/<job>/`, exactly as before; on HDFS or S3 it is `$XDG_STATE_HOME/mview/<lake>/jobs/<job>/`
+(default `~/.local/state/...`, `<lake>` a digest of LAKE_DIR). The directory is its owner's only (0700) and so is
+every file in it (0600, `runtime.open_private`, and the local store's mode for lake files); the job itself runs with
+umask 077, so what Spark writes in a local lake is owner-only too.
+
+A job runs once, on any machine: the driver's lease decides (`jobs.ops.service`). `deploy` says a job runs when
+its pid file names a live driver here, or when the lease has a live holder (another machine, or another HOME of
+this one: `running`, `driver_of`); otherwise it starts one, which takes the lease over from a driver that was
+killed (at once on this machine, after the lease's TTL when it ran elsewhere).
 
 - deploy: if Redis answers but cannot be used (refused credentials, TLS mismatch), a one-line error, exit 1,
   nothing started; a job with its own check (`JobSpec.probe`: `cdc` checks PG_DSN, which must parse and whose
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import os
 import signal
 import subprocess
@@ -29,16 +40,21 @@ import time
 from pathlib import Path
 
 from changelog.errors import PostgresUnavailable
+from jobs.core.lease import holder_of, this_node
 from jobs.core.registry import job_spec
-from jobs.core.runtime import job_dir, open_private
+from jobs.core.runtime import job_lease_key, open_private
 from jobs.core.settings import Settings
 from views.errors import RedisMisconfigured, redact
 from views.redis_io import probe
 
-__all__ = ["deploy", "stop", "pid_of", "log_path", "settings_env"]
+__all__ = ["deploy", "stop", "pid_of", "running", "driver_of", "local_dir", "log_path", "settings_env"]
 
 # Settings fields whose environment variable is not simply the field name in upper case.
-_ENV_NAMES = {"driver_memory": "SPARK_DRIVER_MEMORY", "pipeline_file": "MVIEW_PIPELINE"}
+_ENV_NAMES = {
+    "driver_memory": "SPARK_DRIVER_MEMORY",
+    "pipeline_file": "MVIEW_PIPELINE",
+    "lake_uri": "LAKE_DIR",
+}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -47,7 +63,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     setting."""
     env = dict(settings.env)
     for f in dataclasses.fields(settings):
-        if not f.init or f.name == "env":  # derived (the parsed durations); the environment, above
+        if not f.init or f.name in ("env", "lake_dir"):  # derived; the environment, above; LAKE_DIR: lake_uri
             continue
         value = getattr(settings, f.name)
         if value is None:  # an optional feature turned off (JVM_CACHE, METRICS_PORT)
@@ -60,12 +76,46 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def _local_root(settings: Settings, job: str) -> Path:
+    if settings.lake_dir is not None:
+        return settings.lake_dir / "jobs" / job
+    home = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    digest = hashlib.sha256(settings.lake.uri().encode()).hexdigest()[:16]
+    return Path(home, "mview", digest, "jobs", job)
+
+
+def local_dir(settings: Settings, job: str) -> Path:
+    """The directory of the deployed job's machine-local files (see the module docstring), made if missing: its
+    owner's only (0700, also where an older version made it 0755), whichever process makes it, with its umask."""
+    d = _local_root(settings, job)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if d.stat().st_mode & 0o077:
+        try:
+            d.chmod(0o700)
+        except PermissionError:  # another user's directory (a shared lake): its files are 0600 all the same
+            pass
+    return d
+
+
 def log_path(settings: Settings, job: str) -> Path:
-    return job_dir(settings, job) / "job.log"
+    """The deployed job's log on this machine (stdout and stderr of its driver, appended across runs)."""
+    return local_dir(settings, job) / "job.log"
 
 
 def _pid_file(settings: Settings, job: str) -> Path:
-    return settings.lake_dir / "jobs" / job / "pid"  # not job_dir(): reading a status must create nothing
+    return _local_root(settings, job) / "pid"  # not local_dir(): reading a status must create nothing
+
+
+def driver_of(settings: Settings, job: str) -> dict | None:
+    """The lease record of `job`'s live driver on any machine (`host`, `pid`, `node`: `jobs.core.lease.holder_of`),
+    None when no driver holds the job's lease. By wall clock for a driver elsewhere: for display and decisions that
+    leave a live driver alone, never for mutual exclusion (the lease itself is that)."""
+    return holder_of(settings.lake, job_lease_key(job))
+
+
+def running(settings: Settings, job: str) -> bool:
+    """Whether `job` has a live driver: the one this machine deployed (`pid_of`) or a holder of its lease."""
+    return pid_of(settings, job) is not None or driver_of(settings, job) is not None
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -133,12 +183,17 @@ def deploy(settings: Settings, job: str) -> int:
         problem = None if spec.source else probe(settings.redis_url)  # a source job writes only the lake
         if isinstance(problem, RedisMisconfigured):
             raise problem
-    d = job_dir(settings, job)
+    d = local_dir(settings, spec.name)
     with os.fdopen(open_private(d / "deploy.lock"), "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys at once: the second sees the first's process
+        fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys here at once: the second sees the first's process
         pid = pid_of(settings, spec.name)
         if pid is not None:
             print(f"{spec.name}: already running (pid {pid}); nothing to do")
+            return 0
+        driver = driver_of(settings, spec.name)
+        if driver is not None:  # deployed from another machine, or from another HOME on a remote lake
+            where = "" if driver.get("node") == this_node() else f" on {driver.get('host')}"
+            print(f"{spec.name}: already running{where} (pid {driver.get('pid')}); nothing to do")
             return 0
         try:  # a killed driver's JVM may outlive it for a moment: it must be gone before a new start
             old = int(_pid_file(settings, spec.name).read_text().strip())
@@ -184,6 +239,16 @@ def stop(settings: Settings, job: str) -> int:
     """Stop the deployed `job` after its micro-batch in flight. Returns the exit code."""
     spec = job_spec(settings, job)
     pid = pid_of(settings, spec.name)
+    if pid is None:
+        driver = driver_of(settings, spec.name)
+        if driver is not None and driver.get("node") != this_node():
+            print(
+                f"{spec.name}: runs on {driver.get('host')} (pid {driver.get('pid')}): stop it there",
+                file=sys.stderr,
+            )
+            return 1
+        if driver is not None:  # deployed from another HOME of this machine (a remote lake)
+            pid = int(driver["pid"])
     if pid is None:
         print(f"{spec.name}: not running; nothing to do")
         return 0

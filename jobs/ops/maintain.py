@@ -17,29 +17,30 @@ run by apscheduler every MAINTENANCE_INTERVAL. One round does, in this order:
    time travel and a consumer lagging by more than LOG_RETENTION cannot reach them any more (replay instead).
 3. Removal of generations that are not current: every generation of every job other than the serving one, the
    one a live replay is building and the one a deployed job still runs on: its Redis keys, checkpoint and state.
-4. Checkpoint and temp clean-up: Spark's temporary files (`.*.tmp`) in checkpoints and leftovers in
-   LAKE_DIR/tmp older than an hour (left by killed processes). Spark itself keeps only the last 100 batches'
+4. Checkpoint and temp clean-up: Spark's temporary files (`.*.tmp`) in checkpoints and leftovers in the lake's
+   `tmp/` older than an hour (left by killed processes). Spark itself keeps only the last 100 batches'
    metadata of a live checkpoint (spark.sql.streaming.minBatchesToRetain).
 
-Each step's failure is reported and does not stop the others.
+Each step's failure is reported and does not stop the others. The lake is listed and cleaned through
+`settings.lake` by key (any store); Spark and Delta get its URIs.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
+from os import PathLike
 
 from pyspark.sql import functions as F
 
 from changelog.current import compaction_keys, compaction_order
-from changelog.topics import topic_lock, topic_path
+from changelog.storage import Lake, as_lake
+from changelog.topics import topic_key, topic_lock
 from jobs.core.generations import drop_generation, generations, replay_in_progress
 from jobs.core.registry import jobs
 from jobs.core.runtime import log, read_status
 from jobs.core.settings import Settings
-from jobs.ops.deploy import pid_of
+from jobs.ops.deploy import running
 from spec.model import Topic
 from views.redis_io import connect, current_generation
 
@@ -48,23 +49,28 @@ __all__ = ["maintain", "start_scheduler", "compact_topic", "compacted", "delta_t
 _LOCK = threading.Lock()  # one round at a time per process
 
 
-def delta_tables(lake_dir: Path) -> list[Path]:
-    """Every Delta table under `lake_dir`, checkpoints excluded."""
-    found = []
-    for root, dirs, _files in os.walk(lake_dir):
-        if Path(root) == lake_dir / "checkpoints":
-            dirs[:] = []
-            continue
+def delta_tables(lake: Lake | PathLike | str) -> list[str]:
+    """The keys of every Delta table in `lake` (a `Lake`, or a lake's local path or URI), checkpoints excluded."""
+    lake, found = as_lake(lake), []
+
+    def walk(key: str) -> None:
+        dirs = [e.name for e in lake.list(key) if e.is_dir]
         if "_delta_log" in dirs:
-            found.append(Path(root))
-            dirs[:] = []
+            found.append(key)
+            return
+        for name in dirs:
+            if not (key == "" and name == "checkpoints"):
+                walk(f"{key}/{name}" if key else name)
+
+    walk("")
     return sorted(found)
 
 
-def compact_topic(spark, lake_dir: Path, topic: Topic) -> tuple[int, int]:
-    """Rewrite the table topic `topic`'s snapshot to the deciding record per key (dataChange=false). Returns
-    (rows before, rows after); nothing is written when nothing would be removed."""
-    path = str(topic_path(lake_dir, topic))
+def compact_topic(spark, lake: Lake | PathLike | str, topic: Topic) -> tuple[int, int]:
+    """Rewrite the table topic `topic`'s snapshot in `lake` to the deciding record per key (dataChange=false).
+    Returns (rows before, rows after); nothing is written when nothing would be removed."""
+    lake, key = as_lake(lake), topic_key(topic)
+    path = lake.uri(key)
     df = spark.read.format("delta").load(path)
     keys = ", ".join(compaction_keys(topic))
     kept = (
@@ -77,7 +83,7 @@ def compact_topic(spark, lake_dir: Path, topic: Topic) -> tuple[int, int]:
     counts = df.agg(F.count("*").alias("n")).crossJoin(kept.agg(F.count("*").alias("k"))).first()
     before, after = counts["n"], counts["k"]
     if after < before:
-        with topic_lock(path, exclusive=True):  # no delta-rs append may commit beside Spark's commit
+        with topic_lock(lake, key=key, exclusive=True):  # no delta-rs append beside Spark's (a local lake)
             kept.write.format("delta").mode("overwrite").option("dataChange", "false").option(
                 "userMetadata", f"compaction {before}->{after}"
             ).save(path)
@@ -85,7 +91,8 @@ def compact_topic(spark, lake_dir: Path, topic: Topic) -> tuple[int, int]:
 
 
 def _running_jobs(settings: Settings) -> set[str]:
-    return {job for job in jobs(settings) if pid_of(settings, job) is not None}
+    """The jobs with a live driver, deployed here or holding its lease elsewhere (`jobs.ops.deploy.running`)."""
+    return {job for job in jobs(settings) if running(settings, job)}
 
 
 def compacted(settings: Settings) -> list[Topic]:
@@ -101,9 +108,9 @@ def compacted(settings: Settings) -> list[Topic]:
 def _compact_topics(spark, settings: Settings, report: dict) -> None:
     """Compact each topic of COMPACT_TOPICS to its deciding record per key."""
     for topic in compacted(settings):
-        if (topic_path(settings.lake_dir, topic) / "_delta_log").is_dir():
+        if settings.lake.exists(topic_key(topic), "_delta_log"):
             try:
-                before, after = compact_topic(spark, settings.lake_dir, topic)
+                before, after = compact_topic(spark, settings.lake, topic)
                 report["compacted"][topic.name] = f"{before}->{after}"
             except Exception as e:  # noqa: BLE001 - e.g. a concurrent append: retried next round
                 report["errors"].append(f"compact {topic.name}: {str(e)[:300]}")
@@ -114,27 +121,27 @@ def _optimize_and_vacuum(spark, settings: Settings, report: dict) -> None:
     MERGE), VACUUM every Delta table with LOG_RETENTION."""
     from delta.tables import DeltaTable
 
-    lake = settings.lake_dir
+    lake = settings.lake
     hours = settings.log_retention_ms / 3_600_000
     if hours < 168:
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    running = _running_jobs(settings)
-    for table in delta_tables(lake):
-        rel = table.relative_to(lake)
-        parts = rel.parts
+    live = _running_jobs(settings)
+    for rel in delta_tables(lake):
+        parts = rel.split("/")
         is_topic = parts[0] == "topics"
-        is_idle_state = parts[0] == "state" and len(parts) > 1 and parts[1] not in running
+        is_idle_state = parts[0] == "state" and len(parts) > 1 and parts[1] not in live
+        table = lake.uri(rel)
         try:
-            dt = DeltaTable.forPath(spark, str(table))
+            dt = DeltaTable.forPath(spark, table)
             if is_topic:
-                with topic_lock(table, exclusive=True):  # no delta-rs append beside Spark's commit
+                with topic_lock(lake, key=rel, exclusive=True):  # no delta-rs append beside Spark's (local)
                     dt.optimize().executeCompaction()
             elif is_idle_state:
                 dt.optimize().executeCompaction()
             if is_topic or is_idle_state:
-                report["optimized"].append(str(rel))
+                report["optimized"].append(rel)
             dt.vacuum(hours)
-            report["vacuumed"].append(str(rel))
+            report["vacuumed"].append(rel)
         except Exception as e:  # noqa: BLE001 - report and go on with the next table
             report["errors"].append(f"{rel}: {str(e)[:300]}")
 
@@ -148,7 +155,7 @@ def _drop_old_generations(settings: Settings, report: dict) -> None:
             if serving == 0:
                 continue
             keep = {serving, replay_in_progress(settings, name)}
-            if pid_of(settings, name) is not None:
+            if running(settings, name):
                 keep.add(read_status(settings, name, "status.json").get("generation"))
             dropped = []
             for g in sorted(generations(settings, client, spec)):
@@ -175,26 +182,29 @@ def maintain(spark, settings: Settings, *, inside: str | None = None) -> dict:
         _compact_topics(spark, settings, report)
         _optimize_and_vacuum(spark, settings, report)
         _drop_old_generations(settings, report)
-        report["removed_temp_files"] = _clean_temp(settings.lake_dir)
+        report["removed_temp_files"] = _clean_temp(settings.lake)
         report["seconds"] = round(time.monotonic() - started, 2)
         log(f"maintenance: {report}")
         return report
 
 
-def _clean_temp(lake: Path, older_than_s: float = 3600) -> int:
-    cutoff = time.time() - older_than_s
-    removed = 0
-    candidates = list((lake / "tmp").glob("*")) if (lake / "tmp").is_dir() else []
-    if (lake / "checkpoints").is_dir():
-        candidates += [p for p in (lake / "checkpoints").rglob(".*.tmp")]
-    for p in candidates:
-        try:
-            if p.is_file() and p.stat().st_mtime < cutoff:
-                p.unlink()
-                removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
+def _clean_temp(lake: Lake, older_than_s: float = 3600) -> int:
+    """Remove the files in `tmp/` and Spark's `.*.tmp` files under `checkpoints/` older than `older_than_s`;
+    returns how many. A file the store gives no time for (0) is left alone."""
+    cutoff_ms = (time.time() - older_than_s) * 1000
+    old = [f"tmp/{e.name}" for e in lake.list("tmp") if not e.is_dir and 0 < e.mtime_ms < cutoff_ms]
+
+    def walk(key: str) -> None:
+        for e in lake.list(key):
+            if e.is_dir:
+                walk(f"{key}/{e.name}")
+            elif e.name.startswith(".") and e.name.endswith(".tmp") and 0 < e.mtime_ms < cutoff_ms:
+                old.append(f"{key}/{e.name}")
+
+    walk("checkpoints")
+    for key in old:
+        lake.delete(key)
+    return len(old)
 
 
 def start_scheduler(spark, settings: Settings, *, background: bool, jobs: tuple[str, ...] = ()):

@@ -38,15 +38,13 @@ Two sources, so that `mview status` and the metrics never disagree:
 
 from __future__ import annotations
 
-import os
 import threading
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jobs.core.registry import job_spec, jobs
-from jobs.core.runtime import log, read_status, state_dir
+from jobs.core.runtime import log, read_status, state_key
 from jobs.core.settings import Settings
 
 __all__ = ["JobMetrics", "metrics_for"]
@@ -62,17 +60,6 @@ _LOCK = threading.Lock()
 _SERVING: dict[
     str, JobMetrics
 ] = {}  # job -> its metrics in this process (one HTTP server per job and process)
-
-
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 class _StatusCollector:
@@ -107,10 +94,8 @@ class _StatusCollector:
             yield _gauge("mview_state_rows", "rows of the join's state", job, st["state_rows"])
         if gen is not None:
             yield _gauge("mview_generation", "the generation the job writes", job, gen)
-            state = state_dir(self.settings, job, gen)
-            yield _gauge(
-                "mview_state_bytes", "bytes of the generation's state directory", job, _dir_bytes(state)
-            )
+            state = self.settings.lake.tree_bytes(state_key(job, gen))
+            yield _gauge("mview_state_bytes", "bytes of the generation's state directory", job, state)
         spec = job_spec(self.settings, job)
         if gen is not None or spec.lag:
             try:

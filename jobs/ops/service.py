@@ -33,15 +33,22 @@
   rebuilding` (with the reason, a `rebuilds` count and the replay's progress), the job rebuilds its views from
   the logs into generation N+1 (`jobs.core.replay.rebuild`), switches to it, records `last_rebuild` and continues
   there. Until the switch, readers get what Redis holds (for a lost pointer: generation 0, empty).
-- Holds an exclusive lock (`LAKE_DIR/jobs/<job>/lock`) for its lifetime, so two copies of a job never run at once
-  even if two deploys race. The kernel releases it on any death, SIGKILL included.
+- Holds the job's lease on the lake (`jobs/<job>/lease.<epoch>`, `jobs.core.lease`) for its lifetime, so two
+  drivers of a job never run at once, whatever machines, working directories or HOMEs they start from and however
+  deploys race: a driver that finds a live holder exits 1 (at once when the holder runs on this machine, after at
+  most one heartbeat when it renews elsewhere); one that finds the holder dead (its process gone on this machine)
+  or expired (not renewed for the lease's TTL, 30 s: killed elsewhere) takes over and continues from the lake's
+  checkpoint. While the lease cannot be renewed (the store does not answer), and once that lasted 20 s, the query
+  is stopped and the job waits, logging it once, until the lease is renewed (then it continues) or found taken
+  over: a driver that lost its lease stops at once, writing nothing more to the status (the new driver's), the
+  log saying why, and exits 1 (a restart policy around `mview run` brings it back, to wait for the lease). A clean
+  stop releases the lease (the next driver takes it at once).
 - Optionally runs the scheduled maintenance (`MAINTENANCE_IN_JOB`, see `jobs.ops.maintain`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import threading
@@ -51,14 +58,16 @@ import traceback
 import redis
 from redis.exceptions import RedisClusterException
 
+from changelog.storage import StorageError
 from jobs.core import runtime
 from jobs.core.generations import serving_copy_lost
+from jobs.core.lease import Lease
 from jobs.core.registry import job_spec
 from jobs.core.runtime import (
     Restarts,
     clear_error,
     error_line,
-    job_dir,
+    job_lease_key,
     log,
     read_status,
     write_status,
@@ -73,8 +82,9 @@ __all__ = ["serve"]
 # A query that ran this long before failing was healthy: its failure starts the backoff again at 2 s.
 
 
-# Whatever a Redis client may raise: a guard takes each as "Redis cannot tell now" and asks again.
-_REDIS_ERRORS = (redis.RedisError, RedisClusterException, ViewError, OSError)
+# Whatever a Redis client (or the lake, read beside it) may raise: a guard takes each as "cannot tell now" and
+# asks again.
+_REDIS_ERRORS = (redis.RedisError, RedisClusterException, ViewError, OSError, StorageError)
 
 
 class _Failure:
@@ -87,12 +97,16 @@ class _Failure:
         self.reason: str | None = None
         self._lock = threading.Lock()
 
-    def set(self, reason) -> None:
+    def set(self, reason, *, report: bool = True) -> None:
+        """Fail the job for `reason`; `report=False` writes nothing to the status (another driver owns it now)."""
         with self._lock:
             if self.reason is None:
                 self.reason = error_line(reason, self.settings.redis_url)
                 log(f"{self.job}: {self.reason}; not retrying: stopping")
-                write_status(self.settings, self.job, file="status.json", state="failed", error=self.reason)
+                if report:
+                    write_status(
+                        self.settings, self.job, file="status.json", state="failed", error=self.reason
+                    )
         runtime.STOP.set()
 
 
@@ -213,9 +227,9 @@ class _Guard(_Sentinel):
 
     every_s = 0.5
 
-    def __init__(self, spark, job: str, settings: Settings, failure: _Failure):
+    def __init__(self, spark, job: str, settings: Settings, failure: _Failure, lease: Lease | None = None):
         super().__init__("query-guard", settings, job, failure)
-        self.spark = spark
+        self.spark, self.lease = spark, lease
         self.generation: int | None = None  # what the supervisor's query serves; None between queries
         self.lost: str | None = None
         self.client = None
@@ -250,10 +264,13 @@ class _Guard(_Sentinel):
         stopping = runtime.STOP.is_set()
         own = self.generation
         serving = lost = None
-        if not stopping and own is not None:
+        doubt = self.lease is not None and not self.lease.valid
+        if not stopping and own is not None and not doubt:
             serving, lost = self._read()
         for q in self.spark.streams.active:
-            if q.name == f"{self.job}_g{own}" and lost is not None and not stopping:
+            if q.name == f"{self.job}_g{own}" and doubt and not stopping:
+                q.stop()  # the lease may be another driver's by now: not one more batch (it is replayed)
+            elif q.name == f"{self.job}_g{own}" and lost is not None and not stopping:
                 self.lost = lost
                 q.stop()
             elif stopping or (q.name == f"{self.job}_g{own}" and serving not in (None, own)):
@@ -282,16 +299,19 @@ def _rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     return new
 
 
-def _single_instance(settings: Settings, job: str):
-    """The job's lock file, held (flock) for the life of the process; None if another process holds it."""
-    # held for the life of the process
-    lock = os.fdopen(runtime.open_private(job_dir(settings, job) / "lock"), "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log(f"{job}: another process of this job holds {lock.name}; exiting")
-        return None
-    return lock
+def _single_instance(settings: Settings, job: str, on_lost=None) -> Lease | None:
+    """The job's lease (`job_lease_key`), held for the life of the process (see the module docstring); None if a
+    live driver holds it. `on_lost(lease)`: what to do when another driver took it over (default: stop)."""
+
+    def lost(lease: Lease) -> None:
+        log(f"{job}: lost the job's lease ({lease.lost_reason}): stopping")
+        runtime.STOP.set()
+
+    holder = f"{job} driver (pid {os.getpid()})"
+    lease = Lease.acquire(settings.lake, job_lease_key(job), holder, on_lost=on_lost or lost)
+    if lease is None:
+        log(f"{job}: another driver of this job holds its lease ({job_lease_key(job)}); exiting")
+    return lease
 
 
 def _stop_on_signals(job: str) -> None:
@@ -316,6 +336,12 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
     restarts = Restarts(settings, job)
     gen = None
     while not runtime.STOP.is_set():
+        if guard.lease is not None and not guard.lease.valid:
+            since = time.monotonic()
+            log(f"{job}: the job's lease cannot be renewed (the lake does not answer): waiting")
+            if not guard.lease.wait_valid(runtime.STOP):
+                break
+            log(f"{job}: the job's lease is renewed after {time.monotonic() - since:.1f}s: continuing")
         started = time.monotonic()
         try:
             reason = rebuild_reason(settings, client, spec)  # waits for Redis
@@ -347,13 +373,22 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
 
 def serve(spark, settings: Settings, job: str) -> int:
     """Run `job` continuously until SIGTERM/SIGINT, following generation switches. Returns the exit code: 0 after
-    a stop, 1 when the job failed (`_Failure`: a permanent Redis problem, a guarding thread that died)."""
-    lock = _single_instance(settings, job)  # held until this function returns
-    if lock is None:
+    a stop, 1 when the job failed (`_Failure`: a permanent Redis problem, a guarding thread that died, the job's
+    lease lost to another driver) or another driver holds the lease."""
+    failure = _Failure(settings, job)
+
+    def lost(lease: Lease) -> None:  # another driver runs the job now: write nothing more to its status
+        failure.set(f"lost the job's lease ({lease.lost_reason})", report=False)
+
+    try:
+        lease = _single_instance(settings, job, on_lost=lost)  # held until this function returns
+    except StorageError as e:
+        log(f"{job}: cannot take the job's lease: {e}")
+        return 1
+    if lease is None:
         return 1
     _stop_on_signals(job)
     clear_error(settings, job)  # why an earlier run failed or restarted: history now
-    failure = _Failure(settings, job)
     watch = _RedisWatch(settings, job, failure)
     watch.start()
     scheduler = None
@@ -364,7 +399,7 @@ def serve(spark, settings: Settings, job: str) -> int:
     write_status(
         settings, job, pid=os.getpid(), state="starting", redis="ok", started_ms=int(time.time() * 1000)
     )
-    guard = _Guard(spark, job, settings, failure)
+    guard = _Guard(spark, job, settings, failure, lease)
     guard.start()
     try:
         _follow_generations(spark, settings, job, guard, watch)
@@ -374,7 +409,8 @@ def serve(spark, settings: Settings, job: str) -> int:
         if scheduler is not None:
             scheduler.shutdown(wait=True)
         state = "failed" if failure.reason else "stopped"
-        write_status(settings, job, state=state, stopped_ms=int(time.time() * 1000))
+        if not lease.lost.is_set():
+            write_status(settings, job, state=state, stopped_ms=int(time.time() * 1000))
         log(f"{job}: {state}")
-        lock.close()
+        lease.release()
     return 1 if failure.reason else 0

@@ -1,8 +1,11 @@
-"""`mview status`: per job, from the lake (pid file, status file, checkpoint, Delta logs, dead letters) and the
-generation pointer in Redis (if Redis does not answer, the last generation the job recorded). Never starts Spark.
+"""`mview status`: per job, from the lake (status file, the driver's lease, checkpoint, Delta logs, dead letters),
+this machine's pid file of a deployed job, and the generation pointer in Redis (if Redis does not answer, the last
+generation the job recorded). Never starts Spark.
 
-Fields: `running`, `pid` (the driver's pid or null), `generation` (serving), `lag_versions` (log versions of the
-job's topics that the serving generation's checkpoint has not fully processed; 0 when caught up), `rejected`
+Fields: `running` (a driver deployed from this machine lives, or the job's lease has a live holder), `pid` (the
+driver's pid on this machine, or null), `driver` (only for a driver on another machine: its host and pid),
+`generation` (serving), `lag_versions` (log versions of the job's topics that the serving generation's checkpoint
+has not fully processed; 0 when caught up), `rejected`
 (dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok", "waiting for
 Redis at ...", or why Redis cannot be used, the URL without its password; for a stopped job whose serving copy
 Redis lost, "lost the serving copy ..." with what to run),
@@ -21,15 +24,16 @@ for `cdc`, waits.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import redis
 
 from changelog.deadletters import count_dead_letters
+from changelog.storage import Lake
 from changelog.topics import latest_version
 from jobs.core.generations import lake_generation, replay_in_progress
+from jobs.core.lease import this_node
 from jobs.core.registry import jobs
-from jobs.core.runtime import checkpoint_dir, read_status
+from jobs.core.runtime import checkpoint_key, committed_batches, read_status
 from jobs.core.settings import Settings
 from views.errors import ViewError
 from views.keys import gen_key
@@ -43,10 +47,17 @@ __all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "reject
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
-    """The pid of the deployed job's driver if it is alive, else None."""
+    """The pid of the job's driver deployed from this machine if it is alive, else None."""
     from jobs.ops.deploy import pid_of as _pid_of
 
     return _pid_of(settings, job)
+
+
+def driver_of(settings: Settings, job: str) -> dict | None:
+    """The lease record of the job's live driver on any machine (`jobs.ops.deploy.driver_of`), else None."""
+    from jobs.ops.deploy import driver_of as _driver_of
+
+    return _driver_of(settings, job)
 
 
 def _next_version(offset: dict) -> int | None:
@@ -67,15 +78,13 @@ def _next_version(offset: dict) -> int | None:
     return v
 
 
-def processed_versions(checkpoint: Path) -> list[int | None]:
-    """Per source of the query, the first log version not yet fully processed by the last committed batch."""
-    commits, offsets = checkpoint / "commits", checkpoint / "offsets"
-    if not commits.is_dir():
-        return []
-    done = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
+def processed_versions(lake: Lake, checkpoint: str) -> list[int | None]:
+    """Per source of the query checkpointed at key `checkpoint` of `lake`, the first log version not yet fully
+    processed by the last committed batch ([] before the first commit)."""
+    done = committed_batches(lake, checkpoint)
     if not done:
         return []
-    lines = (offsets / str(max(done))).read_text().splitlines()
+    lines = lake.read_bytes(checkpoint, "offsets", str(done[-1])).decode().splitlines()
     out: list[int | None] = []
     for line in lines[2:]:
         try:
@@ -93,10 +102,10 @@ def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
     spec = jobs(settings)[job]
     if spec.lag:
         return spec.call("lag", settings)
-    done = processed_versions(checkpoint_dir(settings, job, generation)) if generation else []
+    done = processed_versions(settings.lake, checkpoint_key(job, generation)) if generation else []
     lag = 0
     for i, topic in enumerate(spec.topics):
-        latest = latest_version(settings.lake_dir, topic)
+        latest = latest_version(settings.lake, topic)
         nxt = done[i] if i < len(done) and done[i] is not None else 0
         lag += max(0, latest + 1 - nxt)
     return lag
@@ -142,29 +151,35 @@ def job_status(settings: Settings) -> dict:
             if not spec.source:  # a source job writes only the lake: Redis is none of its business
                 s.setdefault("redis", str(serving))
         pid = pid_of(settings, name)
+        driver = driver_of(settings, name) if pid is None else None  # a driver deployed elsewhere
+        live = pid is not None or driver is not None
+        if driver is not None and driver.get("node") == this_node():
+            pid = driver.get("pid")  # deployed from another HOME of this machine (a remote lake)
         row = {
-            "running": pid is not None,
+            "running": live,
             "pid": pid,
             "generation": gen,
             "lag_versions": lag_versions(settings, name, gen),
             "rejected": rejected(settings, spec.topics),
-            "metrics_url": s.get("metrics_url") if pid is not None else None,  # served while it runs
-            "spark_ui_url": s.get("spark_ui_url") if pid is not None else None,  # with SPARK_UI=true
+            "metrics_url": s.get("metrics_url") if live else None,  # served while it runs
+            "spark_ui_url": s.get("spark_ui_url") if live else None,  # with SPARK_UI=true
         }
+        if driver is not None and driver.get("node") != this_node():
+            row["driver"] = f"{driver.get('host')} pid {driver.get('pid')}"
         row.update({k: v for k, v in s.items() if k not in row})
-        if isinstance(serving, dict) and name not in serving and pid is None:
+        if isinstance(serving, dict) and name not in serving and not live:
             published = lake_generation(settings, spec)
             if published:  # a running job rebuilds by itself (state "rebuilding"); a stopped one cannot
                 row["redis"] = (
                     f"lost the serving copy ({gen_key(name)} is gone; the lake has generation {published}): "
                     f"`mview deploy {name}` or `mview run {name} --once` rebuilds it"
                 )
-        if pid is None and row.get("state") == "stopped":
+        if not live and row.get("state") == "stopped":
             row.pop("kafka", None)  # the broker as a running kafka job last saw it: stale once it stopped
-        if pid is None and row.get("state") in ("running", "starting", "restarting", "rebuilding"):
+        if not live and row.get("state") in ("running", "starting", "restarting", "rebuilding"):
             row["state"] = "dead (killed or crashed: `mview deploy` resumes from the checkpoint)"
         if (
-            pid is not None
+            live
             and row.get("state") in _ACTIVE
             and any(str(row.get(dependency, "")).startswith("waiting") for dependency in _DEPENDENCIES)
         ):

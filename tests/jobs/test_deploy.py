@@ -185,7 +185,9 @@ def test_deploy_is_idempotent_and_a_kill9_mid_batch_resumes(service, capsys):
     gen = service.status()["generation"]
     service.feed_part(1, ["tweets"])
     wait_for(
-        lambda: batch_in_flight(checkpoint_dir(settings, JOB, gen)), "a micro-batch in flight", every_s=0.02
+        lambda: batch_in_flight(Path(checkpoint_dir(settings, JOB, gen))),
+        "a micro-batch in flight",
+        every_s=0.02,
     )
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not status_of(settings, JOB)["running"], "the killed driver to be gone")
@@ -246,7 +248,7 @@ def test_replay_under_reads_equals_the_interrupted_run_and_the_job_continues(ser
     assert int(client.get("mv:gen:timeline")) == gen + 1
     assert [k for k in client.scan_iter(match=f"mv:*:{gen}:*")] == []
     assert not client.exists(f"mv:meta:timeline:{gen}")
-    assert not checkpoint_dir(settings, JOB, gen).exists()
+    assert not Path(checkpoint_dir(settings, JOB, gen)).exists()
     # The replay ran the same records uninterrupted: exactly the interrupted run's Redis content.
     assert len(interrupted) > 100
     assert redis_content(client, JOB, gen + 1) == interrupted
@@ -319,7 +321,9 @@ def test_stop_while_waiting_for_redis_is_immediate_and_loses_nothing(service, ca
     # Redis stops; a micro-batch waits for it; `mview stop` ends the job at once, not after STOP_TIMEOUT.
     service.own.stop()
     service.feed_part(5, ["tweets"])
-    wait_for(lambda: batch_in_flight(checkpoint_dir(settings, JOB, gen)), "a micro-batch waiting for Redis")
+    wait_for(
+        lambda: batch_in_flight(Path(checkpoint_dir(settings, JOB, gen))), "a micro-batch waiting for Redis"
+    )
     wait_for(lambda: "waiting for Redis" in str(status_of(settings, JOB).get("redis")), "status to say so")
     r = mview(settings, "status", "--json")
     assert "waiting for Redis at redis://:***@" in r.stdout and SECRET not in r.stdout + r.stderr
@@ -539,7 +543,9 @@ def test_the_job_directory_is_its_owners_only(tmp_path, redis_url):
         wait_for(
             lambda: read_status(settings, JOB).get("state") == "running", "the job to run", timeout_s=600
         )
-        assert {"pid", "deploy.lock", "lock", "job.log", "status.json"} <= {p.name for p in d.iterdir()}
+        names = {p.name for p in d.iterdir()}
+        assert {"pid", "deploy.lock", "job.log", "status.json"} <= names, names
+        assert any(n.startswith("lease.") for n in names), names  # the driver's lease (`jobs.core.lease`)
         assert not_owner_only(d) == [], not_owner_only(d)
     finally:
         cli("stop", JOB)

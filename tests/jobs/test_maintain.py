@@ -3,6 +3,8 @@ current, and views unchanged: a rebuild from the compacted logs publishes exactl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from changelog.ingest import ingest
 from changelog.topics import topic_path
 from jobs.core.runtime import checkpoint_dir, state_dir
@@ -15,7 +17,7 @@ from views.redis_io import connect, set_generation
 
 
 def _parquet_files(path):
-    return sorted(p.name for p in path.glob("*.parquet"))
+    return sorted(p.name for p in Path(path).glob("*.parquet"))
 
 
 def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
@@ -36,7 +38,7 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     rclient.set("mv:timeline.entry:1:{t1}", "stale")
     rclient.hset("mv:meta:timeline:1", "last_batch_id", 9)
     for d in (checkpoint_dir(settings, "timeline", 1), state_dir(settings, "timeline", 1)):
-        d.mkdir(parents=True)
+        Path(d).mkdir(parents=True)
     before = redis_content(rclient, "timeline", 2)
     follows_files = _parquet_files(topic_path(settings.lake_dir, "follows"))
     assert len(follows_files) >= 2
@@ -49,7 +51,7 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     assert "topics/tweets" in report["optimized"] and "topics/follows" in report["vacuumed"]
     # The timeline's state is its own Parquet change log (compacted by the job), not a Delta table: left alone.
     assert not any(t.startswith("state/timeline/") for t in report["optimized"] + report["vacuumed"])
-    assert (state_dir(settings, "timeline", 2) / "table" / "b0" / "_SUCCESS").exists()
+    assert (Path(state_dir(settings, "timeline", 2)) / "table" / "b0" / "_SUCCESS").exists()
     ops = [
         r[0]
         for r in spark.sql(f"DESCRIBE HISTORY delta.`{topic_path(settings.lake_dir, 'follows')}`")
@@ -61,8 +63,8 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     assert report["dropped_generations"] == {"timeline": [1]}
     assert list(rclient.scan_iter(match="mv:*:1:*")) == [] and not rclient.exists("mv:meta:timeline:1")
     assert (
-        not checkpoint_dir(settings, "timeline", 1).exists()
-        and not state_dir(settings, "timeline", 1).exists()
+        not Path(checkpoint_dir(settings, "timeline", 1)).exists()
+        and not Path(state_dir(settings, "timeline", 1)).exists()
     )
     assert redis_content(rclient, "timeline", 2) == before  # serving generation untouched
 
