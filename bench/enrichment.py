@@ -138,7 +138,7 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
 
     from views.log import log_path
 
-    out_log = log_path(lake, "enriched_activity", 1) / "_delta_log"
+    out_log = Path(log_path(lake, "enriched_activity", 1)) / "_delta_log"
     lateness = settings.allowed_lateness_ms
     res: dict = {"continuous": [], "once": None}
     runner = threading.Thread(target=lambda: run_enrichment(spark, settings, once=False), daemon=True)

@@ -1,10 +1,11 @@
 """The `log` view kind (asof jobs): a Delta output log of the emitted rows.
 
-A Delta table per generation, `LAKE_DIR/outputs/<view>/g<g>` (`log_path`), one row per emitted event that
-satisfies the view's `where`: the view's fields in declared order, plus `_id` (the stream event's identity).
-Other jobs can read it as a stream. Each micro-batch appends with Delta's idempotent-write options (`txnAppId`
-`<job>-g<g>-<view>`, `txnVersion` the batch id), so a batch Spark replays after a crash is not written twice
-(`LogSink`). `export_log` reads a generation's log: the fields of every row, ordered by `_id`.
+A Delta table per generation, key `outputs/<view>/g<g>` of the lake (`log_key`; Spark and delta-rs address it
+by its URI, `log_path`), one row per emitted event that satisfies the view's `where`: the view's fields in
+declared order, plus `_id` (the stream event's identity). Other jobs can read it as a stream. Each micro-batch
+appends with Delta's idempotent-write options (`txnAppId` `<job>-g<g>-<view>`, `txnVersion` the batch id), so a
+batch Spark replays after a crash is not written twice (`LogSink`). `export_log` reads a generation's log: the
+fields of every row, ordered by `_id`.
 
 A log without `where` holds every event the job emitted: the job reads it back to drop an event delivered again
 after it was emitted (`LogSink.ids`, only the rows whose time lies in a range when the log has the stream's time
@@ -14,22 +15,29 @@ among its fields, `time_field`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
+from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from changelog.storage import Lake, as_lake
 from changelog.topics import ensure_delta_table, table_version
 from spec.model import Pipeline, View
 from views.frame import select_view
 
-__all__ = ["log_path", "log_rows", "log_schema", "time_field", "LogSink", "export_log"]
+__all__ = ["log_key", "log_path", "log_rows", "log_schema", "time_field", "LogSink", "export_log"]
 
 
-def log_path(lake_dir: Path, view: str, generation: int) -> Path:
-    """The Delta output log of view `view` for one generation."""
-    return Path(lake_dir) / "outputs" / view / f"g{generation}"
+def log_key(view: str, generation: int) -> str:
+    """The lake key of the Delta output log of view `view` for one generation."""
+    return f"outputs/{view}/g{generation}"
+
+
+def log_path(lake: Lake | PathLike | str, view: str, generation: int) -> str:
+    """The URI of the Delta output log of view `view` for one generation in `lake` (a `Lake`, or a lake's local
+    path or URI): what Spark reads and writes (a local path on a local lake)."""
+    return as_lake(lake).uri(log_key(view, generation))
 
 
 def log_rows(frame: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
@@ -52,12 +60,13 @@ def time_field(view: View, time: str) -> str | None:
 
 
 class LogSink:
-    """Appends a job's emitted rows (`log_rows`) to the output log at `path` (created with `schema` if missing),
-    idempotent per batch id (Delta `txnAppId` `app_id`, `txnVersion` the batch id)."""
+    """Appends a job's emitted rows (`log_rows`) to the output log at `key` (`log_key`) of lake `where` (or at the
+    log's own local path or URI `where`, `log_path`; created with `schema` if missing), idempotent per batch id
+    (Delta `txnAppId` `app_id`, `txnVersion` the batch id)."""
 
-    def __init__(self, spark, path: Path, schema: str, app_id: str):
+    def __init__(self, spark, where: Lake | PathLike | str, schema: str, app_id: str, *, key: str = ""):
         self.spark, self.app_id = spark, app_id
-        self.path = ensure_delta_table(spark, Path(path), schema)
+        self.path = ensure_delta_table(spark, where, schema, key=key)
 
     def write(self, rows: DataFrame, batch_id: int) -> dict:
         """Append `rows`; a batch id already appended adds nothing. Returns {}: the job counts its rows itself."""
@@ -79,15 +88,20 @@ class LogSink:
         return log.select("_id")
 
 
-def export_log(spark, lake_dir: Path, view: View, generation: int) -> Iterator[dict]:
-    """Every row of the generation's log of `view`, ordered by `_id`, as dicts of its fields in declared order.
-    Nothing if the job has not published that generation yet (no committed version: Spark makes `_delta_log`
-    before it writes version 0)."""
-    path = log_path(lake_dir, view.name, generation)
-    if table_version(path) < 0:
+def export_log(spark, lake: Lake | PathLike | str, view: View, generation: int) -> Iterator[dict]:
+    """Every row of the generation's log of `view` in `lake` (a `Lake`, or a lake's local path or URI), ordered by
+    `_id`, as dicts of its fields in declared order. Nothing if the job has not published that generation yet (no
+    committed version: Spark makes `_delta_log` before it writes version 0)."""
+    lake, key = as_lake(lake), log_key(view.name, generation)
+    if table_version(lake, key) < 0:
         return
     names = [n for n, _ in view.fields]
-    df = spark.read.format("delta").load(str(path)).orderBy("_id").select(*[F.col(quoted(n)) for n in names])
+    df = (
+        spark.read.format("delta")
+        .load(lake.uri(key))
+        .orderBy("_id")
+        .select(*[F.col(quoted(n)) for n in names])
+    )
     for row in df.toLocalIterator():
         values = row.asDict(recursive=True)
         yield {n: values[n] for n in names}

@@ -57,10 +57,18 @@ def query_view(
 
 
 def export_view(
-    client, view: str | View, *, job: str | None = None, lake_dir=None, spark=None, pipeline=None
+    client,
+    view: str | View,
+    *,
+    job: str | None = None,
+    lake=None,
+    spark=None,
+    pipeline=None,
+    lake_dir=None,
 ) -> Iterator[dict]:
-    """Every key of the view as export lines, by kind. A log view is an output log in the lake: it needs
-    `lake_dir` and `spark`, a callable returning a SparkSession, called only for such a view."""
+    """Every key of the view as export lines, by kind. A log view is an output log in the lake: it needs `lake`
+    (a `changelog.storage.Lake`, e.g. `Settings.lake`, or a lake's local path or URI; `lake_dir`, its older name,
+    is taken too) and `spark`, a callable returning a SparkSession, called only for such a view."""
     v = resolve_view(view, pipeline)
     if job is not None and job != v.job:
         raise ViewError(f"view {v.name!r} belongs to job {v.job!r}, not {job!r}")
@@ -70,7 +78,10 @@ def export_view(
         return export_counts(client, v)
     if v.kind == "list":
         return export_list(client, v)
-    return export_log(spark(), lake_dir, v, current_generation(client, v.job))
+    where = lake if lake is not None else lake_dir
+    if where is None:
+        raise ViewError(f"{v.name} is an output log in the lake: pass the lake to export it")
+    return export_log(spark(), where, v, current_generation(client, v.job))
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}

@@ -272,7 +272,7 @@ def cmd_export(args) -> int:
         _redis(settings),
         args.view,
         job=job,
-        lake_dir=settings.lake_dir,
+        lake=settings.lake,
         spark=lambda: _spark(settings, f"mview-export-{args.view}"),
         pipeline=pipeline,
     )

@@ -3,6 +3,8 @@ batch id, the export ordered by `_id`, a lookup of ids by a time range, and a ge
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from spec import parse_pipeline
@@ -53,5 +55,5 @@ def test_export_of_a_generation_whose_log_has_no_commit_yet_is_empty(spark, tmp_
     """Between Spark making the output log's `_delta_log` and its version 0, the generation has published nothing:
     its export is empty, not an error."""
     view = shop.views["orders_log"]
-    (log_path(tmp_path, view.name, 1) / "_delta_log").mkdir(parents=True)
+    (Path(log_path(tmp_path, view.name, 1)) / "_delta_log").mkdir(parents=True)
     assert list(export_log(spark, tmp_path, view, 1)) == []
