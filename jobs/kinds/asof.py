@@ -31,6 +31,8 @@ import orjson
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from changelog.storage import NotFound
+from jobs.core.runtime import state_key
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
@@ -40,7 +42,7 @@ from joins.sides import TwoTopics
 from spec.model import Pipeline
 from views.count import COUNT_LUA, CountSink, count_changes, value_types
 from views.frame import check_job, empty_rows, view_rows
-from views.log import LogSink, log_path, log_rows, log_schema, time_field
+from views.log import LogSink, log_key, log_rows, log_schema, time_field
 from views.redis_io import is_cluster
 from views.row import RowSink, row_changes
 from views.wire import forward, payload_rows
@@ -107,9 +109,10 @@ class _Views:
         self.logs = {
             v.name: LogSink(
                 run.spark,
-                log_path(settings.lake_dir, v.name, gen),
+                settings.lake,
                 log_schema(log_rows(empty, v, pipeline)),
                 f"{job}-g{gen}-{v.name}",
+                key=log_key(v.name, gen),
             )
             for v in self.views
             if v.kind == "log"
@@ -187,15 +190,15 @@ class _Views:
 def _check_layout(run: JobRun) -> None:
     """A state written by a version before the generic join (its copy of the table has no key text `_k`) is
     refused: replay."""
-    first = run.state_dir / "versions" / "_delta_log" / f"{0:020d}.json"
+    lake, key = run.settings.lake, state_key(run.job, run.generation)
     try:
-        lines = first.read_text().splitlines()
-    except FileNotFoundError:
+        lines = lake.read_bytes(key, "versions", "_delta_log", f"{0:020d}.json").decode().splitlines()
+    except NotFound:
         return
     meta = next((json.loads(x)["metaData"] for x in lines if '"metaData"' in x), None)
     names = {f["name"] for f in json.loads(meta["schemaString"])["fields"]} if meta else {"_k"}
     if "_k" not in names:
-        raise LakeUnusable(run.state_dir, f"holds an earlier version's state: `mview replay {run.job}`")
+        raise LakeUnusable(lake.uri(key), f"holds an earlier version's state: `mview replay {run.job}`")
 
 
 def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
@@ -204,7 +207,14 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
     sides = AsofSides.of(pipeline, run.job)
     topics = TwoTopics((sides.stream, sides.table), ((), ()), ())
     views = _Views(run, pipeline, sides)
-    state = AsofState(run.spark, run.state_dir, f"mview-{run.job}-g{gen}", sides, emitted=views.whole is None)
+    state = AsofState(
+        run.spark,
+        settings.lake,
+        f"mview-{run.job}-g{gen}",
+        sides,
+        key=state_key(run.job, gen),
+        emitted=views.whole is None,
+    )
     run.totals.update(changes=0, emitted=0, held=0, seconds=run.totals.pop("seconds"))  # in printed order
 
     def decide(batch_df, s, before: AsofSnapshot, wm: int | None) -> AsofResult:
@@ -250,7 +260,7 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
         run.totals["held"] = n.held
         return _batch(s, n, wm, sides)
 
-    return Wiring(source=topics.stream(run.spark, settings.lake_dir), process=process)
+    return Wiring(source=topics.stream(run.spark, settings.lake), process=process)
 
 
 def run(

@@ -30,7 +30,7 @@ from changelog.errors import CdcFailed, PostgresMisconfigured, PostgresUnavailab
 from changelog.postgres import PgSource, capture, captured_topics, drop_slot, shown_dsn, wal_lag
 from changelog.postgres import probe as _probe
 from jobs.core import runtime
-from jobs.core.runtime import job_dir, log, write_status
+from jobs.core.runtime import job_key, log, write_status
 from jobs.core.settings import Settings
 from jobs.ops.metrics import metrics_for
 
@@ -67,9 +67,7 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
     metrics = metrics_for(settings, "cdc")
     write_status(settings, "cdc", metrics_url=metrics.url if metrics else None)
     if once:
-        return capture(
-            source, settings.lake_dir, job_dir(settings, "cdc"), once=True, progress=_meter(metrics, {}, None)
-        )
+        return capture(source, settings.lake, job_key("cdc"), once=True, progress=_meter(metrics, {}, None))
     totals = {"appended": 0, "rejected": 0}
     failures = 0
     while not runtime.STOP.is_set():
@@ -89,8 +87,8 @@ def run_cdc(spark, settings: Settings, *, once: bool = True, generation: int | N
             )
             capture(
                 source,
-                settings.lake_dir,
-                job_dir(settings, "cdc"),
+                settings.lake,
+                job_key("cdc"),
                 once=False,
                 stop=runtime.STOP.is_set,
                 progress=_meter(metrics, {}, status),

@@ -5,8 +5,9 @@ A right event r matches a left event l when every `match` pair is equal and `low
 (`within`). The join runs over its state (`joins.interval_state`); per micro-batch, with W0 = the job's watermark
 at its start (the greatest time seen so far on *either* topic minus `ALLOWED_LATENESS`, kept in the job's state,
 not Spark's per-stream minimum):
-1. A record with a time below W0 is late: dropped from the join, written to
-   `LAKE_DIR/jobs/<job>/late/g<g>/<batch>.jsonl` with the reason, and counted (`late` in `mview status`).
+1. A record with a time below W0 is late: dropped from the join, written to the lake's
+   `jobs/<job>/late/g<g>/<batch>.jsonl` with the reason (one object per batch, created once: a batch Spark
+   replays leaves its first attempt's), and counted (`late` in `mview status`).
    Duplicates (same identity) count once (`duplicates`).
 2. The watermark after the batch is W1 = max(W0, the greatest time of the batch's records not late - lateness).
 3. A view sees each left event's fields and `matches`, its matching right events so far. A row view publishes a
@@ -33,13 +34,12 @@ import orjson
 from jobs.core.generations import record_batch
 from jobs.core.phases import Phases
 from jobs.core.replay import serving_or_rebuild
-from jobs.core.runtime import job_dir, log, state_dir, write_status
+from jobs.core.runtime import job_key, log, state_key, write_status
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
 from jobs.ops.status import rejected
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
-from joins.state import read_json
 from spec.model import MATCHES, Pipeline
 from views.count import COUNT_LUA, CountSink, count_changes
 from views.frame import check_job, mentions, view_rows
@@ -55,7 +55,11 @@ FENCE_STEP = 1_000_000  # fence of batch b = b * FENCE_STEP; idle ticks after it
 def _store(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int) -> IntervalStore:
     sides = IntervalSides.of(spark, pipeline, job)
     return IntervalStore(
-        spark, state_dir(settings, job, gen), sides=sides, lateness_ms=settings.allowed_lateness_ms
+        spark,
+        settings.lake,
+        key=state_key(job, gen),
+        sides=sides,
+        lateness_ms=settings.allowed_lateness_ms,
     )
 
 
@@ -96,9 +100,10 @@ def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int):
 
 
 def _log_late(run: JobRun, sides: IntervalSides, batch_id: int, rows, w0: int) -> None:
-    """Write the batch's late records `rows` (`_side`, `_id`, `_t`), with the reason, to
-    `late/g<g>/<batch_id>.jsonl`: `{"topic", "id", <the topic's time field>, "reason", "batch_id", "at"}`."""
-    at, d = int(time.time() * 1000), job_dir(run.settings, run.job) / "late" / f"g{run.generation}"
+    """Write the batch's late records `rows` (`_side`, `_id`, `_t`), with the reason, to the job's
+    `late/g<g>/<batch_id>.jsonl`: `{"topic", "id", <the topic's time field>, "reason", "batch_id", "at"}`. Created
+    once per batch id: a replay of the batch (the same records) keeps the first attempt's object."""
+    at = int(time.time() * 1000)
     topics = (sides.left, sides.right)
     why = "late: ts {} is older than the watermark " + str(w0) + " at arrival"
     lines = []
@@ -112,8 +117,8 @@ def _log_late(run: JobRun, sides: IntervalSides, batch_id: int, rows, w0: int) -
             "batch_id": batch_id,
         }
         lines.append(orjson.dumps({**line, "at": at}) + b"\n")
-    d.mkdir(parents=True, exist_ok=True)
-    (d / f"{batch_id:012d}.jsonl").write_bytes(b"".join(lines))
+    key = f"{job_key(run.job)}/late/g{run.generation}/{batch_id:012d}.jsonl"
+    run.settings.lake.create(b"".join(lines), key)
 
 
 def _status(settings: Settings, sides: IntervalSides, p: IntervalProgress) -> dict:
@@ -147,17 +152,18 @@ def _process(run: JobRun, pipeline: Pipeline, store: IntervalStore, batch_df, ba
     return b
 
 
-def _check_layout(run: JobRun) -> None:
+def _check_layout(run: JobRun, store: IntervalStore) -> None:
     """A state written by a version before the generic join (its meta has no `closed`) is refused: replay."""
-    versions = sorted(run.state_dir.glob("v*/meta.json"))
-    if versions and "closed" not in read_json(versions[-1], {}):
-        raise LakeUnusable(run.state_dir, f"holds an earlier version's state: `mview replay {run.job}`")
+    fence = store.latest()[0]
+    if fence is not None and "closed" not in (store.meta(fence) or {}):
+        where = run.settings.lake.uri(store.key)
+        raise LakeUnusable(where, f"holds an earlier version's state: `mview replay {run.job}`")
 
 
 def _wire(run: JobRun, pipeline: Pipeline, max_files: int | None) -> Wiring:
     settings = run.settings
-    _check_layout(run)
     store = _store(run.spark, settings, pipeline, run.job, run.generation)
+    _check_layout(run, store)
     seconds = run.totals.pop("seconds")  # keys in the order `mview run <job> --once` prints them
     run.totals.update(late=0, duplicates=0, closed=0, provisional=0, seconds=seconds, state_rows=[])
 
@@ -171,7 +177,7 @@ def _wire(run: JobRun, pipeline: Pipeline, max_files: int | None) -> Wiring:
             "closed", 0
         )
 
-    source = store.sides.topics.stream(run.spark, settings.lake_dir, max_files_per_trigger=max_files)
+    source = store.sides.topics.stream(run.spark, settings.lake, max_files_per_trigger=max_files)
     return Wiring(source, process, idle if settings.idle_timeout_ms is not None else None)
 
 

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.topics import read_stream
-from jobs.core.runtime import log
+from jobs.core.runtime import log, state_key
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
@@ -48,7 +48,7 @@ def _source(spark, settings: Settings, join: TableJoin) -> DataFrame:
 
     def norm(i: int, topic) -> DataFrame:
         own = [f"`{n}` AS `_{j}_{n}`" if j == i else f"CAST(NULL AS {t}) AS `_{j}_{n}`" for j, n, t in cols]
-        return read_stream(spark, settings.lake_dir, topic).selectExpr(f"'{topic.name}' AS topic", *own)
+        return read_stream(spark, settings.lake, topic).selectExpr(f"'{topic.name}' AS topic", *own)
 
     return norm(0, join.topics[0]).unionByName(norm(1, join.topics[1]))
 
@@ -171,12 +171,12 @@ def _process(
 
 
 def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
-    state = run.state_dir / "table"
-    if (run.state_dir / "changes").exists() and not state.exists():
-        raise LakeUnusable(run.state_dir, f"holds an earlier version's state: `mview replay {run.job}`")
+    lake, key = run.settings.lake, state_key(run.job, run.generation)
+    if lake.exists(key, "changes") and not lake.exists(key, "table"):
+        raise LakeUnusable(lake.uri(key), f"holds an earlier version's state: `mview replay {run.job}`")
     join = TableJoin(run.spark, *pipeline.sides(run.job), pipeline.jobs[run.job].spec.match)
     views = _Views(run, pipeline, join)
-    store = TableStore(run.spark, state, join)
+    store = TableStore(run.spark, lake, join, key=f"{key}/table")
     run.totals.update(list_ops=0, entries=0)
     started, first = time.monotonic(), run.next_batch_id()
     store.restore(first)

@@ -24,7 +24,7 @@ from changelog.errors import KafkaUnavailable
 from changelog.kafka import broker_watch, copy_batch, ensure_kafka_topics, kafka_topic, lag
 from changelog.topics import ensure_topic
 from jobs.core import runtime
-from jobs.core.runtime import Restarts, checkpoint_dir, log, read_status, write_status
+from jobs.core.runtime import Restarts, checkpoint_key, log, read_status, write_status
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import SourceNotConfigured
@@ -53,9 +53,11 @@ def preflight(settings: Settings, *, reach: bool = True) -> None:
 
 
 def kafka_lag(settings: Settings) -> int | None:
-    cp, names = checkpoint_dir(settings, "kafka", 0), _names(settings)
+    cp, names = checkpoint_key("kafka", 0), _names(settings)
     try:
-        return lag(settings.kafka_bootstrap, names, cp, timeout=1.0) if settings.kafka_bootstrap else None
+        if not settings.kafka_bootstrap:
+            return None
+        return lag(settings.kafka_bootstrap, names, settings.lake, key=cp, timeout=1.0)
     except KafkaUnavailable:
         return None
 
@@ -81,7 +83,7 @@ def _wire(run: JobRun) -> Wiring:
     preflight(s)
     names = _names(s)
     for t in names.values():  # a changed declaration is refused here, before the query starts
-        ensure_topic(None, s.lake_dir, t)
+        ensure_topic(None, s.lake, t)
     write_status(s, "kafka", kafka="ok")
     app: list[str] = []
 
@@ -96,9 +98,9 @@ def _wire(run: JobRun) -> Wiring:
             return None
         read_s = time.monotonic() - started
         if not app:  # the query's id, kept in its checkpoint: a new checkpoint never matches an old app id
-            meta = json.loads((run.checkpoint / "metadata").read_text())
+            meta = json.loads(s.lake.read_bytes(checkpoint_key(run.job, run.generation), "metadata"))
             app.append(f"mview.kafka.{meta['id']}")
-        copied = copy_batch(s.lake_dir, names, rows, app_id=app[0], version=batch_id)
+        copied = copy_batch(s.lake, names, rows, app_id=app[0], version=batch_id)
         copy_s = time.monotonic() - started - read_s
         accepted, rejected = (sum(c[k] for c in copied.values()) for k in ("accepted", "rejected"))
         per_topic = {f"{t}.{k}": n for t, c in copied.items() for k, n in c.items()}

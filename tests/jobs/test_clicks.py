@@ -11,7 +11,7 @@ import pytest
 from changelog.deadletters import read_dead_letters
 from changelog.ingest import ingest
 from jobs.core.registry import job_spec
-from jobs.core.runtime import job_dir, read_status
+from jobs.core.runtime import job_key, read_status
 from jobs.kinds.interval import close_idle
 from tests.conftest import make_settings, write_jsonl
 from timeline_demo.clicks_workload import chunk_arrivals, expected_clicks, generate_clicks
@@ -153,10 +153,11 @@ def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp
     assert query_ctr(client, "shoes") == {"query": "shoes", "searches": 2, "clicked": 1, "generation": 1}
     status = read_status(settings, "clicks")
     assert status["late"] == 1 and status["rejected"] == 2 and status["duplicates"] == 1
+    late_key = f"{job_key('clicks')}/late/g1"  # one object per batch with late records
     late = [
         json.loads(x)
-        for p in sorted((job_dir(settings, "clicks") / "late" / "g1").iterdir())
-        for x in p.read_text().splitlines()
+        for e in settings.lake.list(late_key)
+        for x in settings.lake.read_bytes(late_key, e.name).splitlines()
     ]
     assert [(r["id"], r["reason"].startswith("late: ts")) for r in late] == [("c3", True)]
     dead = list(read_dead_letters(settings.lake, "clicks"))

@@ -249,7 +249,7 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
         assert deploy(settings, JOB) == 0
         pid = status_of(settings, JOB)["pid"]
         producer.start()
-        cp = checkpoint_dir(settings, JOB, 0)
+        cp = Path(checkpoint_dir(settings, JOB, 0))  # a local lake
         wait_for(lambda: (cp / "commits" / "0").exists(), "a first committed batch")
         wait_for(lambda: batch_in_flight(cp), "a micro-batch in flight", every_s=0.02)
         os.kill(pid, signal.SIGKILL)
