@@ -43,6 +43,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from changelog.storage import StorageError
 from jobs.core.registry import job_spec, jobs
 from jobs.core.runtime import log, read_status, state_key
 from jobs.core.settings import Settings
@@ -94,8 +95,12 @@ class _StatusCollector:
             yield _gauge("mview_state_rows", "rows of the join's state", job, st["state_rows"])
         if gen is not None:
             yield _gauge("mview_generation", "the generation the job writes", job, gen)
-            state = self.settings.lake.tree_bytes(state_key(job, gen))
-            yield _gauge("mview_state_bytes", "bytes of the generation's state directory", job, state)
+            try:
+                state = self.settings.lake.tree_bytes(state_key(job, gen))
+            except StorageError:  # a store that does not answer now: the next scrape reads it
+                state = None
+            if state is not None:
+                yield _gauge("mview_state_bytes", "bytes of the generation's state directory", job, state)
         spec = job_spec(self.settings, job)
         if gen is not None or spec.lag:
             try:
