@@ -3,7 +3,8 @@ places of one machine, each with its own working directory and HOME, as a user o
 from the first, kill -9 its driver mid-stream, deploy from the second (no pid file, no local file of the first):
 the new driver takes the job's lease over (`jobs.core.lease`: the old driver's process is gone) and continues from
 the checkpoint in the lake; the timelines are exactly the reference's. From the second place `mview status` sees
-the driver (its lease), a second deploy says it runs, and `mview stop` stops it."""
+the driver (its lease), a second deploy says it runs, and `mview stop` stops it. HDFS stopped under the running job
+for longer than the lease's validity: the job waits, takes its lease back, and continues exactly."""
 
 from __future__ import annotations
 
@@ -27,28 +28,35 @@ pytestmark = pytest.mark.e2e
 JOB, CAP = "timeline", 10
 
 
-def test_kill9_then_deploy_from_another_directory_and_home_continues_exactly(
-    hdfs_server, redis_url, tmp_path
-):
-    connect(redis_url).flushdb()
-    settings = make_settings(
-        f"{hdfs_server.url}/deploy-{uuid.uuid4().hex[:8]}",
-        redis_url,
-        SPARK_MASTER="local[1]",
-        SPARK_DRIVER_MEMORY="1g",
-        METRICS_PORT="off",
-        TIMELINE_CAP=CAP,
-        TRIGGER_INTERVAL="200 ms",
-    )
-    env = {k: v for k, v in {**os.environ, **settings_env(settings)}.items() if k != "XDG_STATE_HOME"}
+class _Place:
+    """A lake on the session's HDFS, the workload in two slices, and `mview` run from named places (each its own
+    working directory and HOME)."""
 
-    def cli(place: str, *args: str) -> subprocess.CompletedProcess:
-        home, cwd = tmp_path / place / "home", tmp_path / place / "work"
+    def __init__(self, hdfs_server, redis_url: str, tmp_path):
+        connect(redis_url).flushdb()
+        self.tmp, self.redis_url = tmp_path, redis_url
+        self.settings = make_settings(
+            f"{hdfs_server.url}/deploy-{uuid.uuid4().hex[:8]}",
+            redis_url,
+            SPARK_MASTER="local[1]",
+            SPARK_DRIVER_MEMORY="1g",
+            METRICS_PORT="off",
+            TIMELINE_CAP=CAP,
+            TRIGGER_INTERVAL="200 ms",
+        )
+        self.env = {
+            k: v for k, v in {**os.environ, **settings_env(self.settings)}.items() if k != "XDG_STATE_HOME"
+        }
+        wl = generate(seed=5, users=20, celebrities=1, follows=90, tweets=90)
+        self.tw, self.fo = [wl.tweets[:45], wl.tweets[45:]], [wl.follows[:45], wl.follows[45:]]
+
+    def cli(self, place: str, *args: str) -> subprocess.CompletedProcess:
+        home, cwd = self.tmp / place / "home", self.tmp / place / "work"
         home.mkdir(parents=True, exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
         r = subprocess.run(
             [MVIEW, *args],
-            env={**env, "HOME": str(home)},
+            env={**self.env, "HOME": str(home)},
             cwd=cwd,
             capture_output=True,
             text=True,
@@ -57,23 +65,35 @@ def test_kill9_then_deploy_from_another_directory_and_home_continues_exactly(
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         return r
 
-    wl = generate(seed=5, users=20, celebrities=1, follows=90, tweets=90)
-    tw, fo = [wl.tweets[:45], wl.tweets[45:]], [wl.follows[:45], wl.follows[45:]]
+    def feed(self, i: int) -> dict:
+        """`mview ingest` slice `i`; the reference timelines of the slices fed."""
+        for topic, part in (("tweets", self.tw[i]), ("follows", self.fo[i])):
+            self.cli("first", "ingest", topic, write_jsonl(self.tmp / f"{topic}{i}.jsonl", part))
+        return expected_timelines(sum(self.tw[: i + 1], []), sum(self.fo[: i + 1], []), CAP)
 
-    def feed(i: int) -> dict:
-        for topic, part in (("tweets", tw[i]), ("follows", fo[i])):
-            cli("first", "ingest", topic, write_jsonl(tmp_path / f"{topic}{i}.jsonl", part))
-        return expected_timelines(sum(tw[: i + 1], []), sum(fo[: i + 1], []), CAP)
+    def timelines(self) -> dict:
+        return {r["user_id"]: r["tweet_ids"] for r in export_timeline(connect(self.redis_url, wait=False))}
 
-    def timelines() -> dict:
-        return {r["user_id"]: r["tweet_ids"] for r in export_timeline(connect(redis_url, wait=False))}
-
-    def caught_up(truth: dict) -> bool:
-        s = status_of(settings, JOB)
+    def caught_up(self, truth: dict) -> bool:
+        s = status_of(self.settings, JOB)
         return (
-            s["running"] and s["lag_versions"] == 0 and s.get("state") == "running" and timelines() == truth
+            s["running"]
+            and s["lag_versions"] == 0
+            and s.get("state") == "running"
+            and self.timelines() == truth
         )
 
+    def log(self, place: str) -> str:
+        """The deployed job's log on this machine, as deployed from `place` (its HOME's state directory)."""
+        found = sorted((self.tmp / place / "home").rglob("job.log"))
+        return found[0].read_text(errors="replace") if found else ""
+
+
+def test_kill9_then_deploy_from_another_directory_and_home_continues_exactly(
+    hdfs_server, redis_url, tmp_path
+):
+    p = _Place(hdfs_server, redis_url, tmp_path)
+    settings, cli, feed, caught_up, timelines = p.settings, p.cli, p.feed, p.caught_up, p.timelines
     truth = feed(0)
     cli("first", "deploy", JOB)
     wait_for(lambda: caught_up(truth), "the job deployed from the first place to catch up", timeout_s=600)
@@ -91,3 +111,29 @@ def test_kill9_then_deploy_from_another_directory_and_home_continues_exactly(
     cli("second", "stop", JOB)
     assert not status_of(settings, JOB)["running"] and status_of(settings, JOB)["state"] == "stopped"
     assert timelines() == truth
+
+
+def test_the_namenode_stopped_under_a_deployed_job_is_waited_for(hdfs_server, redis_url, tmp_path):
+    """HDFS stopped under the running job for longer than the lease's validity: the job stops its query and waits
+    (one log line), takes its lease back once HDFS answers again, and continues: new input is processed exactly."""
+    p = _Place(hdfs_server, redis_url, tmp_path)
+    truth = p.feed(0)
+    p.cli("first", "deploy", JOB)
+    try:
+        wait_for(lambda: p.caught_up(truth), "the job to catch up", timeout_s=600)
+        hdfs_server.stop()
+        try:
+            wait_for(
+                lambda: "the job's lease cannot be renewed" in p.log("first"),
+                "the job to wait for the lake",
+                timeout_s=180,
+                every_s=1.0,
+            )
+        finally:
+            hdfs_server.start()
+        wait_for(lambda: "the job's lease is renewed" in p.log("first"), "the lease back", timeout_s=180)
+        truth = p.feed(1)
+        wait_for(lambda: p.caught_up(truth), "the job to continue after the outage", timeout_s=600)
+        assert status_of(p.settings, JOB)["pid"] is not None  # the same driver: it never exited
+    finally:
+        p.cli("first", "stop", JOB)
