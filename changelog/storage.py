@@ -72,6 +72,20 @@ def _tmp_name(name: str) -> str:
     return f".{name}.{uuid.uuid4().hex}.tmp"
 
 
+def _mkdirs(path: Path, mode: int) -> None:
+    """Make `path` and its missing parents with `mode` (an owner-only file's directories are owner-only too, 0700,
+    whatever the umask of the process that writes first)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=mode)
+        except FileExistsError:  # made meanwhile by another writer
+            pass
+
+
 class _Local:
     def __init__(self, root: Path):
         self.root = root
@@ -84,7 +98,7 @@ class _Local:
 
     def _staged(self, key: str, data: bytes, mode: int) -> Path:
         p = self._p(key)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        _mkdirs(p.parent, 0o700 if not mode & 0o077 else 0o777)
         tmp = p.with_name(_tmp_name(p.name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:

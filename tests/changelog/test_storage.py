@@ -72,3 +72,21 @@ def test_a_store_that_does_not_answer_is_one_error_naming_it(tmp_path):
     with pytest.raises(LakeUnreachable) as caught:
         lake.read_bytes("jobs/j/status.json")
     assert "\n" not in str(caught.value) and "does not answer" in str(caught.value)
+
+
+def test_a_local_owner_only_object_gets_owner_only_directories_whatever_the_umask(tmp_path):
+    import os
+    import stat
+
+    lake = open_lake(tmp_path / "lake")
+    old = os.umask(0o022)
+    try:
+        lake.write_json({"state": "running"}, "jobs", "j", "status.json")
+        lake.write_bytes(b"x", "shared", "a.txt", mode=0o644)
+    finally:
+        os.umask(old)
+    root = tmp_path / "lake"
+    assert stat.S_IMODE((root / "jobs").stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "jobs" / "j").stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "jobs" / "j" / "status.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / "shared").stat().st_mode) == 0o755
