@@ -128,7 +128,7 @@ def cmd_ingest(args) -> int:
     try:  # no Spark: ingest appends with delta-rs
         result = ingest(
             None,
-            settings.lake_dir,
+            settings.lake,
             topic,
             args.files,
             progress=lambda m: print(m, file=sys.stderr, flush=True),
@@ -145,9 +145,7 @@ def cmd_ingest(args) -> int:
         raise
     _ingested(args.topic, result.files)
     if result.rejected:
-        print(
-            f"{args.topic}: rejected lines and reasons are in {deadletter_path(settings.lake_dir, args.topic)}"
-        )
+        print(f"{args.topic}: rejected lines and reasons are in {deadletter_path(settings.lake, args.topic)}")
     if args.json:
         print(json.dumps(result.summary()))
     return 0
