@@ -1,0 +1,121 @@
+"""Beyond one machine: the built-in pipeline with `LAKE_DIR` on a real HDFS and `SPARK_MASTER` a standalone
+cluster of two workers, each in its own working directory (`tests.devhelp.spark_cluster`). Records enter through
+the installed CLI (`mview ingest`, LAKE_DIR a URI); every job runs by `spark-submit` (`python -m jobs.core.submit
+run <job> --once`) from a driver with its own working directory and HOME, so the driver, the executors and the
+CLI share the lake only through HDFS. Timeline, clicks and enrichment equal their definitions (the workloads'
+brute-force references)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs.ops.deploy import settings_env
+from tests.conftest import make_settings, write_jsonl
+from tests.devhelp import ROOT
+from tests.jobs.opshelp import mview
+from timeline_demo.clicks_workload import expected_clicks, generate_clicks
+from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
+from timeline_demo.reference import expected_timelines
+from timeline_demo.workload import generate
+from views.read import export_view
+from views.redis_io import connect
+
+pytestmark = pytest.mark.e2e
+
+CAP = 20
+M = 60_000
+
+
+def _submit(settings, job: str, workdir: Path) -> dict:
+    """`spark-submit` of `mview run <job> --once` from `workdir` (its own HOME), the settings' environment."""
+    home = workdir / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        **settings_env(settings),
+        "HOME": str(home),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "jobs.core.submit", "run", job, "--once", "--json"],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _ingest(settings, tmp_path: Path, topic: str, records: list[dict]) -> None:
+    path = write_jsonl(tmp_path / f"{topic}-{uuid.uuid4().hex[:6]}.jsonl", records)
+    r = mview(settings, "ingest", topic, path)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
+    hdfs_server, spark_cluster, tmp_path, redis_url, rclient
+):
+    run = uuid.uuid4().hex[:8]
+    common = {
+        "SPARK_MASTER": spark_cluster.master,
+        "SPARK_DRIVER_MEMORY": "1g",
+        "TIMELINE_CAP": CAP,
+        "METRICS_PORT": "off",
+    }
+    # clicks and the timeline in one lake; enrichment (its workload's disorder needs 5 minutes) in another
+    main = make_settings(f"{hdfs_server.url}/beyond-{run}", redis_url, **common)
+    enrich = make_settings(
+        f"{hdfs_server.url}/beyond-enrich-{run}",
+        redis_url.rsplit("/", 1)[0] + "/1",
+        ALLOWED_LATENESS="5 minutes",
+        **common,
+    )
+    assert main.lake_dir is None and main.lake_uri.startswith("hdfs://")
+
+    tl = generate(seed=21, users=60, celebrities=2, follows=400, tweets=400)
+    cl = generate_clicks(seed=3, sessions=40)
+    en = generate_enrichment(seed=4)
+    _ingest(main, tmp_path, "tweets", tl.tweets)
+    _ingest(main, tmp_path, "follows", tl.follows)
+    _ingest(main, tmp_path, "searches", cl.searches)
+    _ingest(main, tmp_path, "clicks", cl.clicks)
+    _ingest(enrich, tmp_path, "profiles", en.profiles)
+    _ingest(enrich, tmp_path, "activity", en.activity)
+
+    driver = tmp_path / "driver"  # nothing of the CLI's working directory: the lake is on HDFS only
+    for settings, job in ((main, "timeline"), (main, "clicks"), (enrich, "enrichment")):
+        totals = _submit(settings, job, driver / job)
+        assert totals["job"] == job and totals["events"] > 0
+    assert all(list((Path(d) / "work").glob("app-*")) for d in spark_cluster.worker_dirs), (
+        "both workers ran executors"
+    )
+
+    client = connect(redis_url)
+    want = expected_timelines(tl.tweets, tl.follows, CAP)
+    assert sum(len(v) for v in want.values()) > 300
+    got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline")}
+    assert got == want
+    want_sc, want_ctr = expected_clicks(cl.searches, cl.clicks, 10 * M)
+    assert (
+        sum(r["clicked"] for r in want_sc.values()) > 5
+        and sum(not r["clicked"] for r in want_sc.values()) > 5
+    )
+    assert {r["search_id"]: r for r in export_view(client, "search_clicks")} == want_sc
+    assert {r["query"]: r for r in export_view(client, "ctr")} == want_ctr
+    truth = expected_enriched(en.profiles, en.activity)
+    assert len(truth) > 300
+    by_country = {
+        r["country"]: r["events"] for r in export_view(connect(enrich.redis_url), "activity_by_country")
+    }
+    assert by_country == expected_by_country(truth)
