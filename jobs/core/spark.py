@@ -14,9 +14,20 @@ from pathlib import Path
 
 from jobs.core.jvm import driver_java
 from jobs.core.settings import Settings
+from jobs.errors import JobsError
 from joins import sparkapi
 
-__all__ = ["get_spark", "kafka_package", "is_local", "loopback_conf", "loopback_env", "LOOPBACK"]
+__all__ = [
+    "get_spark",
+    "kafka_package",
+    "s3a_package",
+    "s3a_conf",
+    "hadoop_version",
+    "is_local",
+    "loopback_conf",
+    "loopback_env",
+    "LOOPBACK",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -33,6 +44,25 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     With a local master the driver JVM listens on 127.0.0.1 only (its RPC and block-manager ports by
     `loopback_conf`, Spark's own web UI by `loopback_env`, set in the environment the JVM starts with); with any
     other master Spark binds as its configuration says (README, "What listens on the network").
+    A lake on S3 (`settings.lake.kind == "s3"`, LAKE_DIR=s3a://bucket/path) adds Hadoop's S3A file system
+    (`s3a_package`, resolved and remembered like the Delta jars; with a local master, once remembered, its jars go
+    on the driver JVM's class path, where the in-process executors see them, instead of `spark.jars`, which every
+    start would copy, 700 MB, into its temporary directory, and the JVM cache of `make jvm-cache`, built for
+    another class path, is not used; with a cluster master `spark.jars` ships them to the executors) and
+    its settings (`s3a_conf`: S3_ENDPOINT, path-style, plain HTTP for an http:// endpoint, AWS_REGION); the
+    credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) go into the session's Hadoop
+    configuration once the JVM runs (`_s3a_credentials`), never into the Spark configuration, which PySpark
+    passes to the JVM on its command line and Spark shows in its UI and event log.
+
+    Spark's own writes on S3 (the job's state tables, its output logs, its streaming checkpoints) have one writer
+    at a time, the job's driver, while it holds the job's lease (`jobs.core.lease`, a conditional put on the
+    lake): so Delta's default log store for `s3a://`, `S3SingleDriverLogStore` (its commits are mutually exclusive
+    among the writers of one JVM only), is enough there; two drivers writing one table at once would not be safe.
+    The streaming checkpoints keep the project's `FileSystemBasedCheckpointFileManager` (write a temporary
+    object, then rename it: a copy and a delete on S3, never a partial file, one writer): Spark's
+    `AbortableStreamBasedCheckpointFileManager`, which writes each file in place by an abortable upload, lives in
+    `spark-hadoop-cloud`, not published on Maven Central for the Spark version pyspark ships (4.2.0).
+
     Spark's private APIs in use are checked for (`joins.sparkapi`: the version before the JVM starts, the classes
     and methods once it runs); a mismatch raises `joins.sparkapi.SparkUnsupported`, one line that says what to do.
     """
@@ -47,7 +77,9 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     sparkapi.check_python()
     driver_opts = "-Dlog4j2.level=ERROR -Xss16m -XX:G1HeapRegionSize=4m"
     master = master or settings.spark_master
-    aot = driver_java(settings, master)
+    s3 = settings.lake.kind == "s3"
+    # S3A's jars on a local driver's class path (below) are not the one the AOT cache was built for
+    aot = None if s3 and is_local(master) else driver_java(settings, master)
     if aot is not None:  # `make jvm-cache` built an AOT cache: a JDK 25 that maps it (jobs/dev/jvmcache.py)
         os.environ["JAVA_HOME"], extra = aot
         driver_opts = f"{driver_opts} {extra}"
@@ -57,16 +89,22 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     if is_local(master):
         _java_dies_with_driver()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**_config(settings, driver_opts), **loopback_conf(master)}.items():
+    conf = {**_config(settings, driver_opts), **loopback_conf(master), **(s3a_conf(settings) if s3 else {})}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        extra = [kafka_package()] if settings.kafka_bootstrap else None
-        builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
+        extra = [kafka_package()] if settings.kafka_bootstrap else []
+        if s3:
+            extra.append(s3a_package())
+        builder = configure_spark_with_delta_pip(builder, extra_packages=extra or None)
         packages = sparkapi.builder_option(builder, "spark.jars.packages") or ""
         known = _known_jars(packages)
         if known:
             sparkapi.drop_builder_option(builder, "spark.jars.packages")
-            builder = builder.config("spark.jars", known)
+            shipped, class_path = _split_local_jars(known, master)
+            builder = builder.config("spark.jars", shipped)
+            if class_path:
+                builder = builder.config("spark.driver.extraClassPath", class_path)
         spark = builder.getOrCreate()
         if not known:
             _remember_jars(packages, spark.sparkContext.getConf().get("spark.jars", ""))
@@ -76,6 +114,8 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    if s3:
+        _s3a_credentials(spark, settings)
     atexit.register(spark.stop)  # a clean exit stops Spark (its temporary files go) before the JVM is killed
     spark.sparkContext.setLogLevel("ERROR")
     _jars_off_python_path(spark.sparkContext)
@@ -88,6 +128,62 @@ def kafka_package() -> str:
     import pyspark
 
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def hadoop_version() -> str:
+    """The Hadoop version of the client jars PySpark ships (`pyspark/jars/hadoop-client-api-<version>.jar`)."""
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        raise JobsError("pyspark ships no hadoop-client-api jar: reinstall pyspark (make setup)")
+    return jars[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+
+
+def s3a_package() -> str:
+    """Hadoop's S3A file system of the Hadoop version PySpark ships (Maven coordinates; with it the AWS SDK's
+    `bundle`, ~700 MB, resolved once into the Ivy cache)."""
+    return f"org.apache.hadoop:hadoop-aws:{hadoop_version()}"
+
+
+_S3_ENV = ("S3_ENDPOINT", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def _s3_env(settings: Settings) -> dict[str, str]:
+    env = settings.env or os.environ
+    return {k: (env.get(k) or "").strip() for k in _S3_ENV}
+
+
+def s3a_conf(settings: Settings) -> dict[str, str]:
+    """The Spark settings of S3A for an S3 lake, from the settings' environment, without the credentials
+    (`get_spark`): S3_ENDPOINT (an S3-compatible server; empty: AWS's, by region) with path-style addressing and,
+    for an `http://` endpoint, SSL off; AWS_REGION."""
+    e = _s3_env(settings)
+    conf = {}
+    if e["AWS_REGION"]:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = e["AWS_REGION"]
+    if e["S3_ENDPOINT"]:
+        conf["spark.hadoop.fs.s3a.endpoint"] = e["S3_ENDPOINT"]
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+            e["S3_ENDPOINT"].startswith("https:")
+        ).lower()
+        conf.setdefault("spark.hadoop.fs.s3a.endpoint.region", "us-east-1")  # S3A's signer needs one
+    return conf
+
+
+def _s3a_credentials(spark, settings: Settings) -> None:
+    """Put the settings' AWS credentials into the session's Hadoop configuration, which every file system of the
+    driver and the configuration shipped with each task are made from. Without AWS_ACCESS_KEY_ID S3A's own
+    provider chain applies (environment, instance profile)."""
+    e = _s3_env(settings)
+    if not e["AWS_ACCESS_KEY_ID"]:
+        return
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop.set("fs.s3a.access.key", e["AWS_ACCESS_KEY_ID"])
+    hadoop.set("fs.s3a.secret.key", e["AWS_SECRET_ACCESS_KEY"])
+    if e["AWS_SESSION_TOKEN"]:
+        hadoop.set("fs.s3a.session.token", e["AWS_SESSION_TOKEN"])
 
 
 def is_local(master: str) -> bool:
@@ -189,6 +285,22 @@ def _remember_jars(packages: str, jars: str) -> None:
         tmp.replace(path)
     except OSError:  # a read-only venv: every start resolves, as before
         pass
+
+
+# The jar files of `s3a_package` and its dependencies in Ivy's cache (`<group>_<artifact>-<version>.jar`)
+_S3A_JARS = ("org.apache.hadoop_hadoop-aws-", "software.amazon.", "org.wildfly.openssl_")
+
+
+def _split_local_jars(jars: str, master: str) -> tuple[str, str]:
+    """(`spark.jars`, `spark.driver.extraClassPath`) for the remembered `jars`: with a local master the S3A jars
+    go on the driver's class path (the executors run in its JVM), the others stay in `spark.jars`."""
+    if not is_local(master):
+        return jars, ""
+    shipped, class_path = [], []
+    for jar in jars.split(","):
+        local = class_path if Path(jar).name.startswith(_S3A_JARS) else shipped
+        local.append(jar)
+    return ",".join(shipped), ":".join(j.removeprefix("file://") for j in class_path)
 
 
 def _jars_off_python_path(sc) -> None:
