@@ -13,6 +13,8 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   from scratch at each size.
 - freshness: with the job deployed (continuous) under a steady load of tweets, the time from a tweet's append
   (its Delta commit) to its presence in every current follower's timeline in Redis; p50 and p99.
+- hdfs: the throughput and freshness parts again with the lake on a real HDFS of the bench's own (`bench.hdfs`),
+  beside the local lake's figures of the same run.
 - metrics: the cost of the jobs' Prometheus metrics, throughput and freshness with them on and off (`bench.metrics`).
 - clicks, enrichment: `bench.clicks.run` / `bench.enrichment.run`.
 - cdc: change data capture from the bench's own PostgreSQL, `bench.cdc.run`: changes/s of `mview run cdc --once`
@@ -52,6 +54,7 @@ PARTS = (
     "replay",
     "incrementality",
     "freshness",
+    "hdfs",
     "metrics",
     "clicks",
     "enrichment",
@@ -199,6 +202,12 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
     if "freshness" in want:
         follows = throughput_workload(args.scale).follows
         _part(res, "freshness", bench_freshness, spark, settings, tmp, follows, args.freshness_seconds, 2.0)
+    if "hdfs" in want:
+        from bench.hdfs import bench_hdfs
+
+        zadd_per_s = res.get("redis", {}).get("zadd_per_s", 0.0)
+        kw = {"scale": args.scale, "warm_runs": args.warm_runs, "freshness_seconds": args.freshness_seconds}
+        _part(res, "hdfs", bench_hdfs, spark, tmp, port, zadd_per_s, **kw)
     if "metrics" in want:
         from bench.metrics import bench_metrics
 

@@ -54,7 +54,7 @@ def ingest_records(spark, settings, topic: str, records: list[dict], path: Path)
 
     if not records:
         return 0
-    return ingest(spark, settings.lake_dir, topic, [write_jsonl(records, path)]).accepted
+    return ingest(spark, settings.lake, topic, [write_jsonl(records, path)]).accepted
 
 
 def cpu_ticks() -> tuple[int, int]:

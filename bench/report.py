@@ -48,6 +48,7 @@ def table_rows(res: dict) -> list[dict]:
         + _other_rows(res)
         + _cdc_rows(res)
         + _fanout_rows(res)
+        + _hdfs_rows(res)
         + _failed_rows(res)
     )
 
@@ -405,6 +406,50 @@ def _fanout_memory_row(m: dict) -> dict:
         goal="(none set)",
         met="n/a",
     )
+
+
+def _hdfs_rows(res: dict) -> list[dict]:
+    """The hdfs part (`bench.hdfs`): the timeline's throughput and freshness with the lake on HDFS, each beside the
+    local lake's figure of the same run."""
+    h = res.get("hdfs")
+    if not h:
+        return []
+    if "error" in h:
+        return [_row("lake on HDFS", measured=f"failed: {h['error']}", met="**not met**")]
+    tp, fr = h["throughput"], h["freshness"]
+    local_tp, local_fr = res.get("throughput") or {}, res.get("freshness") or {}
+
+    def vs(a, b) -> str:
+        return _fmt(round(a / b, 2)) + "x" if a and b else "n/a"
+
+    return [
+        _row(
+            "timeline entries/s, lake on HDFS (cold / steady)",
+            workload=tp["workload"] + f" -> {tp['entries']:,} entries; LAKE_DIR=hdfs://... ({h['lake']})",
+            command=tp["command"],
+            measured=f"{_fmt(tp['entries_per_s'])}/s cold, {_fmt(tp.get('steady_entries_per_s'))}/s steady",
+            reference=f"local lake, same run: {_fmt(local_tp.get('entries_per_s'))}/s cold, "
+            f"{_fmt(local_tp.get('steady_entries_per_s'))}/s steady",
+            ratio=f"{vs(tp['entries_per_s'], local_tp.get('entries_per_s'))} / "
+            f"{vs(tp.get('steady_entries_per_s'), local_tp.get('steady_entries_per_s'))}",
+            goal="(none set)",
+            met="n/a",
+        ),
+        _row(
+            "freshness p50 / p99, lake on HDFS (append -> every follower)",
+            workload=fr["workload"],
+            command=fr["command"],
+            measured=f"{_fmt(fr['p50_s'], ' s')} / {_fmt(fr['p99_s'], ' s')} ({fr['visible']}/{fr['tweets']} tweets seen)",
+            reference=f"local lake, same run: {_fmt(local_fr.get('p50_s'), ' s')} / {_fmt(local_fr.get('p99_s'), ' s')}",
+            ratio=vs(fr["p99_s"], local_fr.get("p99_s")),
+            goal="p50 <= 1 s, p99 <= 5 s",
+            met=_met(
+                None
+                if not fr["tweets"] or fr["p99_s"] is None
+                else fr["p50_s"] <= 1.0 and fr["p99_s"] <= 5.0 and fr["not_visible_after_60s"] == 0
+            ),
+        ),
+    ]
 
 
 def _failed_rows(res: dict) -> list[dict]:

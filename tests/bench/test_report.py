@@ -354,3 +354,26 @@ def test_the_metrics_cost_row_shows_the_interval_of_the_median_and_the_wall_cloc
         in (row["measured"])
     )
     assert "throughput wall clock cost 1% (noise 3.5%; pairs -3% to 4%): within noise" in row["measured"]
+
+
+@pytest.mark.parametrize(
+    "p50, p99, met",
+    [(0.9, 3.0, "met"), (1.5, 3.0, "**not met**"), (0.9, 6.0, "**not met**")],
+)
+def test_hdfs_rows_set_each_figure_beside_the_local_lake_of_the_same_run(p50, p99, met):
+    tp = {**RESULTS["throughput"], "entries_per_s": 40000, "steady_entries_per_s": 90000}
+    local_tp = {**RESULTS["throughput"], "steady_entries_per_s": 100000}
+    fr = {**RESULTS["freshness"], "p50_s": p50, "p99_s": p99}
+    res = {**RESULTS, "throughput": local_tp, "hdfs": {"lake": "l", "throughput": tp, "freshness": fr}}
+    rows = {r["figure"]: r for r in table_rows(res)}
+    t = rows["timeline entries/s, lake on HDFS (cold / steady)"]
+    assert (
+        t["ratio"] == "0.8x / 0.9x"
+        and "local lake, same run: 50,000/s cold, 100,000/s steady" in t["reference"]
+    )
+    f = rows["freshness p50 / p99, lake on HDFS (append -> every follower)"]
+    assert f["met"] == met and f["ratio"] == f"{round(p99 / 4.0, 2):g}x"
+    failed = table_rows({**RESULTS, "hdfs": {"error": "DevServerFailed: no java"}})
+    assert [r["measured"] for r in failed if r["figure"] == "lake on HDFS"] == [
+        "failed: DevServerFailed: no java"
+    ]
