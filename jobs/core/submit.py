@@ -4,8 +4,8 @@ against SPARK_MASTER (`spark://host:7077`, `yarn`, `k8s://...`, `local[*]`).
 The command is `spark-submit --master $SPARK_MASTER --packages <Delta jars[,Spark's Kafka source with a
 KAFKA_BOOTSTRAP]> --conf spark.pyspark.python=<this
 interpreter> .../jobs/__main__.py ARGS`. The executors must be able to import this project and its
-dependencies with that interpreter (same machine, or the same venv path on every node), and LAKE_DIR must be a
-path every executor sees (a shared file system, or the same machine).
+dependencies with that interpreter (same machine, or the same venv path on every node). On a cluster whose machines
+share no disk, LAKE_DIR is `hdfs://...` or `s3a://...` (a local LAKE_DIR works on one machine only).
 
 With a local master (`local[*]`) the driver listens on 127.0.0.1 only, as in `jobs.core.spark.get_spark`: the command
 adds `jobs.core.spark.loopback_conf` as `--conf`s and `main` starts it with `jobs.core.spark.loopback_env` (Spark's web UI).
