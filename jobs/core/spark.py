@@ -131,10 +131,12 @@ def kafka_package() -> str:
 
 
 def hadoop_version() -> str:
-    """The Hadoop version of the client jars PySpark ships (`pyspark/jars/hadoop-client-api-<version>.jar`)."""
+    """The Hadoop version of the client jars PySpark ships (`pyspark/jars/hadoop-client-api-<version>.jar`; under
+    `spark-submit`, where `pyspark` is imported from a zip, `$SPARK_HOME/jars`)."""
     import pyspark
 
-    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    homes = [os.environ.get("SPARK_HOME", ""), str(Path(pyspark.__file__).parent)]
+    jars = sorted(j for h in homes if h for j in Path(h, "jars").glob("hadoop-client-api-*.jar"))
     if not jars:
         raise JobsError("pyspark ships no hadoop-client-api jar: reinstall pyspark (make setup)")
     return jars[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
