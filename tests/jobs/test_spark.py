@@ -274,3 +274,18 @@ def test_a_job_under_spark_submit_listens_on_loopback_only(tmp_path, redis_url):
     assert "spark.driver.bindAddress=127.0.0.1" in cmd and "spark.driver.host=127.0.0.1" in cmd
     cluster = make_settings(tmp_path / "lake", redis_url, SPARK_MASTER="spark://10.0.0.5:7077")
     assert not [a for a in submit_command(cluster, ["run", "timeline"]) if a.startswith("spark.driver.")]
+
+
+def test_spark_submit_adds_s3a_for_a_lake_on_s3_and_never_its_credentials(tmp_path, redis_url):
+    from jobs.core.spark import s3a_package
+    from jobs.core.submit import submit_command
+
+    s3 = make_settings(
+        "s3a://bucket/lake", redis_url, S3_ENDPOINT="http://127.0.0.1:1", AWS_SECRET_ACCESS_KEY="sekrit"
+    )
+    packages = submit_command(s3, ["run", "timeline"])
+    packages = packages[packages.index("--packages") + 1]
+    assert s3a_package() in packages.split(",") and s3a_package().startswith("org.apache.hadoop:hadoop-aws:")
+    assert "sekrit" not in " ".join(submit_command(s3, ["run", "timeline"]))
+    local = submit_command(make_settings(tmp_path / "lake", redis_url), ["run", "timeline"])
+    assert "hadoop-aws" not in local[local.index("--packages") + 1]
