@@ -281,7 +281,11 @@ def test_spark_submit_adds_s3a_for_a_lake_on_s3_and_never_its_credentials(tmp_pa
     from jobs.core.submit import submit_command
 
     s3 = make_settings(
-        "s3a://bucket/lake", redis_url, S3_ENDPOINT="http://127.0.0.1:1", AWS_SECRET_ACCESS_KEY="sekrit"
+        "s3a://bucket/lake",
+        redis_url,
+        S3_ENDPOINT="http://127.0.0.1:1",
+        AWS_ACCESS_KEY_ID="k",
+        AWS_SECRET_ACCESS_KEY="sekrit",
     )
     packages = submit_command(s3, ["run", "timeline"])
     packages = packages[packages.index("--packages") + 1]
