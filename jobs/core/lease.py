@@ -149,6 +149,21 @@ class _Row:
                 self.lake.delete(self.name(epoch))
 
 
+def _new_record(holder: str, ttl_s: float) -> dict:
+    """The object a new holder of an epoch creates: who and where it is, its process, not yet renewed or released."""
+    return {
+        "holder": holder,
+        "node": _NODE,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start": _start_ticks(os.getpid()),
+        "renewals": 0,
+        "renewed_ms": int(time.time() * 1000),
+        "ttl_ms": int(ttl_s * 1000),
+        "released": False,
+    }
+
+
 class Lease:
     """A held lease (see the module docstring): `epoch`, `valid` (may act now), `lost` (another holder took it over;
     final), `release()`. Made by `acquire`; usable as a context manager (released on exit)."""
@@ -221,18 +236,7 @@ class Lease:
             elif not take and time.monotonic() - since >= ttl_s:
                 take = True
             if take:
-                started = time.monotonic()
-                mine = {
-                    "holder": holder,
-                    "node": _NODE,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "start": _start_ticks(os.getpid()),
-                    "renewals": 0,
-                    "renewed_ms": int(time.time() * 1000),
-                    "ttl_ms": int(ttl_s * 1000),
-                    "released": False,
-                }
+                started, mine = time.monotonic(), _new_record(holder, ttl_s)
                 if lake.create(orjson.dumps(mine), row.name(epoch + 1)) and row.top() == epoch + 1:
                     lease = cls(row, mine, epoch + 1, started, ttl_s, heartbeat_s, on_lost)
                     row.prune(epoch + 1)

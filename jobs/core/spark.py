@@ -44,31 +44,13 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     With a local master the driver JVM listens on 127.0.0.1 only (its RPC and block-manager ports by
     `loopback_conf`, Spark's own web UI by `loopback_env`, set in the environment the JVM starts with); with any
     other master Spark binds as its configuration says (README, "What listens on the network").
-    A lake on S3 (`settings.lake.kind == "s3"`, LAKE_DIR=s3a://bucket/path) adds Hadoop's S3A file system
-    (`s3a_package`, resolved and remembered like the Delta jars; with a local master, once remembered, its jars go
-    on the driver JVM's class path, where the in-process executors see them, instead of `spark.jars`, which every
-    start would copy, 700 MB, into its temporary directory, and the JVM cache of `make jvm-cache`, built for
-    another class path, is not used; with a cluster master `spark.jars` ships them to the executors) and
-    its settings (`s3a_conf`: S3_ENDPOINT, path-style, plain HTTP for an http:// endpoint, AWS_REGION); the
-    credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) go into the session's Hadoop
-    configuration once the JVM runs (`_s3a_credentials`), never into the Spark configuration, which PySpark
-    passes to the JVM on its command line and Spark shows in its UI and event log.
-
-    Spark's own writes on S3 (the job's state tables, its output logs, its streaming checkpoints) have one writer
-    at a time, the job's driver, while it holds the job's lease (`jobs.core.lease`, a conditional put on the
-    lake): so Delta's default log store for `s3a://`, `S3SingleDriverLogStore` (its commits are mutually exclusive
-    among the writers of one JVM only), is enough there; two drivers writing one table at once would not be safe.
-    The streaming checkpoints keep the project's `FileSystemBasedCheckpointFileManager` (write a temporary
-    object, then rename it: a copy and a delete on S3, never a partial file, one writer): Spark's
-    `AbortableStreamBasedCheckpointFileManager`, which writes each file in place by an abortable upload, lives in
-    `spark-hadoop-cloud`, not published on Maven Central for the Spark version pyspark ships (4.2.0).
+    A lake on S3 (`settings.lake.kind == "s3"`) adds Hadoop's S3A, its settings and its credentials: see `s3a_conf`.
 
     Spark's private APIs in use are checked for (`joins.sparkapi`: the version before the JVM starts, the classes
     and methods once it runs); a mismatch raises `joins.sparkapi.SparkUnsupported`, one line that says what to do.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -93,18 +75,7 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        extra = [kafka_package()] if settings.kafka_bootstrap else []
-        if s3:
-            extra.append(s3a_package())
-        builder = configure_spark_with_delta_pip(builder, extra_packages=extra or None)
-        packages = sparkapi.builder_option(builder, "spark.jars.packages") or ""
-        known = _known_jars(packages)
-        if known:
-            sparkapi.drop_builder_option(builder, "spark.jars.packages")
-            shipped, class_path = _split_local_jars(known, master)
-            builder = builder.config("spark.jars", shipped)
-            if class_path:
-                builder = builder.config("spark.driver.extraClassPath", class_path)
+        builder, packages, known = _with_jars(builder, settings, master, s3)
         spark = builder.getOrCreate()
         if not known:
             _remember_jars(packages, spark.sparkContext.getConf().get("spark.jars", ""))
@@ -156,10 +127,50 @@ def _s3_env(settings: Settings) -> dict[str, str]:
     return {k: (env.get(k) or "").strip() for k in _S3_ENV}
 
 
+def _with_jars(builder, settings: Settings, master: str, s3: bool):
+    """`builder` with the Delta jars, Spark's Kafka source with a KAFKA_BOOTSTRAP and S3A for an S3 lake: the files a
+    resolution of the same packages found, when all are still there (`_known_jars`), else the Maven coordinates
+    for Ivy. Returns (builder, the packages, the known files or None)."""
+    from delta import configure_spark_with_delta_pip
+
+    extra = [kafka_package()] if settings.kafka_bootstrap else []
+    if s3:
+        extra.append(s3a_package())
+    builder = configure_spark_with_delta_pip(builder, extra_packages=extra or None)
+    packages = sparkapi.builder_option(builder, "spark.jars.packages") or ""
+    known = _known_jars(packages)
+    if known:
+        sparkapi.drop_builder_option(builder, "spark.jars.packages")
+        shipped, class_path = _split_local_jars(known, master)
+        builder = builder.config("spark.jars", shipped)
+        if class_path:
+            builder = builder.config("spark.driver.extraClassPath", class_path)
+    return builder, packages, known
+
+
 def s3a_conf(settings: Settings) -> dict[str, str]:
     """The Spark settings of S3A for an S3 lake, from the settings' environment, without the credentials
     (`get_spark`): S3_ENDPOINT (an S3-compatible server; empty: AWS's, by region) with path-style addressing and,
-    for an `http://` endpoint, SSL off; AWS_REGION."""
+    for an `http://` endpoint, SSL off; AWS_REGION.
+
+    What `get_spark` does for a lake on S3 (`settings.lake.kind == "s3"`, LAKE_DIR=s3a://bucket/path): it adds Hadoop's S3A file system
+    (`s3a_package`, resolved and remembered like the Delta jars; with a local master, once remembered, its jars go
+    on the driver JVM's class path, where the in-process executors see them, instead of `spark.jars`, which every
+    start would copy, 700 MB, into its temporary directory, and the JVM cache of `make jvm-cache`, built for
+    another class path, is not used; with a cluster master `spark.jars` ships them to the executors) and
+    its settings (`s3a_conf`: S3_ENDPOINT, path-style, plain HTTP for an http:// endpoint, AWS_REGION); the
+    credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) go into the session's Hadoop
+    configuration once the JVM runs (`_s3a_credentials`), never into the Spark configuration, which PySpark
+    passes to the JVM on its command line and Spark shows in its UI and event log.
+
+    Spark's own writes on S3 (the job's state tables, its output logs, its streaming checkpoints) have one writer
+    at a time, the job's driver, while it holds the job's lease (`jobs.core.lease`, a conditional put on the
+    lake): so Delta's default log store for `s3a://`, `S3SingleDriverLogStore` (its commits are mutually exclusive
+    among the writers of one JVM only), is enough there; two drivers writing one table at once would not be safe.
+    The streaming checkpoints keep the project's `FileSystemBasedCheckpointFileManager` (write a temporary
+    object, then rename it: a copy and a delete on S3, never a partial file, one writer): Spark's
+    `AbortableStreamBasedCheckpointFileManager`, which writes each file in place by an abortable upload, lives in
+    `spark-hadoop-cloud`, not published on Maven Central for the Spark version pyspark ships (4.2.0)."""
     e = _s3_env(settings)
     conf = {}
     if e["AWS_REGION"]:

@@ -168,6 +168,20 @@ def _reap_group(pgid: int, *, grace_s: float) -> None:
             time.sleep(0.05)
 
 
+def _says_running(settings: Settings, job: str) -> bool:
+    """True, having said so, when `job` runs: its process here, or a driver holding its lease elsewhere."""
+    pid = pid_of(settings, job)
+    if pid is not None:
+        print(f"{job}: already running (pid {pid}); nothing to do")
+        return True
+    driver = driver_of(settings, job)
+    if driver is not None:  # deployed from another machine, or from another HOME on a remote lake
+        where = "" if driver.get("node") == this_node() else f" on {driver.get('host')}"
+        print(f"{job}: already running{where} (pid {driver.get('pid')}); nothing to do")
+        return True
+    return False
+
+
 def deploy(settings: Settings, job: str) -> int:
     """Start `job` in the background unless it runs. Returns the exit code.
 
@@ -186,14 +200,7 @@ def deploy(settings: Settings, job: str) -> int:
     d = local_dir(settings, spec.name)
     with os.fdopen(open_private(d / "deploy.lock"), "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys here at once: the second sees the first's process
-        pid = pid_of(settings, spec.name)
-        if pid is not None:
-            print(f"{spec.name}: already running (pid {pid}); nothing to do")
-            return 0
-        driver = driver_of(settings, spec.name)
-        if driver is not None:  # deployed from another machine, or from another HOME on a remote lake
-            where = "" if driver.get("node") == this_node() else f" on {driver.get('host')}"
-            print(f"{spec.name}: already running{where} (pid {driver.get('pid')}); nothing to do")
+        if _says_running(settings, spec.name):
             return 0
         try:  # a killed driver's JVM may outlive it for a moment: it must be gone before a new start
             old = int(_pid_file(settings, spec.name).read_text().strip())
