@@ -20,7 +20,16 @@ import pytest
 
 from jobs.errors import JobsError
 
-__all__ = ["hdfs_server", "s3_server", "spark_cluster", "run_python", "s3a_spark_conf_dir", "ROOT"]
+__all__ = [
+    "hdfs_server",
+    "s3_server",
+    "spark_cluster",
+    "run_python",
+    "s3a_spark_conf_dir",
+    "job_once",
+    "ingest_cli",
+    "ROOT",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,3 +107,43 @@ def s3a_spark_conf_dir(directory: Path, s3_server) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "spark-defaults.conf").write_text("".join(f"{k} {v}\n" for k, v in conf.items()))
     return directory
+
+
+def job_once(settings, job: str, workdir: Path, *, submit: bool = False, **env: str) -> tuple[dict, str]:
+    """`mview run <job> --once --json` in a new driver process started in `workdir` (made if missing), the
+    settings' environment and `env` added: by `python -m jobs` or, with `submit`, by spark-submit (`python -m
+    jobs.core.submit`). Returns (its JSON totals, its stdout and stderr). AssertionError if it fails."""
+    from jobs.ops.deploy import settings_env
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    full = {
+        **os.environ,
+        **settings_env(settings),
+        "PYTHONPATH": str(ROOT),
+        "PYSPARK_PYTHON": sys.executable,
+        **env,
+    }
+    module = "jobs.core.submit" if submit else "jobs"
+    run = subprocess.run(
+        [sys.executable, "-m", module, "run", job, "--once", "--json"],
+        env=full,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.stdout + run.stderr
+
+
+def ingest_cli(settings, directory: Path, topic: str, records: list[dict]) -> None:
+    """`mview ingest <topic>` (the installed CLI, the settings' environment) of `records` written to a new file in
+    `directory`. AssertionError if it fails."""
+    import uuid
+
+    from tests.conftest import write_jsonl
+    from tests.jobs.opshelp import mview
+
+    path = write_jsonl(directory / f"{topic}-{uuid.uuid4().hex[:6]}.jsonl", records)
+    r = mview(settings, "ingest", topic, path)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -7,19 +7,13 @@ brute-force references)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from jobs.ops.deploy import settings_env
-from tests.conftest import make_settings, write_jsonl
-from tests.devhelp import ROOT
-from tests.jobs.opshelp import mview
+from tests.conftest import make_settings
+from tests.devhelp import ingest_cli, job_once
 from timeline_demo.clicks_workload import expected_clicks, generate_clicks
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
 from timeline_demo.reference import expected_timelines
@@ -31,36 +25,6 @@ pytestmark = pytest.mark.e2e
 
 CAP = 20
 M = 60_000
-
-
-def _submit(settings, job: str, workdir: Path) -> dict:
-    """`spark-submit` of `mview run <job> --once` from `workdir` (its own HOME), the settings' environment."""
-    home = workdir / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        **settings_env(settings),
-        "HOME": str(home),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": str(ROOT),
-    }
-    run = subprocess.run(
-        [sys.executable, "-m", "jobs.core.submit", "run", job, "--once", "--json"],
-        env=env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def _ingest(settings, tmp_path: Path, topic: str, records: list[dict]) -> None:
-    path = write_jsonl(tmp_path / f"{topic}-{uuid.uuid4().hex[:6]}.jsonl", records)
-    r = mview(settings, "ingest", topic, path)
-    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
@@ -86,16 +50,20 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
     tl = generate(seed=21, users=60, celebrities=2, follows=400, tweets=400)
     cl = generate_clicks(seed=3, sessions=40)
     en = generate_enrichment(seed=4)
-    _ingest(main, tmp_path, "tweets", tl.tweets)
-    _ingest(main, tmp_path, "follows", tl.follows)
-    _ingest(main, tmp_path, "searches", cl.searches)
-    _ingest(main, tmp_path, "clicks", cl.clicks)
-    _ingest(enrich, tmp_path, "profiles", en.profiles)
-    _ingest(enrich, tmp_path, "activity", en.activity)
+    ingest_cli(main, tmp_path, "tweets", tl.tweets)
+    ingest_cli(main, tmp_path, "follows", tl.follows)
+    ingest_cli(main, tmp_path, "searches", cl.searches)
+    ingest_cli(main, tmp_path, "clicks", cl.clicks)
+    ingest_cli(enrich, tmp_path, "profiles", en.profiles)
+    ingest_cli(enrich, tmp_path, "activity", en.activity)
 
     driver = tmp_path / "driver"  # nothing of the CLI's working directory: the lake is on HDFS only
     for settings, job in ((main, "timeline"), (main, "clicks"), (enrich, "enrichment")):
-        totals = _submit(settings, job, driver / job)
+        home = driver / job / "home"  # nothing of the CLI's HOME either
+        home.mkdir(parents=True)
+        totals, _ = job_once(
+            settings, job, driver / job, submit=True, HOME=str(home), SPARK_LOCAL_IP="127.0.0.1"
+        )
         assert totals["job"] == job and totals["events"] > 0
     assert all(list((Path(d) / "work").glob("app-*")) for d in spark_cluster.worker_dirs), (
         "both workers ran executors"

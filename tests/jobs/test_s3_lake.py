@@ -8,20 +8,13 @@ exactly, from the job's state, checkpoint and output log on S3 alone."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
 from jobs.core.spark import s3a_conf
-from jobs.ops.deploy import settings_env
-from tests.conftest import make_settings, write_jsonl
-from tests.devhelp import ROOT
-from tests.jobs.opshelp import mview
+from tests.conftest import make_settings
+from tests.devhelp import ingest_cli, job_once
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import generate
 from views.read import export_view
@@ -50,29 +43,6 @@ def test_s3a_conf_has_the_endpoint_and_no_credential(tmp_path):
     assert aws == {"spark.hadoop.fs.s3a.endpoint.region": "eu-west-3"}
 
 
-def _run_once(settings, workdir: Path, secret: str) -> dict:
-    """`python -m jobs run timeline --once --json` in a new driver process started in `workdir`."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **settings_env(settings), "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
-    run = subprocess.run(
-        [sys.executable, "-m", "jobs", "run", "timeline", "--once", "--json"],
-        env=env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    assert secret not in run.stdout + run.stderr
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def _ingest(settings, tmp_path: Path, topic: str, records: list[dict]) -> None:
-    path = write_jsonl(tmp_path / f"{topic}-{uuid.uuid4().hex[:6]}.jsonl", records)
-    r = mview(settings, "ingest", topic, path)
-    assert r.returncode == 0, r.stderr[-2000:]
-
-
 def _timelines(settings) -> dict[str, list[str]]:
     return {r["user_id"]: r["tweet_ids"] for r in export_view(connect(settings.redis_url), "timeline")}
 
@@ -93,9 +63,10 @@ def test_the_timeline_on_an_s3_lake_is_exact_and_continues_incrementally(s3_serv
     wl = generate(seed=35, users=40, celebrities=2, follows=240, tweets=240)
     half_t, half_f = len(wl.tweets) // 2, len(wl.follows) // 2
 
-    _ingest(settings, tmp_path, "follows", wl.follows[:half_f])
-    _ingest(settings, tmp_path, "tweets", wl.tweets[:half_t])
-    first = _run_once(settings, tmp_path / "driver-1", secret)
+    ingest_cli(settings, tmp_path, "follows", wl.follows[:half_f])
+    ingest_cli(settings, tmp_path, "tweets", wl.tweets[:half_t])
+    first, said = job_once(settings, "timeline", tmp_path / "driver-1")
+    assert secret not in said
     assert first["job"] == "timeline" and first["events"] == half_t + half_f
     assert _timelines(settings) == expected_timelines(wl.tweets[:half_t], wl.follows[:half_f], CAP)
     # Spark wrote the job's streaming checkpoint and state on S3 (S3A); its status is there too
@@ -105,9 +76,10 @@ def test_the_timeline_on_an_s3_lake_is_exact_and_continues_incrementally(s3_serv
     assert f"{root}/jobs/timeline/status.json" in keys
 
     # more records, then a second driver (another working directory): it continues from the lake alone
-    _ingest(settings, tmp_path, "follows", wl.follows[half_f:])
-    _ingest(settings, tmp_path, "tweets", wl.tweets[half_t:])
-    second = _run_once(settings, tmp_path / "driver-2", secret)
+    ingest_cli(settings, tmp_path, "follows", wl.follows[half_f:])
+    ingest_cli(settings, tmp_path, "tweets", wl.tweets[half_t:])
+    second, said = job_once(settings, "timeline", tmp_path / "driver-2")
+    assert secret not in said
     assert second["events"] == len(wl.tweets) - half_t + len(wl.follows) - half_f  # the new records only
     want = expected_timelines(wl.tweets, wl.follows, CAP)
     assert sum(len(v) for v in want.values()) > 150
