@@ -38,6 +38,7 @@ __all__ = [
     "filter_python_includes",
     "driver_jvm",
     "jvm",
+    "hadoop_configuration",
     "codegen_compilations",
     "with_size_estimate",
     "size_estimate",
@@ -219,6 +220,12 @@ def jvm(spark):
     """The Py4J view of the session's driver JVM (`jvm(spark).java.lang.System`), for public Java APIs PySpark does
     not wrap (the JVM's own process id, a GC, its arguments and version): `SparkContext._jvm`."""
     return spark.sparkContext._jvm
+
+
+def hadoop_configuration(spark):
+    """The session's Hadoop configuration (a JVM object), from which the driver's file systems and the
+    configuration shipped with each task are made: `SparkContext._jsc.hadoopConfiguration()`."""
+    return spark.sparkContext._jsc.hadoopConfiguration()
 
 
 def codegen_compilations(spark) -> Callable[[], int]:

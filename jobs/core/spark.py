@@ -192,7 +192,7 @@ def _s3a_credentials(spark, settings: Settings) -> None:
     e = _s3_env(settings)
     if not e["AWS_ACCESS_KEY_ID"]:
         return
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop = sparkapi.hadoop_configuration(spark)
     hadoop.set("fs.s3a.access.key", e["AWS_ACCESS_KEY_ID"])
     hadoop.set("fs.s3a.secret.key", e["AWS_SECRET_ACCESS_KEY"])
     if e["AWS_SESSION_TOKEN"]:
