@@ -23,6 +23,7 @@ Spark and delta-rs read the same lake by URI: `uri(key)` for Spark (`s3a://` on 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import uuid
@@ -471,18 +472,16 @@ def open_lake(text: str | os.PathLike, env: Mapping[str, str] | None = None) -> 
     return Lake(str(text), env)
 
 
-_OPENED: dict[str, Lake] = {}
+@functools.lru_cache(maxsize=64)
+def _opened(text: str) -> Lake:
+    return open_lake(text)
 
 
 def as_lake(lake: Lake | str | os.PathLike) -> Lake:
-    """`lake` itself, or the `Lake` at a path or URI (one per process and text, credentials from the environment):
-    for functions that take a lake from callers that still hold a local `Path`."""
+    """`lake` itself, or the `Lake` at a path or URI (one per process and text among the 64 used last, credentials
+    from the environment): for functions that take a lake from callers that still hold a local `Path`."""
     if isinstance(lake, Lake):
         return lake
     if lake is None:  # a caller's `settings.lake_dir` on a lake that is not local: never `./None`
         raise TypeError("as_lake(None): pass settings.lake (LAKE_DIR is not a local path)")
-    text = str(lake)
-    got = _OPENED.get(text)
-    if got is None:
-        got = _OPENED[text] = open_lake(text)
-    return got
+    return _opened(str(lake))
