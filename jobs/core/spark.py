@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from jobs.core.jvm import driver_java
+from jobs.core.logstore import logstore_conf, logstore_jar
 from jobs.core.settings import Settings
 from jobs.errors import JobsError
 from joins import sparkapi
@@ -139,12 +140,16 @@ def _with_jars(builder, settings: Settings, master: str, s3: bool):
     builder = configure_spark_with_delta_pip(builder, extra_packages=extra or None)
     packages = sparkapi.builder_option(builder, "spark.jars.packages") or ""
     known = _known_jars(packages)
+    # the log store beside the Delta jars, in the class loader that loads them (it extends one of their classes)
+    jars = [str(logstore_jar())] if s3 else []
     if known:
         sparkapi.drop_builder_option(builder, "spark.jars.packages")
         shipped, class_path = _split_local_jars(known, master)
-        builder = builder.config("spark.jars", shipped)
+        jars.append(shipped)
         if class_path:
             builder = builder.config("spark.driver.extraClassPath", class_path)
+    if jars:
+        builder = builder.config("spark.jars", ",".join(j for j in jars if j))
     return builder, packages, known
 
 
@@ -163,10 +168,11 @@ def s3a_conf(settings: Settings) -> dict[str, str]:
     configuration once the JVM runs (`_s3a_credentials`), never into the Spark configuration, which PySpark
     passes to the JVM on its command line and Spark shows in its UI and event log.
 
-    Spark's own writes on S3 (the job's state tables, its output logs, its streaming checkpoints) have one writer
-    at a time, the job's driver, while it holds the job's lease (`jobs.core.lease`, a conditional put on the
-    lake): so Delta's default log store for `s3a://`, `S3SingleDriverLogStore` (its commits are mutually exclusive
-    among the writers of one JVM only), is enough there; two drivers writing one table at once would not be safe.
+    Delta commits on `s3a://` go through `jobs.core.logstore` (`spark.delta.logStore.s3a.impl`, its jar in
+    `spark.jars`): each version is created by one conditional put (`If-None-Match: *`), as delta-rs
+    commits, so Spark's writes to a topic (maintenance) are safe beside producers' and other drivers' commits;
+    Delta's default `S3SingleDriverLogStore` excludes the writers of one JVM only and would overwrite a version
+    another process committed meanwhile.
     The streaming checkpoints keep the project's `FileSystemBasedCheckpointFileManager` (write a temporary
     object, then rename it: a copy and a delete on S3, never a partial file, one writer): Spark's
     `AbortableStreamBasedCheckpointFileManager`, which writes each file in place by an abortable upload, lives in
@@ -182,7 +188,7 @@ def s3a_conf(settings: Settings) -> dict[str, str]:
             e["S3_ENDPOINT"].startswith("https:")
         ).lower()
         conf.setdefault("spark.hadoop.fs.s3a.endpoint.region", "us-east-1")  # S3A's signer needs one
-    return conf
+    return {**conf, **logstore_conf()}
 
 
 def _s3a_credentials(spark, settings: Settings) -> None:
@@ -288,6 +294,8 @@ def _known_jars(packages: str) -> str | None:
 
 
 def _remember_jars(packages: str, jars: str) -> None:
+    """Record what resolving `packages` gave (`spark.jars` after the start, without the log store's own jar)."""
+    jars = ",".join(j for j in jars.split(",") if j and not j.endswith("/mview-logstore.jar"))
     if not packages or not jars:
         return
     path = _jars_record(packages)

@@ -3,7 +3,8 @@ against SPARK_MASTER (`spark://host:7077`, `yarn`, `k8s://...`, `local[*]`).
 
 The command is `spark-submit --master $SPARK_MASTER --packages <Delta jars[,Spark's Kafka source with a
 KAFKA_BOOTSTRAP][,Hadoop's S3A with an s3a:// LAKE_DIR]> --conf spark.pyspark.python=<this
-interpreter> .../jobs/__main__.py ARGS`. The executors must be able to import this project and its
+interpreter> .../jobs/__main__.py ARGS`, with an s3a:// LAKE_DIR also `--jars` the Delta log store
+that commits by conditional put (`jobs.core.logstore`). The executors must be able to import this project and its
 dependencies with that interpreter (same machine, or the same venv path on every node). On a cluster whose machines
 share no disk, LAKE_DIR is `hdfs://...` or `s3a://...` (a local LAKE_DIR works on one machine only).
 
@@ -38,20 +39,23 @@ def submit_command(settings: Settings, args: list[str]) -> list[str]:
     """The spark-submit command line that runs `mview ARGS` against SPARK_MASTER (see the module docstring)."""
     import pyspark
 
+    from jobs.core.logstore import logstore_jar
     from jobs.core.spark import kafka_package, loopback_conf, s3a_package
 
     spark_submit = shutil.which("spark-submit") or str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
     local_bin = Path(sys.executable).parent / "spark-submit"
     if local_bin.exists():
         spark_submit = str(local_bin)
+    s3 = settings.lake.kind == "s3"
     return [
         spark_submit,
         "--master",
         settings.spark_master,
+        *(["--jars", str(logstore_jar())] if s3 else []),  # Delta's log store for S3
         "--packages",
         delta_packages()
         + (f",{kafka_package()}" if settings.kafka_bootstrap else "")
-        + (f",{s3a_package()}" if settings.lake.kind == "s3" else ""),
+        + (f",{s3a_package()}" if s3 else ""),
         "--conf",
         f"spark.pyspark.python={sys.executable}",
         "--conf",

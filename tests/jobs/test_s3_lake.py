@@ -37,10 +37,14 @@ def test_s3a_conf_has_the_endpoint_and_no_credential(tmp_path):
         "spark.hadoop.fs.s3a.endpoint.region": "eu-west-3",
         "spark.hadoop.fs.s3a.path.style.access": "true",
         "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.delta.logStore.s3a.impl": "mview.delta.ConditionalPutLogStore",
     }
     # AWS itself (no endpoint): virtual-hosted addressing over TLS, the region only
     aws = s3a_conf(make_settings("s3a://bucket/lake", "redis://127.0.0.1:1/0", AWS_REGION="eu-west-3"))
-    assert aws == {"spark.hadoop.fs.s3a.endpoint.region": "eu-west-3"}
+    assert aws == {
+        "spark.hadoop.fs.s3a.endpoint.region": "eu-west-3",
+        "spark.delta.logStore.s3a.impl": "mview.delta.ConditionalPutLogStore",
+    }
 
 
 def _timelines(settings) -> dict[str, list[str]]:

@@ -276,7 +276,10 @@ def test_a_job_under_spark_submit_listens_on_loopback_only(tmp_path, redis_url):
     assert not [a for a in submit_command(cluster, ["run", "timeline"]) if a.startswith("spark.driver.")]
 
 
-def test_spark_submit_adds_s3a_for_a_lake_on_s3_and_never_its_credentials(tmp_path, redis_url):
+def test_spark_submit_adds_s3a_and_the_log_store_for_a_lake_on_s3_and_never_its_credentials(
+    tmp_path, redis_url
+):
+    from jobs.core.logstore import logstore_jar
     from jobs.core.spark import s3a_package
     from jobs.core.submit import submit_command
 
@@ -291,5 +294,7 @@ def test_spark_submit_adds_s3a_for_a_lake_on_s3_and_never_its_credentials(tmp_pa
     packages = packages[packages.index("--packages") + 1]
     assert s3a_package() in packages.split(",") and s3a_package().startswith("org.apache.hadoop:hadoop-aws:")
     assert "sekrit" not in " ".join(submit_command(s3, ["run", "timeline"]))
+    cmd = submit_command(s3, ["run", "timeline"])
+    assert cmd[cmd.index("--jars") + 1] == str(logstore_jar()) and logstore_jar().stat().st_size > 0
     local = submit_command(make_settings(tmp_path / "lake", redis_url), ["run", "timeline"])
-    assert "hadoop-aws" not in local[local.index("--packages") + 1]
+    assert "hadoop-aws" not in local[local.index("--packages") + 1] and "--jars" not in local
