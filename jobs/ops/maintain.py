@@ -8,8 +8,11 @@ run by apscheduler every MAINTENANCE_INTERVAL. One round does, in this order:
    rewrite is committed with `dataChange=false`, like OPTIMIZE: running consumers skip it (they have seen or
    will see the original records), while a replay, which reads from the log's current snapshot, starts from the
    compacted snapshot plus the versions after it. Views are unchanged because every job's result depends only
-   on these deciding records. A concurrent append makes the rewrite fail and it is retried next round; the
-   append never fails.
+   on these deciding records. Appends committed while it runs (producers, the kafka and cdc jobs, on any
+   machine) neither fail nor make it fail: the rewrite removes only the files of the snapshot it read, so their
+   records stay beside the compacted ones (a commit that changes no data is checked by Delta for files it
+   removed, not for files added meanwhile). On a local lake Spark's commit takes the topic's `flock`; on HDFS
+   and S3 the store's create-if-absent of each version is the only guard (`jobs.core.logstore` on S3).
 2. OPTIMIZE (bin-packing small files) of every topic log, and of the Delta state tables of jobs that are not
    running (a running job's MERGE would conflict; the timeline's state is a Parquet change log that the job
    compacts itself); VACUUM of every Delta table under LAKE_DIR except checkpoints,
