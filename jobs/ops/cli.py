@@ -280,10 +280,18 @@ def cmd_export(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from jobs.ops.status import job_status
+    from jobs.errors import LakeUnusable
+    from jobs.ops.status import drivers_here, job_status
 
     settings = _settings()
-    _lake(settings, write=False)
+    try:
+        _lake(settings, write=False)
+    except LakeUnusable:  # what this machine knows without the lake, then the one-line error
+        for job, d in drivers_here(settings).items():
+            print(
+                f"{job}: running here (pid {d['pid']}); its status is in the lake; its log says: {d['log']}"
+            )
+        raise
     status = job_status(settings)
     if not args.json:
         for job, s in status.items():

@@ -43,7 +43,15 @@ from views.redis_io import classify, connect, is_cluster, quick_client
 _ACTIVE = ("starting", "running", "restarting")
 _DEPENDENCIES = ("redis", "kafka")
 
-__all__ = ["job_status", "pid_of", "processed_versions", "lag_versions", "rejected", "rejected_per_topic"]
+__all__ = [
+    "job_status",
+    "drivers_here",
+    "pid_of",
+    "processed_versions",
+    "lag_versions",
+    "rejected",
+    "rejected_per_topic",
+]
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
@@ -188,4 +196,23 @@ def job_status(settings: Settings) -> dict:
         if replay_in_progress(settings, name) is not None:
             row["replay"] = {k: replay.get(k) for k in ("building", "processed_versions", "total_versions")}
         out[name] = row
+    return out
+
+
+def drivers_here(settings: Settings) -> dict[str, dict]:
+    """What this machine knows of its deployed jobs without the lake (`mview status` while the store does not
+    answer): per job whose driver deployed from here lives, its `pid` and the last line of its `job.log` (e.g.
+    "the job's lease cannot be renewed (the lake does not answer): waiting"). Reads only machine-local files."""
+    from jobs.ops.deploy import log_path
+
+    out = {}
+    for job in jobs(settings):
+        pid = pid_of(settings, job)
+        if pid is None:
+            continue
+        try:
+            lines = log_path(settings, job).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        out[job] = {"pid": pid, "log": lines[-1] if lines else ""}
     return out

@@ -3,8 +3,9 @@ places of one machine, each with its own working directory and HOME, as a user o
 from the first, kill -9 its driver mid-stream, deploy from the second (no pid file, no local file of the first):
 the new driver takes the job's lease over (`jobs.core.lease`: the old driver's process is gone) and continues from
 the checkpoint in the lake; the timelines are exactly the reference's. From the second place `mview status` sees
-the driver (its lease), a second deploy says it runs, and `mview stop` stops it. HDFS stopped under the running job
-for longer than the lease's validity: the job waits, takes its lease back, and continues exactly."""
+the driver (its lease), a second deploy says it runs, and `mview stop` stops it. HDFS, and the S3 server of a lake
+on S3, stopped under the running job for longer than the lease's validity: the job waits, takes its lease back,
+and continues exactly."""
 
 from __future__ import annotations
 
@@ -29,15 +30,17 @@ JOB, CAP = "timeline", 10
 
 
 class _Place:
-    """A lake on the session's HDFS, the workload in two slices, and `mview` run from named places (each its own
-    working directory and HOME)."""
+    """A lake on the session's HDFS (or `server`'s S3 bucket), the workload in two slices, and `mview` run from
+    named places (each its own working directory and HOME)."""
 
-    def __init__(self, hdfs_server, redis_url: str, tmp_path):
+    def __init__(self, server, redis_url: str, tmp_path, *, s3: bool = False):
         connect(redis_url).flushdb()
         self.tmp, self.redis_url = tmp_path, redis_url
+        name = f"deploy-{uuid.uuid4().hex[:8]}"
         self.settings = make_settings(
-            f"{hdfs_server.url}/deploy-{uuid.uuid4().hex[:8]}",
+            f"s3a://{server.bucket}/{name}" if s3 else f"{server.url}/{name}",
             redis_url,
+            **(server.env() if s3 else {}),
             SPARK_MASTER="local[1]",
             SPARK_DRIVER_MEMORY="1g",
             METRICS_PORT="off",
@@ -50,7 +53,7 @@ class _Place:
         wl = generate(seed=5, users=20, celebrities=1, follows=90, tweets=90)
         self.tw, self.fo = [wl.tweets[:45], wl.tweets[45:]], [wl.follows[:45], wl.follows[45:]]
 
-    def cli(self, place: str, *args: str) -> subprocess.CompletedProcess:
+    def cli(self, place: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         home, cwd = self.tmp / place / "home", self.tmp / place / "work"
         home.mkdir(parents=True, exist_ok=True)
         cwd.mkdir(parents=True, exist_ok=True)
@@ -62,7 +65,7 @@ class _Place:
             text=True,
             timeout=600,
         )
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        assert r.returncode == 0 or not check, r.stdout[-2000:] + r.stderr[-3000:]
         return r
 
     def feed(self, i: int) -> dict:
@@ -113,15 +116,19 @@ def test_kill9_then_deploy_from_another_directory_and_home_continues_exactly(
     assert timelines() == truth
 
 
-def test_the_namenode_stopped_under_a_deployed_job_is_waited_for(hdfs_server, redis_url, tmp_path):
-    """HDFS stopped under the running job for longer than the lease's validity: the job stops its query and waits
-    (one log line), takes its lease back once HDFS answers again, and continues: new input is processed exactly."""
-    p = _Place(hdfs_server, redis_url, tmp_path)
+@pytest.mark.parametrize("store", ["hdfs", "s3"])
+def test_the_store_stopped_under_a_deployed_job_is_waited_for(store, request, redis_url, tmp_path):
+    """The NameNode (or the S3 server) stopped under the running job for longer than the lease's validity: the job
+    stops its query and waits (one log line, which `mview status` shows beside its one-line error about the lake,
+    from this machine's files), takes its lease back once the store answers again, and continues:
+    new input is processed exactly."""
+    server = request.getfixturevalue(f"{store}_server")
+    p = _Place(server, redis_url, tmp_path, s3=store == "s3")
     truth = p.feed(0)
     p.cli("first", "deploy", JOB)
     try:
         wait_for(lambda: p.caught_up(truth), "the job to catch up", timeout_s=600)
-        hdfs_server.stop()
+        server.stop()
         try:
             wait_for(
                 lambda: "the job's lease cannot be renewed" in p.log("first"),
@@ -129,8 +136,11 @@ def test_the_namenode_stopped_under_a_deployed_job_is_waited_for(hdfs_server, re
                 timeout_s=180,
                 every_s=1.0,
             )
+            st = p.cli("first", "status", check=False)  # the lake does not answer: what this machine knows
+            assert st.returncode == 1 and "LAKE_DIR" in st.stderr and len(st.stderr.strip().splitlines()) == 1
+            assert f"{JOB}: running here (pid " in st.stdout and "lake does not answer): waiting" in st.stdout
         finally:
-            hdfs_server.start()
+            server.start()
         wait_for(lambda: "the job's lease is renewed" in p.log("first"), "the lease back", timeout_s=180)
         truth = p.feed(1)
         wait_for(lambda: p.caught_up(truth), "the job to continue after the outage", timeout_s=600)
