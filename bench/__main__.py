@@ -15,6 +15,8 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   (its Delta commit) to its presence in every current follower's timeline in Redis; p50 and p99.
 - hdfs: the throughput and freshness parts again with the lake on a real HDFS of the bench's own (`bench.hdfs`),
   beside the local lake's figures of the same run.
+- baseline: the redis, throughput and freshness parts of an older commit (`--baseline`, `bench.baseline`), run from
+  a git worktree in the same run, beside this code's: what the changes since cost on a local lake.
 - metrics: the cost of the jobs' Prometheus metrics, throughput and freshness with them on and off (`bench.metrics`).
 - clicks, enrichment: `bench.clicks.run` / `bench.enrichment.run`.
 - cdc: change data capture from the bench's own PostgreSQL, `bench.cdc.run`: changes/s of `mview run cdc --once`
@@ -55,6 +57,7 @@ PARTS = (
     "incrementality",
     "freshness",
     "hdfs",
+    "baseline",
     "metrics",
     "clicks",
     "enrichment",
@@ -72,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=str(ROOT / "docs" / "bench.png"))
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--freshness-seconds", type=float, default=90.0)
+    p.add_argument("--baseline", default=None, help="the commit the baseline part compares with")
     p.add_argument("--incrementality-budget", type=float, default=240.0)
     p.add_argument(
         "--metrics-pairs", type=int, default=200, help="metrics: freshness on/off append pairs, ABBA"
@@ -208,6 +212,11 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
         zadd_per_s = res.get("redis", {}).get("zadd_per_s", 0.0)
         kw = {"scale": args.scale, "warm_runs": args.warm_runs, "freshness_seconds": args.freshness_seconds}
         _part(res, "hdfs", bench_hdfs, spark, tmp, port, zadd_per_s, **kw)
+    if "baseline" in want:
+        from bench.baseline import BASELINE, bench_baseline
+
+        ref = args.baseline or BASELINE
+        _part(res, "baseline", bench_baseline, tmp, ref, args.freshness_seconds)
     if "metrics" in want:
         from bench.metrics import bench_metrics
 

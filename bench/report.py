@@ -49,6 +49,7 @@ def table_rows(res: dict) -> list[dict]:
         + _cdc_rows(res)
         + _fanout_rows(res)
         + _hdfs_rows(res)
+        + _baseline_rows(res)
         + _failed_rows(res)
     )
 
@@ -448,6 +449,51 @@ def _hdfs_rows(res: dict) -> list[dict]:
                 if not fr["tweets"] or fr["p99_s"] is None
                 else fr["p50_s"] <= 1.0 and fr["p99_s"] <= 5.0 and fr["not_visible_after_60s"] == 0
             ),
+        ),
+    ]
+
+
+def _baseline_rows(res: dict) -> list[dict]:
+    """The baseline part (`bench.baseline`): this code's throughput and freshness on a local lake beside an older
+    commit's, measured in the same run; the ratios are this code's over the older one's (throughput: each against
+    its own ZADD reference)."""
+    b = res.get("baseline")
+    if not b:
+        return []
+    if "error" in b:
+        return [_row("against an older commit", measured=f"failed: {b['error']}", met="**not met**")]
+    tp, fr, btp, bfr = (
+        res.get("throughput") or {},
+        res.get("freshness") or {},
+        b["throughput"],
+        b["freshness"],
+    )
+
+    def vs(a, c) -> str:
+        return _fmt(round(a / c, 2)) + "x" if a and c else "n/a"
+
+    return [
+        _row(
+            f"timeline entries/s (cold / steady) against {b['ref']}, local lake",
+            workload="the throughput part's",
+            command=f"python -m bench --only redis throughput freshness, in a worktree of {b['ref']}",
+            measured=f"{_fmt(tp.get('entries_per_s'))}/s, {_fmt(tp.get('steady_entries_per_s'))}/s "
+            f"(ratios to ZADD {_fmt(tp.get('ratio'))}, {_fmt(tp.get('steady_ratio'))})",
+            reference=f"{b['ref']}: {_fmt(btp['entries_per_s'])}/s, {_fmt(btp['steady_entries_per_s'])}/s "
+            f"(ratios {_fmt(btp['ratio'])}, {_fmt(btp['steady_ratio'])})",
+            ratio=f"{vs(tp.get('ratio'), btp['ratio'])} / {vs(tp.get('steady_ratio'), btp['steady_ratio'])}",
+            goal="within noise",
+            met="n/a",
+        ),
+        _row(
+            f"freshness p50 / p99 against {b['ref']}, local lake",
+            workload="the freshness part's",
+            command="the same",
+            measured=f"{_fmt(fr.get('p50_s'), ' s')} / {_fmt(fr.get('p99_s'), ' s')}",
+            reference=f"{b['ref']}: {_fmt(bfr['p50_s'], ' s')} / {_fmt(bfr['p99_s'], ' s')}",
+            ratio=f"{vs(fr.get('p50_s'), bfr['p50_s'])} / {vs(fr.get('p99_s'), bfr['p99_s'])}",
+            goal="within noise",
+            met="n/a",
         ),
     ]
 

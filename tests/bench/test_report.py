@@ -377,3 +377,29 @@ def test_hdfs_rows_set_each_figure_beside_the_local_lake_of_the_same_run(p50, p9
     assert [r["measured"] for r in failed if r["figure"] == "lake on HDFS"] == [
         "failed: DevServerFailed: no java"
     ]
+
+
+def test_baseline_rows_set_this_code_beside_the_older_commit_of_the_same_run():
+    tp = {**RESULTS["throughput"], "ratio": 0.08, "steady_ratio": 0.25, "steady_entries_per_s": 300000}
+    fr = {**RESULTS["freshness"], "p50_s": 1.0, "p99_s": 2.0}
+    base = {
+        "ref": "abc1234",
+        "throughput": {
+            "entries_per_s": 90000,
+            "steady_entries_per_s": 250000,
+            "ratio": 0.1,
+            "steady_ratio": 0.25,
+        },
+        "freshness": {"p50_s": 1.25, "p99_s": 1.6},
+    }
+    rows = {
+        r["figure"]: r for r in table_rows({**RESULTS, "throughput": tp, "freshness": fr, "baseline": base})
+    }
+    t = rows["timeline entries/s (cold / steady) against abc1234, local lake"]
+    assert t["ratio"] == "0.8x / 1x" and t["reference"].startswith("abc1234: 90,000/s, 250,000/s")
+    f = rows["freshness p50 / p99 against abc1234, local lake"]
+    assert f["ratio"] == "0.8x / 1.25x" and f["reference"] == "abc1234: 1.25 s / 1.6 s"
+    failed = table_rows({**RESULTS, "baseline": {"error": "RuntimeError: cannot check out abc1234"}})
+    assert [r["measured"] for r in failed if r["figure"] == "against an older commit"] == [
+        "failed: RuntimeError: cannot check out abc1234"
+    ]
