@@ -88,3 +88,15 @@ class SourceNotConfigured(JobsError):
     def __init__(self, job: str, system: str, variable: str, example: str):
         super().__init__(f"{system} is not configured: set {variable} (e.g. {example}) to run the {job} job")
         self.job, self.system, self.variable, self.example = job, system, variable, example
+
+
+class JobRunning(JobsError):
+    """`mview run <job> --once` while another driver of the job holds its lease (deployed, or `mview run` without
+    --once, on this machine or another): both would write the job's checkpoint. `holder` says which driver."""
+
+    def __init__(self, job: str, holder: str):
+        super().__init__(
+            f"{job} runs in another driver ({holder}): stop it (mview stop {job}) before a --once, "
+            "which would write its checkpoint too"
+        )
+        self.job, self.holder = job, holder

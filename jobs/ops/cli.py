@@ -202,6 +202,7 @@ def _published(result, as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     from jobs.core.registry import job_spec
+    from jobs.ops.service import once_lease
 
     settings = _settings()
     spec = job_spec(settings, args.job)
@@ -212,7 +213,8 @@ def cmd_run(args) -> int:
             from jobs.core.source import serve_source
 
             return serve_source(settings, spec.name)
-        totals = spec.run(None, settings, once=True)
+        with once_lease(settings, spec.name):
+            totals = spec.run(None, settings, once=True)
     else:
         if (
             not args.once
@@ -221,7 +223,8 @@ def cmd_run(args) -> int:
 
             return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
         _redis(settings)
-        totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
+        with once_lease(settings, spec.name):
+            totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
     if args.json:  # a source job's summary is its own (kafka: per topic, accepted and rejected)
         print(json.dumps(totals if spec.source else {"job": spec.name, **totals}))
     else:

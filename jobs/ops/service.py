@@ -61,7 +61,7 @@ from redis.exceptions import RedisClusterException
 from changelog.storage import StorageError
 from jobs.core import runtime
 from jobs.core.generations import serving_copy_lost
-from jobs.core.lease import Lease
+from jobs.core.lease import Lease, holder_of
 from jobs.core.registry import job_spec
 from jobs.core.runtime import (
     Restarts,
@@ -73,11 +73,12 @@ from jobs.core.runtime import (
     write_status,
 )
 from jobs.core.settings import Settings
+from jobs.errors import JobRunning
 from views.errors import RedisMisconfigured, RedisUnavailable, ViewError
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation, probe, quick_client, redact_url, watch_client
 
-__all__ = ["serve"]
+__all__ = ["serve", "once_lease"]
 
 # A query that ran this long before failing was healthy: its failure starts the backoff again at 2 s.
 
@@ -311,6 +312,22 @@ def _single_instance(settings: Settings, job: str, on_lost=None) -> Lease | None
     lease = Lease.acquire(settings.lake, job_lease_key(job), holder, on_lost=on_lost or lost)
     if lease is None:
         log(f"{job}: another driver of this job holds its lease ({job_lease_key(job)}); exiting")
+    return lease
+
+
+def once_lease(settings: Settings, job: str) -> Lease:
+    """The job's lease for one `mview run <job> --once`, released when it returns (use it as a context manager):
+    a live driver of the job anywhere (deployed, or a continuous `mview run`) holds it and makes this raise
+    `JobRunning` before anything is written; a driver killed on this machine does not."""
+    lease = Lease.acquire(
+        settings.lake,
+        job_lease_key(job),
+        f"{job} run --once (pid {os.getpid()})",
+        on_lost=lambda lost: log(f"{job}: lost the job's lease ({lost.lost_reason})"),
+    )
+    if lease is None:
+        held = holder_of(settings.lake, job_lease_key(job)) or {}
+        raise JobRunning(job, f"{held.get('holder', 'a driver')} on {held.get('node', 'another machine')}")
     return lease
 
 

@@ -180,6 +180,8 @@ def test_deploy_is_idempotent_and_a_kill9_mid_batch_resumes(service, capsys):
     assert "already running" in capsys.readouterr().out
     assert status_of(settings, JOB)["pid"] == pid
     wait_for(service.caught_up, "the first input to be processed")
+    once = mview(settings, "run", JOB, "--once")  # beside it: refused before anything is written
+    assert once.returncode == 1 and f"{JOB} runs in another driver ({JOB} driver (pid {pid})" in once.stderr
     assert service.timelines() == service.expected()
 
     gen = service.status()["generation"]
