@@ -120,26 +120,14 @@ def _versions(settings) -> list[tuple[int, str, list[tuple]]]:
 def test_ingests_kafka_job_and_maintenance_commit_to_one_topic_at_once(store_settings, tmp_path):
     settings, records = store_settings, _Records()
 
-    def ingest(records_: list[dict]) -> None:
-        r = mview(
-            settings,
-            "ingest",
-            "follows",
-            write_jsonl(tmp_path / f"in-{uuid.uuid4().hex[:6]}.jsonl", records_),
-        )
+    def send(command: str, records_: list[dict]) -> None:
+        """`mview ingest follows` or `mview produce follows` (to Kafka, for the kafka job) of `records_`."""
+        path = write_jsonl(tmp_path / f"{command}-{uuid.uuid4().hex[:6]}.jsonl", records_)
+        r = mview(settings, command, "follows", path)
         assert r.returncode == 0, r.stderr[-2000:]
 
-    def produce(records_: list[dict]) -> None:
-        r = mview(
-            settings,
-            "produce",
-            "follows",
-            write_jsonl(tmp_path / f"k-{uuid.uuid4().hex[:6]}.jsonl", records_),
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-
-    ingest(records.take(120))  # five records per key: something to compact
-    produce(records.take(30))
+    send("ingest", records.take(120))  # five records per key: something to compact
+    send("produce", records.take(30))
     reports, failures = [], []
 
     def guarded(fn):
@@ -155,12 +143,12 @@ def test_ingests_kafka_job_and_maintenance_commit_to_one_topic_at_once(store_set
 
     def appender() -> None:
         while not done.is_set():
-            ingest(records.take(15))
+            send("ingest", records.take(15))
             time.sleep(2)
 
     def producer() -> None:
         while not done.is_set():
-            produce(records.take(10))
+            send("produce", records.take(10))
             time.sleep(2)
 
     def maintainer() -> None:
