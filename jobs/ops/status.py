@@ -210,9 +210,16 @@ def drivers_here(settings: Settings) -> dict[str, dict]:
         pid = pid_of(settings, job)
         if pid is None:
             continue
-        try:
-            lines = log_path(settings, job).read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        out[job] = {"pid": pid, "log": lines[-1] if lines else ""}
+        out[job] = {"pid": pid, "log": _last_line(log_path(settings, job))}
     return out
+
+
+def _last_line(path) -> str:
+    """The last line of the file at `path` (read from its last 4 KiB: a deployed job's log only grows), or ""."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
