@@ -39,6 +39,8 @@ __all__ = [
     "broker_lib",
     "maven_lib",
     "java_exe",
+    "new_cluster_id",
+    "format_log_dir",
     "start_broker",
     "wait_broker",
     "scratch_kafka",
@@ -146,6 +148,26 @@ def java_exe() -> str:
     return exe
 
 
+def new_cluster_id() -> str:
+    """A fresh KRaft cluster id: the urlsafe base64 of a random UUID (22 characters; 1 in 64 starts with `-`)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def format_log_dir(data: Path, cluster_id: str) -> None:
+    """Format the broker's log directory under `data` (its `server.properties` written) for `cluster_id`.
+    The id is passed as `--cluster-id=<id>`: one argument, so an id that starts with `-` is not read as an
+    option. KafkaBrokerFailed with the tool's own words if it fails."""
+    props = data / "server.properties"
+    fmt = [java_exe(), "-Xmx256m", "-cp", f"{broker_lib()}/*", "kafka.tools.StorageTool", "format"]
+    done = subprocess.run(
+        [*fmt, f"--cluster-id={cluster_id}", "-c", str(props)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise KafkaBrokerFailed(
+            f"formatting {data / 'logs'} failed: {(done.stdout + done.stderr).strip()[-300:]}"
+        )
+
+
 def start_broker(data: Path, port: int, controller: int, *, detach: bool) -> subprocess.Popen:
     """Start a broker on 127.0.0.1:`port` (controller on `controller`) with its files under `data`, formatting
     the log directory on first use; return the process (not yet answering: see `_wait`). detach: in its own
@@ -157,24 +179,7 @@ def start_broker(data: Path, port: int, controller: int, *, detach: bool) -> sub
     log_config.write_text(_LOG_CONFIG)
     cp = f"{lib}/*"
     if not (data / "logs" / "meta.properties").exists():
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        fmt = [
-            java,
-            "-Xmx256m",
-            "-cp",
-            cp,
-            "kafka.tools.StorageTool",
-            "format",
-            "-t",
-            cluster,
-            "-c",
-            str(props),
-        ]
-        done = subprocess.run(fmt, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KafkaBrokerFailed(
-                f"formatting {data / 'logs'} failed: {(done.stdout + done.stderr).strip()[-300:]}"
-            )
+        format_log_dir(data, new_cluster_id())
     cmd = [java, "-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData"]
     cmd += [f"-Dlog4j2.configurationFile={log_config}", "-cp", cp, "kafka.Kafka", str(props)]
     setpriv = shutil.which("setpriv")
