@@ -11,6 +11,10 @@ quote such a scalar: `cap: "${TIMELINE_CAP:-800}"`.)
 
 YAML 1.1 reads the keys `on`, `off`, `yes`, `no` as booleans; such a key is kept as the boolean (the checks say
 what to write instead, e.g. `match:` for `on:`).
+
+Bounds (a pipeline file may come from anyone): nesting deeper than `MAX_DEPTH` levels, a file whose aliases (`*name`
+repeats the node `&name` marks) expand to more than `MAX_NODES` keys, items and values, and an alias inside the node
+it names are each one `YamlProblem`, found before anything is expanded (an aliased node is measured once).
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from collections.abc import Mapping
 
 import yaml
 
-__all__ = ["read_yaml", "YamlProblem"]
+__all__ = ["read_yaml", "YamlProblem", "MAX_DEPTH", "MAX_NODES"]
+
+MAX_DEPTH = 64  # levels of mappings and sequences (a pipeline needs about 8)
+MAX_NODES = 100_000  # keys, items and values once aliases are expanded (the shipped pipelines have under 400)
 
 _SCALARS = yaml.SafeLoader("")  # constructs scalar nodes only (no state kept between them)
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -46,7 +53,7 @@ def _substitute(text: str, env: Mapping[str, str]) -> object:
             return None
         try:
             return yaml.safe_load(got)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):  # not YAML (or absurdly nested): the text itself
             return got
     return _REF.sub(value, text)
 
@@ -73,9 +80,64 @@ def _build(node, path: tuple, lines: dict, env: Mapping[str, str]):
     return value
 
 
+def _shallow(text: str) -> None:
+    """Raise `YamlProblem` where `text` nests deeper than `MAX_DEPTH` (read as events: no recursion)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise YamlProblem(
+                    event.start_mark.line + 1, f"nested more than {MAX_DEPTH} levels deep: not a pipeline"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _bounded(root) -> None:
+    """Raise `YamlProblem` when the tree under `root`, aliases expanded, holds an alias inside the node it names, is
+    deeper than `MAX_DEPTH` or has more than `MAX_NODES` nodes. Each node (an aliased one is one node shared by its
+    aliases) is measured once, without recursion."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        k = id(node)
+        if done:
+            kids = _children(node)
+            size[k] = 1 + sum(size[id(c)] for c in kids)
+            depth[k] = 1 + max((depth[id(c)] for c in kids), default=0)
+            open_.discard(k)
+            line = node.start_mark.line + 1
+            if size[k] > MAX_NODES:
+                raise YamlProblem(
+                    line, f"its aliases (*name) expand to more than {MAX_NODES:,} values: not a pipeline"
+                )
+            if depth[k] > MAX_DEPTH:
+                raise YamlProblem(line, f"its aliases (*name) nest more than {MAX_DEPTH} levels deep")
+        elif k not in size:
+            if k in open_:
+                raise YamlProblem(
+                    node.start_mark.line + 1, "an alias (*name) inside the node it names (&name) itself"
+                )
+            open_.add(k)
+            stack.append((node, True))
+            stack += [(c, False) for c in _children(node) if id(c) not in size]
+
+
 def read_yaml(text: str, env: Mapping[str, str]) -> tuple[dict, dict[tuple, int]]:
-    """Parse `text` (see the module docstring). Raises `YamlProblem` for text that is not a YAML mapping."""
+    """Parse `text` (see the module docstring). Raises `YamlProblem` for text that is not a YAML mapping, or that
+    breaks the bounds."""
     try:
+        _shallow(text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
@@ -86,6 +148,7 @@ def read_yaml(text: str, env: Mapping[str, str]) -> tuple[dict, dict[tuple, int]
         raise YamlProblem(0, "the file is empty: it needs at least `topics:`")
     if not isinstance(root, yaml.MappingNode):
         raise YamlProblem(root.start_mark.line + 1, "the file must be a mapping (topics:, jobs:)")
+    _bounded(root)
     lines: dict[tuple, int] = {}
     data = _build(root, (), lines, env)
     return data, lines

@@ -308,3 +308,36 @@ def test_an_unreadable_file_is_one_problem(tmp_path):
     with pytest.raises(PipelineError) as caught:
         load_pipeline(tmp_path / "missing.yml", {})
     assert "cannot read the pipeline file" in str(caught.value)
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A small file whose aliases expand to 9**levels values (a "billion laughs")."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join(lines) + f"\ntopics: *a{levels - 1}\n"
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "says"),
+    [
+        ("alias bomb", _alias_bomb(), "aliases"),
+        ("deep nesting", "topics: " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
+        ("an alias inside itself", "topics: &x [*x]\n", "itself"),
+    ],
+    ids=lambda c: c if isinstance(c, str) and len(c) < 30 else "",
+)
+def test_a_hostile_file_is_one_line_at_once(case, text, says):
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(text, "bomb.yml", {})
+    assert time.monotonic() - started < 2
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bomb.yml:") and says in lines[0], lines
+
+
+def test_aliases_within_bounds_still_load():
+    text = BASE.replace("  payments: {", "  payments: &p {") + "  payments2: *p\n"
+    assert list(parse_pipeline(text, "shop.yml", {}).topics)[-1] == "payments2"
