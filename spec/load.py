@@ -1,9 +1,10 @@
 """Loading and checking a pipeline file: `load_pipeline(path)` -> `spec.model.Pipeline`, or `PipelineError` with every
 problem found, one line each (`<file>:<line>: <key>: <what is wrong>`). No Spark: the shape of the file is checked
 by pydantic, then the references between its parts (topics, fields, join kinds, view kinds) here; an expression
-that is a plain field name is checked against what the view sees. Expressions are Spark SQL: any other problem in
-one (a typo in a function, a type that does not fit) is found when the job starts, by Spark, and reported in one
-line naming the file, line and expression (`views.frame.check_job`).
+that is a plain field name is checked against what the view sees, and no expression may call Java or hold a
+subquery (`spec.sql.outside_reach`). Expressions are Spark SQL: any other problem in one (a typo in a function, a
+type that does not fit) is found when the job starts, by Spark, and reported in one line naming the file, line and
+expression (`views.frame.check_job`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from spec.model import (
     View,
 )
 from spec.source import YamlProblem, read_yaml
+from spec.sql import outside_reach
 
 __all__ = ["load_pipeline", "parse_pipeline", "RESERVED_JOBS"]
 
@@ -320,8 +322,13 @@ def _side(
 
 
 def _field_expr(expr: str, known: Mapping[str, Topic] | None, path: tuple, out: _Problems) -> None:
-    """When `expr` is a plain name (`f` or `topic.f`), check that the side(s) have it. Other expressions are
-    Spark's to check (when the job starts)."""
+    """Refuse what an expression may not do (`spec.sql.outside_reach`: call Java, read a table); when `expr` is a
+    plain name (`f` or `topic.f`), check that the side(s) have it. Other expressions are Spark's to check (when
+    the job starts)."""
+    why = outside_reach(expr)
+    if why:
+        out.add(path, why)
+        return
     m = _IDENT.match(expr.strip())
     if not m or known is None:  # (None: the job's sides are unknown, said elsewhere)
         return
@@ -500,6 +507,8 @@ def _view(name: str, job: str, kind: str | None, v: _View, seen, out: _Problems)
             else (*path, "fields" if (n, e) in fields else "values", n),
             out,
         )
+    if v.where is not None:
+        _field_expr(_expr(v.where), seen, (*path, "where"), out)
     order: tuple[tuple[str, bool], ...] = ()
     if vk == "list":
         if v.entry is None:

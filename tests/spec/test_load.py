@@ -341,3 +341,43 @@ def test_a_hostile_file_is_one_line_at_once(case, text, says):
 def test_aliases_within_bounds_still_load():
     text = BASE.replace("  payments: {", "  payments: &p {") + "  payments2: *p\n"
     assert list(parse_pipeline(text, "shop.yml", {}).topics)[-1] == "payments2"
+
+
+_ROW_VIEW = "    views: {v: {row: {k: order_id}, fields: {x: X}}}\n"
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "\"reflect('java.lang.System', 'getenv', 'AWS_SECRET_ACCESS_KEY')\"",
+        "\"JAVA_METHOD('java.lang.System', 'getenv', 'HOME')\"",
+        "\"concat(order_id, try_reflect('java.lang.System', 'getenv', 'HOME'))\"",
+        "\"`reflect`('java.lang.System', 'getenv', 'HOME')\"",
+        "\"reflect /* a comment */ ('java.lang.System', 'getenv', 'HOME')\"",
+        "\"concat('it''s', reflect('java.lang.System', 'getenv', 'HOME'))\"",
+        "\"concat(r'\\\\', reflect('java.lang.System', 'getenv', 'HOME'))\"",  # a raw string: its backslash escapes nothing
+        '"(SELECT max(value) FROM text.`/etc/hostname`)"',
+    ],
+)
+def test_an_expression_that_calls_java_or_reads_a_table_is_refused(expr):
+    text = _job(PAID + _ROW_VIEW.replace("X", expr))
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(text, "shop.yml", {})
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shop.yml:12: jobs.paid.views.v.fields.x: "), lines
+
+
+def test_java_function_names_in_a_string_or_as_a_field_are_fine():
+    for expr in ("\"concat('reflect(', order_id)\"", "\"'select me'\"", "order_id"):
+        parse_pipeline(_job(PAID + _ROW_VIEW.replace("X", expr)), "shop.yml", {})
+
+
+def test_reflection_is_refused_in_where_and_match_too():
+    where = PAID + "    views: {v: {row: {k: order_id}, where: \"java_method('a', 'b') = 'x'\"}}\n"
+    match = PAID.replace("{order_id: order_id}", "{\"reflect('a', 'b')\": order_id}") + _ROW_VIEW.replace(
+        "X", "order_id"
+    )
+    for body, key in ((where, "jobs.paid.views.v.where"), (match, "jobs.paid.interval.match")):
+        with pytest.raises(PipelineError) as caught:
+            parse_pipeline(_job(body), "shop.yml", {})
+        assert key in str(caught.value) and "Java" in str(caught.value)
