@@ -37,6 +37,7 @@ from pyspark.sql.types import BooleanType, NumericType
 from changelog.current import quoted
 from joins.state import empty_frame
 from spec.model import MATCHES, SQL_TYPES, VERSION, Pipeline, View
+from spec.sql import JAVA_FUNCTIONS
 from views.errors import ViewError
 from views.wire import lit
 
@@ -190,10 +191,57 @@ def _check_matches(spark, pipeline: Pipeline, job: str) -> None:
         evaluate(empty_frame(spark, topic.schema()), exprs, pipeline)
 
 
+def _parsed_nodes(spark, text: str):
+    """The nodes of the expression `text` as Spark's parser reads it (unresolved; a subquery's plan not entered),
+    or none when it does not parse (the analysis says why)."""
+    from pyspark.errors import ParseException
+
+    parser = spark._jsparkSession.sessionState().sqlParser()
+    with _quiet():
+        try:
+            stack = [parser.parseExpression(text)]
+        except (ParseException, AnalysisException):
+            return
+    while stack:
+        node = stack.pop()
+        yield node
+        kids = node.children()
+        stack += [kids.apply(i) for i in range(kids.size())]
+
+
+def _outside_reach(spark, text: str) -> str | None:
+    """Why the expression `text` may not run (`spec.sql`: a call of a Java reflection function, a subquery), from
+    Spark's own parse of it (no scan of the text to fool)."""
+    jvm = spark._jvm
+    subquery = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.expressions.SubqueryExpression")
+    for node in _parsed_nodes(spark, text):
+        if node.getClass().getSimpleName() == "UnresolvedFunction":
+            parts = node.nameParts()
+            name = str(parts.apply(parts.size() - 1)).lower()
+            if name in JAVA_FUNCTIONS:
+                return f"{name}() calls Java methods, which a pipeline may not (none of {', '.join(JAVA_FUNCTIONS)})"
+        if subquery.isInstance(node):
+            return "a subquery (SELECT) reads beyond the job's rows, which a pipeline may not"
+    return None
+
+
+def _refuse_outside_reach(spark, pipeline: Pipeline, job: str) -> None:
+    """`ExpressionError` for the first expression of `job` (match, views) that calls Java or holds a subquery."""
+    j = pipeline.jobs[job]
+    exprs = [(e, ("jobs", job, j.kind, "match", a)) for a, b in j.spec.match for e in (a, b)]
+    exprs += [(w, path) for v in j.views for _, _, w, path in _view_exprs(v, _PARTS)]
+    for text, path in exprs:
+        why = _outside_reach(spark, text)
+        if why:
+            raise ExpressionError(pipeline.where(*path), text, why)
+
+
 def check_job(spark, pipeline: Pipeline, job: str) -> None:
     """Analyse every expression of `job` (its match expressions, each view's key, where, fields, values, entry and
-    order) on empty frames; raises `ExpressionError` for the first one Spark cannot use, or a count value that is
-    not a number. Runs no Spark job."""
+    order) on empty frames; raises `ExpressionError` for the first one that calls Java or holds a subquery
+    (`spec.sql`; checked on Spark's parse), that Spark cannot use, or a count value that is not a number. Runs no
+    Spark job."""
+    _refuse_outside_reach(spark, pipeline, job)
     _check_matches(spark, pipeline, job)
     frame = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
     for view in pipeline.jobs[job].views:

@@ -124,3 +124,26 @@ def test_every_expression_of_the_shop_and_the_builtin_pipeline_is_analysed_witho
 )
 def test_mentions_tells_whether_a_key_or_where_may_depend_on_a_column(shop, view, names, want):
     assert mentions(shop.views[view], names) is want
+
+
+@pytest.mark.parametrize(
+    "expr, says",
+    [
+        ("reflect('java.lang.System', 'getenv', 'HOME')", "Java"),
+        ("upper(`java_method`('java.lang.System', 'getenv', 'HOME'))", "Java"),
+        ("(SELECT max(value) FROM text.`/etc/hostname`)", "subquery"),
+        ("order_id IN (SELECT v FROM VALUES ('o1') AS t(v))", "subquery"),
+    ],
+)
+def test_a_job_refuses_java_calls_and_subqueries_check_did_not_see(spark, shop, expr, says):
+    """`mview check` refuses these too (`spec.sql`); a pipeline that reaches a job another way is refused when the
+    job starts, by Spark's own parse of each expression, before a record is read."""
+    import dataclasses
+
+    job = shop.jobs["paid"]
+    view = dataclasses.replace(job.views[0], fields=((*job.views[0].fields, ("leak", expr))))
+    jobs = {**shop.jobs, "paid": dataclasses.replace(job, views=(view, *job.views[1:]))}
+    with pytest.raises(ExpressionError) as e:
+        check_job(spark, dataclasses.replace(shop, jobs=jobs), "paid")
+    assert says in e.value.reason and e.value.expression == expr
+    assert e.value.where == shop.where("jobs", "paid", "views", view.name, "fields", "leak")
