@@ -1,4 +1,9 @@
-"""Durations as people write them: `30 s`, `10 min`, `1 h`, `2 d`, `500 ms`, `10 minutes`, `90s`."""
+"""Durations as people write them: a number (a fraction allowed) and a unit, with or without a space between:
+`30 s`, `10 min`, `1 h`, `2 d`, `500 ms`, `2 hours`, `2h`, `1.5 h`, `120 minutes`, `90s`.
+
+Units: `ms` (millisecond), `s` (sec, second), `m` or `min` (minute), `h` (hour), `d` (day), each also in the plural
+(`secs`, `minutes`, `hours`, `days`; `ms` is always milliseconds), in any case. The result is whole milliseconds
+(a fraction below 1 ms is dropped)."""
 
 from __future__ import annotations
 
@@ -31,5 +36,8 @@ def parse_duration_ms(text: str, *, signed: bool = False) -> int:
     if unit not in _UNITS_MS and unit.endswith("s"):
         unit = unit[:-1]  # plural: "minutes", "secs" (but "ms" is milliseconds, not "m" = minutes)
     if not m or unit not in _UNITS_MS:
-        raise ValueError(f"cannot parse duration {text!r}: use e.g. '10 min', '30 s', '1 h', '2 d', '500 ms'")
+        raise ValueError(
+            f"cannot parse duration {text!r}: a number and a unit (ms, s, min, h, d or their words), e.g. '500 ms',"
+            " '30 s', '10 min', '1.5 h', '2 hours'"
+        )
     return int(float(m.group(1)) * _UNITS_MS[unit])

@@ -188,6 +188,8 @@ def _validated(model, data, path: tuple, out: _Problems):
 
 
 def _pydantic_problems(e: ValidationError, out: _Problems, prefix: tuple = ()) -> None:
+    """`e`'s errors as problems, one per key, in words."""
+    wrong: dict[tuple, list[dict]] = {}
     ons = {
         tuple(err["loc"][:-1])
         for err in e.errors()
@@ -217,7 +219,41 @@ def _pydantic_problems(e: ValidationError, out: _Problems, prefix: tuple = ()) -
         elif kind == "value_error":
             out.add(path, str(err["ctx"]["error"]))
         else:
-            out.add(path, f"{err['msg']} (got {err.get('input')!r})")
+            wrong.setdefault(path, []).append(err)
+    for path, errs in wrong.items():
+        out.add(path, _wrong_kind(errs))
+
+
+# What a value of each kind is, in words (pydantic's error type's first word: int_parsing, string_type, ...).
+_KINDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "string": "text",
+    "dict": "a mapping ({name: value, ...})",
+    "model": "a mapping ({key: value, ...})",
+    "list": "a list ([a, b, ...])",
+    "tuple": "a list ([a, b])",
+}
+
+
+def _wrong_kind(errs: list[dict]) -> str:
+    """The message of a value of the wrong kind: pydantic's errors for one key (one per member of a union, e.g.
+    an expression is text, a number or a boolean) as what the key takes and what it got."""
+    got = repr(errs[0].get("input"))
+    got = got if len(got) <= 80 else got[:77] + "..."
+    if errs[0]["type"] in ("too_short", "too_long"):
+        return f"{errs[0]['msg'].replace(' after validation', '')}: {got}"
+    kinds = list(dict.fromkeys(e["type"].split("_")[0] for e in errs))
+    if {"string", "int", "float", "bool"} <= set(kinds):
+        what = "an expression (text, a number or true/false)"
+    elif kinds == ["string", "list"]:
+        what = "a name or a list of names"
+    elif kinds == ["list", "string"]:
+        what = "an expression or a list of them"
+    else:
+        what = " or ".join(_KINDS.get(k, k) for k in kinds)
+    return f"{what}, not {got}"
 
 
 def _seen(found: list[Problem]) -> list[Problem]:
@@ -313,7 +349,8 @@ def _side(
 ) -> Topic | None:
     t = topics.get(name)
     if t is None:
-        out.add(path, f"unknown topic {name!r} (topics: {', '.join(topics) or 'none'})")
+        if name not in out.broken_topics:  # a declared topic with problems: said there, once
+            out.add(path, f"unknown topic {name!r} (topics: {', '.join(topics) or 'none'})")
         return None
     if t.kind != kind:
         out.add(path, f"{name!r} is {'an' if t.kind == 'event' else 'a'} {t.kind} topic: {why}")

@@ -381,3 +381,30 @@ def test_reflection_is_refused_in_where_and_match_too():
         with pytest.raises(PipelineError) as caught:
             parse_pipeline(_job(body), "shop.yml", {})
         assert key in str(caught.value) and "Java" in str(caught.value)
+
+
+def test_a_broken_topic_is_said_once_not_again_for_every_job_that_uses_it():
+    text = _job(PAID + _ROW_VIEW.replace("X", "order_id")).replace("amount: double", "amount: money")
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(text, "shop.yml", {})
+    assert [p.key for p in caught.value.problems] == ["topics.orders.fields.amount"], str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        ("cap: 5", "cap: five", "cap", "a whole number, not 'five'"),
+        ("cap: 5", "cap: 2.5", "cap", "a whole number, not 2.5"),
+        ("unmatched: false", "unmatched: maybe", "unmatched", "true or false, not 'maybe'"),
+        ("entry: order_id", "entry: [order_id]", "entry", "an expression"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_said_in_words(old, new, key, says):
+    body = (
+        PAID.replace("]}", "], unmatched: false}")
+        + "    views: {v: {list: {k: customer_id}, entry: order_id, order: [ts desc], cap: 5}}\n"
+    )
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(_job(body).replace(old, new), "shop.yml", {})
+    message = str(caught.value)
+    assert key in message and says in message and "Input should" not in message, message
