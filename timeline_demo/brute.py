@@ -49,8 +49,9 @@ The definitions, taken from the contract's wording (and docs/architecture.md, "P
   direction, an entry (cast to string) once per key (its first place), rows with a null entry or order left out;
   `log`: the emitted rows' fields, by the stream event's id (one id field: its text; several: a JSON array).
 - `query --json`: row: the line plus `final` (interval jobs) and `generation`; count: the line plus `generation`;
-  list: `{"<key name>": key, "generation": g, "<items>": [fields, ...]}` (at most `limit` items; `[]` for a key
-  with none); a row or count key with no entry gives `{}`.
+  list: `{"<key name>": key, "generation": g, "<entries>": [entry, ...], "<items>": [item, ...]}` (at most `limit`
+  of each; an item is the entry's fields, the entry first under `_item_entry`'s name unless a field is it; with
+  `items` unset only the items); a key with no entry (or none within `limit`) gives `{}`, in every kind.
 
 Limits: expressions are those of `timeline_demo.brute_sql` (anything else raises `ExprError` naming it);
 integers are 64-bit everywhere (Spark's 32-bit INT literals are not modelled); decimals (`1.5`) are doubles;
@@ -630,6 +631,23 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
     return out
 
 
+def _item_entry(view: View) -> str | None:
+    """The name a list view's query item carries its entry under (README, "The file, key by key"): none when a field
+    is the entry expression itself (backquotes aside); else the entry's column name (`t.x`: `x`) unless a field has
+    it, else `entry`, `_entry`, ... (the first no field has)."""
+    bare = view.entry.strip("` ")
+    if any(sql.strip("` ") == bare for _, sql in view.fields):
+        return None
+    taken = {name for name, _ in view.fields}
+    column = re.fullmatch(r"\s*(?:`?[A-Za-z_]\w*`?\s*\.\s*)?`?([A-Za-z_]\w*)`?\s*", view.entry)
+    if column and column.group(1) not in taken:
+        return column.group(1)
+    name = "entry"
+    while name in taken:
+        name = "_" + name
+    return name
+
+
 # --- the result ------------------------------------------------------------------------------------------------
 
 
@@ -669,8 +687,14 @@ class BruteResult:
         if v.kind == "log":
             raise BruteError(f"{view} is a log view: export it (it has no query)")
         if v.kind == "list":
-            items = out.items.get(key, [])
-            return {v.key_name: key, "generation": generation, v.items_name: items[:limit]}
+            items = out.items.get(key, [])[:limit]
+            if not items:
+                return {}
+            ids = out.lines[key][v.entries][:limit]
+            name = _item_entry(v)
+            if name is not None:
+                items = [{name: e, **item} for e, item in zip(ids, items, strict=True)]
+            return {v.key_name: key, "generation": generation, v.entries: ids, v.items_name: items}
         line = out.lines.get(key)
         if line is None:
             return {}

@@ -31,8 +31,9 @@ TIMELINE = load_pipeline(BUILTIN_FILE, {}).views[
 
 
 def read_timeline(client, user_id: str, limit: int | None = None, *, job: str = "timeline") -> dict:
-    """`{"user_id","generation","tweets":[{"tweet_id","user_id","text","ts"}, ...]}`: `views.list.read_list`."""
-    return read_list(client, TIMELINE, job, user_id, limit)
+    """`{"user_id","generation","tweet_ids":[...],"tweets":[{"tweet_id","user_id","text","ts"}, ...]}`:
+    `views.list.read_list` (`job`, when not the view's, raises `views.errors.WrongJob`)."""
+    return read_list(client, TIMELINE, user_id, limit, job=job)
 
 
 def query_timeline(client, user_id: str, *, limit: int | None = None, job: str = "timeline") -> dict:

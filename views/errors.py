@@ -14,6 +14,8 @@ __all__ = [
     "RedisTLSMismatch",
     "RedisNotCluster",
     "UnknownView",
+    "WrongJob",
+    "WrongViewKind",
     "RedisCommandFailed",
     "redact_url",
     "redact",
@@ -103,6 +105,25 @@ class UnknownView(ViewError):
     def __init__(self, view: str, known: tuple[str, ...]):
         super().__init__(f"unknown view {view!r}: choose one of {', '.join(known)}")
         self.view = view
+
+
+class WrongJob(ViewError):
+    """A read named job `job` for view `view`, which job `owner` publishes: the view's keys are under the owner's
+    generation, so the read would find nothing."""
+
+    def __init__(self, view: str, job: str, owner: str):
+        super().__init__(
+            f"view {view!r} belongs to job {owner!r}, not {job!r}: name the view alone (its job is the pipeline's)"
+        )
+        self.view, self.job, self.owner = view, job, owner
+
+
+class WrongViewKind(ViewError):
+    """View `view` is a `kind` view where a `wanted` one is read (e.g. `views.list.read_list` of a row view)."""
+
+    def __init__(self, view: str, kind: str, wanted: str):
+        super().__init__(f"{view} is a {kind} view, not a {wanted}")
+        self.view, self.kind, self.wanted = view, kind, wanted
 
 
 class RedisCommandFailed(ViewError):

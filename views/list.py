@@ -42,6 +42,7 @@ before, leaves exactly the content of one application.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import orjson
@@ -52,7 +53,7 @@ from redis.commands.core import Script
 
 from joins.table import JoinChanges, TableJoin
 from joins.table_list import GenericChanges, ListChanges, ListPosts, generic_list, generic_spec, list_shape
-from spec.model import View
+from spec.model import Pipeline, View
 from views.errors import ViewError
 from views.keys import (
     ENTRY,
@@ -81,6 +82,7 @@ __all__ = [
     "read_list",
     "query_list",
     "export_list",
+    "item_entry_name",
 ]
 
 LIST_OPS_SCHEMA = (
@@ -374,15 +376,42 @@ class ListViewSink:
 # --- the read side ---
 
 
+def _entry_field(view: View) -> str | None:
+    """The name of `view`'s field whose expression is the entry's (written alike, backquotes aside), or None."""
+    entry = view.entry.strip("` ")
+    return next((name for name, sql in view.fields if sql.strip("` ") == entry), None)
+
+
+_COLUMN = re.compile(r"\s*(?:`?[A-Za-z_]\w*`?\s*\.\s*)?`?([A-Za-z_]\w*)`?\s*")
+
+
+def item_entry_name(view: View) -> str | None:
+    """The name under which an item of list view `view` (`read_list`, `mview query --json`) carries its entry id,
+    first, before its fields; None when one of its fields already is the entry (its expression is the entry's: the
+    timeline's `tweet_id`), so the item is its fields alone. Else the entry expression's column name (`rider_id`;
+    `riders.rider_id`: `rider_id`) when no field has that name, else `entry` (`_entry`, `__entry`, ... while a field
+    has that name)."""
+    if _entry_field(view) is not None:
+        return None
+    taken = {name for name, _ in view.fields}
+    column = _COLUMN.fullmatch(view.entry)
+    if column and column.group(1) not in taken:
+        return column.group(1)
+    name = "entry"
+    while name in taken:
+        name = f"_{name}"
+    return name
+
+
 def _missing(view: View, entry_id: str) -> dict:
     """The fields of an entry whose body is gone (deleted meanwhile): null, the entry's own id where a field is it."""
-    return {
-        name: entry_id if sql.strip("` ") == view.entry.strip("` ") else None for name, sql in view.fields
-    }
+    field = _entry_field(view)
+    return {name: entry_id if name == field else None for name, _ in view.fields}
 
 
 def _hydrate(client, view: View, generation: int, ids: list[str]) -> list[dict]:
-    """The bodies of entries `ids`, in one round trip: one MGET on a single server; on a Redis Cluster, whose
+    """The items of entries `ids`: each entry's body (its fields), the entry first under `item_entry_name(view)`
+    unless a field holds it. The bodies in one round trip: one MGET on a single server; on a Redis Cluster, whose
     bodies lie in many hash slots, one pipelined GET each (one round trip per node)."""
     keys = [entry_key(view.name, generation, e) for e in ids]
     if not keys:
@@ -394,7 +423,9 @@ def _hydrate(client, view: View, generation: int, ids: list[str]) -> list[dict]:
         bodies = pipe.execute()
     else:
         bodies = client.mget(keys)
-    return [orjson.loads(body) if body else _missing(view, e) for e, body in zip(ids, bodies, strict=True)]
+    items = [orjson.loads(body) if body else _missing(view, e) for e, body in zip(ids, bodies, strict=True)]
+    name = item_entry_name(view)
+    return items if name is None else [{name: e, **item} for e, item in zip(ids, items, strict=True)]
 
 
 # KEYS[1] = the key's list, KEYS[2] = the heavy values it reads (one hash slot: the key's); ARGV[1] = the last rank
@@ -458,45 +489,83 @@ def _cut(limit: int | None, cap: int | None) -> int | None:
     return limit if cap is None else cap if limit is None else min(limit, cap)
 
 
-def read_list(client, view: View, job: str | None, key: str, limit: int | None = None) -> dict:
-    """The list of `key` in list view `view` (of job `job`, default the view's) as the view defines it:
-    `{"<key name>": key, "generation": g, "<items>": [{<fields>}, ...]}`, in the view's order, at most `limit`
-    (None: the whole list, `cap` entries at most). The one read path of the view (`mview query`, `export`, the web
-    page use it); it needs only a Redis client, never Spark.
+def _list_view(view: str | View, job: str | None, pipeline: Pipeline | None) -> View:
+    """`views.read.resolve_view(view, pipeline, job=job, kind="list")`: the list view, or its error."""
+    from views.read import resolve_view  # (views.read imports this module)
+
+    return resolve_view(view, pipeline, job=job, kind="list")
+
+
+def _ids(client, view: View, generation: int, key: str, limit: int | None) -> list[str]:
+    """The entries of `key` in order, at most `limit`: the stored list and its heavy values' entries, merged."""
+    if limit is not None and limit <= 0:
+        return []
+    stop = -1 if limit is None else limit - 1
+    [(own, heavy)] = _snapshots(client, view, generation, [key], stop)
+    if not heavy:
+        return [e for _, e in own]
+    entries, cap = _heavy(client, view, generation, view.job, heavy, stop)
+    return _merge(own, [entries[h] for h in heavy], _cut(limit, cap), view.order[0][1])
+
+
+def read_list(
+    client,
+    view: str | View,
+    key: str,
+    limit: int | None = None,
+    *,
+    job: str | None = None,
+    pipeline: Pipeline | None = None,
+) -> dict:
+    """The list of `key` in list view `view` (its name in `pipeline`, default `spec.builtin.default_pipeline()`, or
+    the `View`) as the view defines it, in the serving generation of the view's job:
+    `{"<key name>": key, "generation": g, "<entries>": [entry, ...], "<items>": [{<entry>, <fields>}, ...]}`, in the
+    view's order, at most `limit` (None: the whole list, `cap` entries at most). Each item is the entry's fields,
+    the entry first under `item_entry_name(view)` unless a field holds it; with `items` unset (the items take the
+    entries' name) only the items are given. A key with no entry gives both empty. The one read path of the view
+    (`mview query`, `export`, the web page use it); it needs only a Redis client, never Spark.
+
+    `job`, when given, must be the view's job. Raises `UnknownView` for a name the pipeline lacks, `WrongJob`,
+    `WrongViewKind` for a view that is not a list, `ViewError` for a `limit` that is not a whole number (as the
+    older form `read_list(client, view, job, key)` gives): never an empty answer for a wrong question.
 
     The stored list holds the entries fanned out on write; the entries of the heavy values the key reads (a fan-out
     limit) are merged in here, in order, duplicates once. Round trips: the generation pointer; the key's list and
     `.reads` set, read atomically (one hash slot); when it reads heavy values, their entries, pipelined (one round
     trip per node); the entries' bodies. An entry whose body is gone by then (deleted meanwhile) is returned with
     null fields (but the entry's own id)."""
-    job = job or view.job
-    generation = current_generation(client, job)
-    ids: list[str] = []
-    if limit is None or limit > 0:
-        stop = -1 if limit is None else limit - 1
-        [(own, heavy)] = _snapshots(client, view, generation, [key], stop)
-        if heavy:
-            entries, cap = _heavy(client, view, generation, job, heavy, stop)
-            ids = _merge(own, [entries[h] for h in heavy], _cut(limit, cap), view.order[0][1])
-        else:
-            ids = [e for _, e in own]
-    return {
-        view.key_name: key,
-        "generation": generation,
-        view.items_name: _hydrate(client, view, generation, ids),
-    }
+    view = _list_view(view, job, pipeline)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise ViewError(
+            f"read_list(client, view, key, limit): limit must be a whole number or None, not {limit!r} (the job "
+            "is not an argument: it is the view's)"
+        )
+    generation = current_generation(client, view.job)
+    ids = _ids(client, view, generation, key, limit)
+    out = {view.key_name: key, "generation": generation, view.entries: ids}
+    out[view.items_name] = _hydrate(client, view, generation, ids)
+    return out
 
 
 def query_list(client, view: View, key: str, limit: int | None = None) -> dict:
-    """`read_list(client, view, view.job, key, limit)` (the form `views.read.query_view` calls)."""
-    return read_list(client, view, view.job, key, limit)
+    """`read_list(client, view, key, limit)`, `{}` when it holds no item (the key has no entry, or `limit` is 0), as
+    every view kind's query (the form `views.read.query_view` calls)."""
+    got = read_list(client, view, key, limit)
+    return got if got[view.items_name] else {}
 
 
-def export_list(client, view: View, job: str | None = None) -> Iterator[dict]:
+def export_list(
+    client, view: str | View, job: str | None = None, *, pipeline: Pipeline | None = None
+) -> Iterator[dict]:
     """Every non-empty list as `{"<key name>": key, "<entries>": [entry ids in order]}`, ordered by key: the keys
     with a stored list or a `.reads` set, each read and merged as `read_list` does (500 keys per round trip, each
-    heavy value's entries read once)."""
-    job = job or view.job
+    heavy value's entries read once). `view`, `job`, `pipeline` and their errors (raised here, before the first
+    line): as `read_list`'s."""
+    return _export_lines(client, _list_view(view, job, pipeline))
+
+
+def _export_lines(client, view: View) -> Iterator[dict]:
+    job = view.job
     generation = current_generation(client, job)
     keys = sorted(
         {

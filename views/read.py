@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from spec.builtin import default_pipeline
 from spec.model import Pipeline, View
 from views.count import export_counts, query_count
-from views.errors import UnknownView, ViewError
+from views.errors import UnknownView, ViewError, WrongJob, WrongViewKind
 from views.list import export_list, query_list
 from views.log import export_log
 from views.redis_io import current_generation
@@ -29,24 +29,30 @@ from views.row import export_rows, query_row
 __all__ = ["query_view", "export_view", "format_result", "printable", "resolve_view"]
 
 
-def resolve_view(view: str | View, pipeline: Pipeline | None = None) -> View:
-    """`view` itself, or the view of that name in `pipeline` (default: `spec.builtin.default_pipeline()`)."""
-    if isinstance(view, View):
-        return view
-    views = (pipeline or default_pipeline()).views
-    if view not in views:
-        raise UnknownView(view, tuple(views))
-    return views[view]
+def resolve_view(
+    view: str | View, pipeline: Pipeline | None = None, *, job: str | None = None, kind: str | None = None
+) -> View:
+    """`view` itself, or the view of that name in `pipeline` (default: `spec.builtin.default_pipeline()`): raises
+    `UnknownView` for a name the pipeline lacks, `WrongJob` when `job` is given and is not the view's job, and
+    `WrongViewKind` when `kind` is given and is not the view's kind. A reader needs no job: the view's is used."""
+    if not isinstance(view, View):
+        views = (pipeline or default_pipeline()).views
+        if view not in views:
+            raise UnknownView(view, tuple(views))
+        view = views[view]
+    if job is not None and job != view.job:
+        raise WrongJob(view.name, job, view.job)
+    if kind is not None and kind != view.kind:
+        raise WrongViewKind(view.name, view.kind, kind)
+    return view
 
 
 def query_view(
     client, view: str | View, key: str, *, limit: int | None = None, job: str | None = None, pipeline=None
 ) -> dict:
-    """The view's entry for `key` (`{}` when it has none), by kind. `job`: the view's job (default: the one the
-    pipeline says; given, it must be that one)."""
-    v = resolve_view(view, pipeline)
-    if job is not None and job != v.job:
-        raise ViewError(f"view {v.name!r} belongs to job {v.job!r}, not {job!r}")
+    """The view's entry for `key` by kind, `{}` when the key has none (every kind alike; a list: no item to show).
+    `job`: the view's job (default: the one the pipeline says; given, it must be that one)."""
+    v = resolve_view(view, pipeline, job=job)
     if v.kind == "row":
         return query_row(client, v, key)
     if v.kind == "count":
@@ -69,9 +75,7 @@ def export_view(
     """Every key of the view as export lines, by kind. A log view is an output log in the lake: it needs `lake`
     (a `changelog.storage.Lake`, e.g. `Settings.lake`, or a lake's local path or URI; `lake_dir`, its older name,
     is taken too) and `spark`, a callable returning a SparkSession, called only for such a view."""
-    v = resolve_view(view, pipeline)
-    if job is not None and job != v.job:
-        raise ViewError(f"view {v.name!r} belongs to job {v.job!r}, not {job!r}")
+    v = resolve_view(view, pipeline, job=job)
     if v.kind == "row":
         return export_rows(client, v)
     if v.kind == "count":

@@ -220,12 +220,12 @@ def test_query_every_view_with_and_without_json(world):
     cli, here = world["cli"], world["here"]
     got = cli.json_line("query", "timeline", "b")
     assert got["user_id"] == "b" and got["generation"] == 1
-    assert [t["tweet_id"] for t in got["tweets"]] == ["t3", "t1"]
+    assert [t["tweet_id"] for t in got["tweets"]] == got["tweet_ids"] == ["t3", "t1"]
     assert got["tweets"][1] == {"tweet_id": "t1", "user_id": "a", "text": "first", "ts": T0 + 1}
     text = cli("query", "timeline", "b").stdout
     assert "\x1b" not in text and "\\x1b[31mred\\x07" in text and "t1  @a: first" in text
     assert here.json_line("query", "timeline", "b", "--limit", "1")["tweets"][0]["tweet_id"] == "t3"
-    assert here.json_line("query", "timeline", "c")["tweets"] == []  # unfollowed: empty, exit 0
+    assert here.json_line("query", "timeline", "c") == {}  # unfollowed: no entry, `{}` as every kind, exit 0
     assert here("query", "timeline", "nobody").stdout == ""
 
     s1 = here.json_line("query", "search_clicks", "s1")
@@ -499,3 +499,61 @@ def test_ingest_of_a_pipelines_own_topics_through_the_command_line(tmp_path):
             and "declare the new fields as a new topic" in err[0]
         )
     assert len(_topic_log(lake, "orders")) == 3  # nothing written
+
+
+def test_query_of_a_list_view_of_a_users_own_pipeline_says_each_entry(redis_server, tmp_path):
+    """Issue #41 through the installed command, on the bike-sharing pipeline (a list whose fields do not name the
+    entry) and on the shop's list (whose fields do): `query --json` gives the export line's entries array and each
+    item with its entry; a key with no entry prints `{}`, the plain output nothing; `export` is unchanged. The
+    views' Redis keys are filled as their sinks write them (no Spark)."""
+    from tests.views.test_list import BIKES
+    from views.keys import entry_key, list_key
+    from views.redis_io import set_generation
+
+    url = redis_server["url"].rsplit("/", 1)[0] + "/6"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    set_generation(client, "membership", 1)
+    client.zadd(list_key("station_members", 1, "s01"), {"r1": 5, "r2": 7})
+    client.set(entry_key("station_members", 1, "r1"), '{"plan":"student","fee":9.5}')
+    client.set(entry_key("station_members", 1, "r2"), '{"plan":"day","fee":9.5}')
+    (tmp_path / "bikes.yml").write_text(BIKES)
+    env = {
+        "REDIS_URL": url,
+        "LAKE_DIR": str(tmp_path / "lake"),
+        "MVIEW_PIPELINE": str(tmp_path / "bikes.yml"),
+    }
+
+    def out(*args):
+        proc = _installed(*args, env=env)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        return proc.stdout
+
+    assert json.loads(out("query", "station_members", "s01", "--json")) == {
+        "station_id": "s01",
+        "generation": 1,
+        "riders": ["r2", "r1"],
+        "members": [
+            {"rider_id": "r2", "plan": "day", "fee": 9.5},
+            {"rider_id": "r1", "plan": "student", "fee": 9.5},
+        ],
+    }
+    assert out("query", "station_members", "s41", "--json").strip() == "{}"
+    assert out("query", "station_members", "s41") == ""
+    assert [json.loads(x)["rider_id"] for x in out("query", "station_members", "s01").splitlines()] == [
+        "r2",
+        "r1",
+    ]
+    assert json.loads(out("export", "station_members")) == {"station_id": "s01", "riders": ["r2", "r1"]}
+
+    set_generation(client, "customer_orders", 1)
+    client.zadd(list_key("newest_orders", 1, "c1"), {"o1": 5})
+    client.set(entry_key("newest_orders", 1, "o1"), '{"order_id":"o1","amount":12.5,"ts":5}')
+    env["MVIEW_PIPELINE"] = str(SHOP)
+    got = json.loads(out("query", "newest_orders", "c1", "--json"))
+    assert got == {
+        "customer_id": "c1",
+        "generation": 1,
+        "order_ids": ["o1"],
+        "orders": [{"order_id": "o1", "amount": 12.5, "ts": 5}],
+    }

@@ -17,7 +17,7 @@ from joins.table import TableJoin, TableState, begin_join, maintain_join, state_
 from spec import load_pipeline
 from tests.conftest import split_at_random
 from views.keys import entry_key, heavy_key, list_key, meta_key, reads_key
-from views.list import ListView, ListViewSink, entry, export_list, member, read_list
+from views.list import ListView, ListViewSink, entry, export_list, member, query_list, read_list
 from views.redis_io import connect, set_generation
 from views.sink import ListSink
 
@@ -55,7 +55,7 @@ def celebs_key(generation: int, user: str) -> str:
 
 
 def read_timeline(client, user: str, limit: int | None = None) -> dict:
-    return read_list(client, VIEW, "timeline", user, limit)
+    return read_list(client, VIEW, user, limit)
 
 
 def export_timeline(client):
@@ -444,7 +444,7 @@ jobs:
       feed_heavy: {list: {user: user}, entry: item, order: [ts desc, item desc], cap: 3, fanout_limit: 1,
                    fields: {item: item, score: score, label: label}}
       oldest: {list: {user: members.user}, entry: item, order: [score asc, item asc], cap: 2,
-               fields: {item: item, label: label}}
+               fields: {label: label}}
       feed_where: {list: {user: user}, entry: item, order: [ts desc, item desc], cap: 2, where: "score > 1",
                    fields: {item: item, score: score}}
       by_group: {list: {grp: grp}, entry: item, order: [score desc, item desc], cap: 2, fields: {item: item}}
@@ -549,8 +549,113 @@ def test_every_list_view_of_any_shape_reads_as_the_definition(spark, redis_url, 
                 f"{name}, seed {seed}, records {hi}"
             )
             for key in [*want.keys(name), "nobody"]:
-                got = read_list(job.client, v.view, "j", key)
+                got = query_list(job.client, v.view, key)
                 assert got == want.query(name, key), f"{name} {key}, seed {seed}, records {hi}"
         heavy = [k for k in job.client.scan_iter(match="mv:feed_heavy.heavy:1:*")]
         assert not list(job.client.scan_iter(match="mv:feed.heavy:1:*"))
     assert heavy, "the fan-out limit kept some entries once per heavy value"
+
+
+# --- The read API as a user of a pipeline of their own meets it (issue #41, items 2-4) ---
+
+BIKES = """
+topics:
+  riders:
+    fields: {rider_id: id, station_id: id, plan: string, ts: timestamp}
+    key: rider_id
+    time: ts
+  stations:
+    fields: {station_id: id, fee: double, ts: timestamp}
+    key: station_id
+    time: ts
+jobs:
+  membership:
+    join: {left: riders, right: stations, match: {station_id: station_id}}
+    views:
+      station_members: {list: {station_id: stations.station_id}, entry: rider_id, order: [ts desc, rider_id desc],
+                        cap: 10, fields: {plan: plan, fee: fee}, entries: riders, items: members}
+      rider_station: {row: {rider_id: rider_id}, fields: {station_id: station_id}}
+      riders_by_plan: {count: {plan: plan}, values: {riders: 1}}
+"""
+
+
+@pytest.fixture
+def bikes(redis_url):
+    """The bike-sharing pipeline of issue #41 and its job's generation 1 in Redis as its sinks write it: station
+    s01 holds riders r1 (older) and r2, whose fields do not name the entry; s41 holds none."""
+    from spec import parse_pipeline
+
+    client = connect(redis_url)
+    set_generation(client, "membership", 1)
+    client.zadd(list_key("station_members", 1, "s01"), {"r1": 5, "r2": 7})
+    client.set(entry_key("station_members", 1, "r1"), '{"plan":"student","fee":9.5}')
+    client.set(entry_key("station_members", 1, "r2"), '{"plan":"day","fee":9.5}')
+    return client, parse_pipeline(BIKES, "bikes.yml")
+
+
+def test_a_list_query_says_each_items_entry_and_carries_the_entries_array(bikes):
+    """Each item carries its entry (here under the entry expression's name, `rider_id`, first), and the query holds
+    the export line's entries array beside the items; an item whose fields hold the entry already (the timeline's
+    `tweet_id`) is left as the fields are."""
+    from views.read import query_view
+
+    client, pipeline = bikes
+    want = {
+        "station_id": "s01",
+        "generation": 1,
+        "riders": ["r2", "r1"],
+        "members": [
+            {"rider_id": "r2", "plan": "day", "fee": 9.5},
+            {"rider_id": "r1", "plan": "student", "fee": 9.5},
+        ],
+    }
+    assert query_view(client, "station_members", "s01", pipeline=pipeline) == want
+    assert read_list(client, "station_members", "s01", pipeline=pipeline) == want
+    one = query_view(client, "station_members", "s01", limit=1, pipeline=pipeline)
+    assert one["riders"] == ["r2"] and one["members"] == want["members"][:1]
+
+    set_generation(client, "timeline", 1)
+    client.zadd(timeline_key(1, "u"), {"t1": 1})
+    client.set(tweet_key(1, "t1"), '{"tweet_id":"t1","user_id":"a","text":"hi","ts":1}')
+    got = read_list(client, VIEW, "u")
+    assert got["tweets"] == [{"tweet_id": "t1", "user_id": "a", "text": "hi", "ts": 1}]
+    assert got == {"user_id": "u", "generation": 1, "tweet_ids": ["t1"], "tweets": got["tweets"]}
+
+
+def test_a_key_with_no_entry_queries_as_empty_in_every_view_kind(bikes):
+    """`query_view` (`mview query --json`) of a key with no entry is `{}` for a list as for a row and a count; the
+    read API keeps the list's shape, its arrays empty."""
+    from views.read import query_view
+
+    client, pipeline = bikes
+    for view in ("station_members", "rider_station", "riders_by_plan"):
+        assert query_view(client, view, "s41", pipeline=pipeline) == {}, view
+    assert query_view(client, "station_members", "s01", limit=0, pipeline=pipeline) == {}
+    got = read_list(client, "station_members", "s41", pipeline=pipeline)
+    assert got == {"station_id": "s41", "generation": 1, "riders": [], "members": []}
+
+
+def test_read_list_takes_a_view_name_and_refuses_an_unknown_view_or_job(bikes):
+    """The read API takes the view (its name in the pipeline, or the `View`); its job is the pipeline's. An unknown
+    view, a view of another kind, a job that does not publish the view and the call of the old signature (`job`
+    before the key) each raise an error naming the problem, never an empty answer."""
+    from views.errors import UnknownView, ViewError, WrongJob
+
+    client, pipeline = bikes
+    view = pipeline.views["station_members"]
+    assert read_list(client, view, "s01")["riders"] == ["r2", "r1"]
+    with pytest.raises(UnknownView, match="unknown view 's01'") as e:
+        read_list(client, "s01", "station_members", pipeline=pipeline)
+    assert e.value.view == "s01"
+    with pytest.raises(WrongJob, match="'station_members' belongs to job 'membership'") as e:
+        read_list(client, view, "s01", job="station_members")
+    assert (e.value.view, e.value.job, e.value.owner) == ("station_members", "station_members", "membership")
+    with pytest.raises(ViewError, match="rider_station is a row view, not a list"):
+        read_list(client, "rider_station", "r1", pipeline=pipeline)
+    with pytest.raises(ViewError, match="limit"):
+        read_list(client, view, "station_members", "s01")  # the old form: (client, view, job, key)
+    with pytest.raises(WrongJob):
+        export_list(client, view, "station_members")  # raised at once, not when read
+    assert list(export_list(client, "station_members", pipeline=pipeline)) == [
+        {"station_id": "s01", "riders": ["r2", "r1"]}
+    ]
