@@ -29,6 +29,7 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -234,6 +235,33 @@ class _Hdfs:
         self.client.delete(self._p(prefix), recursive=True)
 
 
+# The client's retries of one request (connection errors, 5xx, dropped connections): a short budget, so a store
+# that does not answer fails a command within about a second (obstore's default is 10 retries over ~3 s); a job
+# retries the whole operation with its own backoff.
+_S3_RETRY = {
+    "max_retries": 3,
+    "retry_timeout": timedelta(seconds=1),
+    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(milliseconds=400)},
+}
+_S3_CONNECT_TIMEOUT = "1s"
+
+
+def _no_userinfo(url: str) -> str:
+    """`url` without a `user:password@` part."""
+    parsed = urlparse(url)
+    return parsed._replace(netloc=parsed.netloc.rpartition("@")[2]).geturl()
+
+
+def _down_cause(error: Exception) -> str:
+    """Why a backend's request did not get an answer, in a few words, from its error."""
+    text = str(error)
+    if "kind: Connect" in text or "connection refused" in text.lower():
+        return "cannot connect"
+    if "kind: Timeout" in text or "timed out" in text.lower():
+        return "timed out"
+    return type(error).__name__
+
+
 class _S3:
     def __init__(self, bucket: str, root: str, env: Mapping[str, str]):
         from obstore.store import S3Store
@@ -247,10 +275,16 @@ class _S3:
         }
         if endpoint:
             config.update(endpoint=endpoint, virtual_hosted_style_request=False)
-        client = {"allow_http": True} if endpoint.startswith("http:") else {}
+        client = {"connect_timeout": _S3_CONNECT_TIMEOUT}
+        if endpoint.startswith("http:"):
+            client["allow_http"] = True
         self.store = S3Store(
-            bucket, config={k: v for k, v in config.items() if v != ""}, client_options=client
+            bucket,
+            config={k: v for k, v in config.items() if v != ""},
+            client_options=client,
+            retry_config=_S3_RETRY,
         )
+        self.where = f"the S3 endpoint {_no_userinfo(endpoint)}" if endpoint else f"S3 (bucket {bucket})"
 
     def _k(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -349,6 +383,23 @@ class Lake:
     def __repr__(self) -> str:
         return f"Lake({self.uri()!r})"
 
+    @property
+    def where(self) -> str:
+        """The store in messages: `the S3 endpoint URL` (no credentials), `the HDFS NameNode host:port`, `the local
+        file system`."""
+        if self.kind == "s3":
+            return self._store.where
+        return f"the HDFS NameNode {self.netloc}" if self.kind == "hdfs" else "the local file system"
+
+    @property
+    def start_hint(self) -> str:
+        """What to do when the store does not answer."""
+        if self.kind == "s3":
+            return "start it, or check S3_ENDPOINT and LAKE_DIR"
+        if self.kind == "hdfs":
+            return "start it (`make hdfs` for the development one), or check LAKE_DIR"
+        return "check LAKE_DIR"
+
     # --- URIs -------------------------------------------------------------------------------------------------
     def uri(self, *key: str) -> str:
         """What Spark reads and writes: a local path, `hdfs://...` or `s3a://...`."""
@@ -393,14 +444,14 @@ class Lake:
         except FileNotFoundError:
             raise NotFound(self.uri(), key, "no such object") from None
         except (ConnectionError, TimeoutError) as e:
-            raise LakeUnreachable(self.uri(), key, f"{what}: the store does not answer ({e})") from None
+            raise LakeUnreachable(self.uri(), key, f"{what}: {self.where} does not answer ({e})") from None
         except OSError as e:
             text = str(e.strerror or e)
             if e.errno in _DOWN or any(
                 w in text.lower() for w in ("connection refused", "timed out", "unreachable")
             ):
                 raise LakeUnreachable(
-                    self.uri(), key, f"{what}: the store does not answer ({text})"
+                    self.uri(), key, f"{what}: {self.where} does not answer ({text})"
                 ) from None
             raise StorageError(self.uri(), key, f"{what}: {text}") from None
         except StorageError:
@@ -409,7 +460,7 @@ class Lake:
             name = type(e).__name__
             if any(w in name for w in ("Connect", "Timeout", "Unavailable")) or "connect" in str(e).lower():
                 raise LakeUnreachable(
-                    self.uri(), key, f"{what}: the store does not answer ({name})"
+                    self.uri(), key, f"{what}: {self.where} does not answer ({_down_cause(e)})"
                 ) from None
             raise StorageError(self.uri(), key, f"{what}: {name}: {str(e).splitlines()[0][:300]}") from None
 

@@ -25,9 +25,7 @@ def _require_store(settings: Settings, *, write: bool) -> None:
         else:
             lake.list()
     except LakeUnreachable as e:
-        raise LakeUnusable(
-            lake.uri(), f"does not answer ({e.reason}): start the store or check LAKE_DIR"
-        ) from None
+        raise LakeUnusable(lake.uri(), f"does not answer ({e.reason}): {lake.start_hint}") from None
     except StorageError as e:
         what = "be written" if write else "be read"
         raise LakeUnusable(

@@ -218,7 +218,8 @@ class _Guard(_Sentinel):
     Redis is read every half second with `views.redis_io.watch_client` (a Redis Cluster client on a cluster: the
     pointer and the meta hash live on whichever masters own their slots). Any error reading it means "Redis cannot
     tell now": the check is skipped, the client is dropped and made again (a cluster's layout read anew) at the
-    next one, and the log says once that the guard cannot read Redis and once that it can again. Any other error
+    next one, and the log says once that the guard cannot read Redis and once that it can again; the same for the
+    lake (read to tell a lost copy), named as such when it is what failed. Any other error
     ends the thread and fails the job (`_Sentinel`).
 
     Queries are named `<job>_g<generation>` (`run_stream`'s name). Only the supervisor's own query, on
@@ -234,7 +235,8 @@ class _Guard(_Sentinel):
         self.generation: int | None = None  # what the supervisor's query serves; None between queries
         self.lost: str | None = None
         self.client = None
-        self.blind_since: float | None = None  # when reading Redis started failing
+        self.blind_since: float | None = None  # when reading Redis (or the lake) started failing
+        self.blind_on = ""  # what it could not read: the pointer's key, or the lake
 
     def _read(self) -> tuple[int | None, str | None]:
         """(the serving generation, why the serving copy is lost or None); (None, None) if Redis cannot tell."""
@@ -250,13 +252,16 @@ class _Guard(_Sentinel):
                     client.close()
             if self.blind_since is None:
                 self.blind_since = time.monotonic()
+                lake = isinstance(e, StorageError)  # the lake, read beside the pointer, is what failed
+                self.blind_on = f"the lake ({self.settings.lake.uri()})" if lake else gen_key(self.job)
                 log(
-                    f"{self.job}: the query guard cannot read {gen_key(self.job)} now ({error_line(e)}); retrying"
+                    f"{self.job}: the query guard cannot read {self.blind_on} now ({error_line(e)}); retrying"
                 )
             return None, None
         if self.blind_since is not None:
+            what = "the lake" if self.blind_on.startswith("the lake") else "Redis"
             log(
-                f"{self.job}: the query guard reads Redis again after {time.monotonic() - self.blind_since:.1f}s"
+                f"{self.job}: the query guard reads {what} again after {time.monotonic() - self.blind_since:.1f}s"
             )
             self.blind_since = None
         return serving, lost

@@ -64,14 +64,37 @@ def test_uris_for_spark_and_delta_rs(lake):
         assert lake.delta_uri("x") == lake.uri("x") and lake.delta_options() == {}
 
 
-@pytest.mark.e2e
-def test_a_store_that_does_not_answer_is_one_error_naming_it(tmp_path):
-    from jobs.dev import free_port
+@pytest.mark.parametrize("kind", ["hdfs", "s3"])
+def test_a_store_that_does_not_answer_is_one_error_naming_it_within_a_second_or_so(kind):
+    """Nothing listens at the address: one line naming the store's address and what to do, no credentials, soon
+    (S3's client gives up after a short retry budget, not its default of 10 retries)."""
+    import time
 
-    lake = open_lake(f"hdfs://127.0.0.1:{free_port()}/lake")
+    from jobs.core.lake import require_lake
+    from jobs.dev import free_port
+    from jobs.errors import LakeUnusable
+    from tests.conftest import make_settings
+
+    port = free_port()
+    secret = "s3cr3t-Key"
+    env = {
+        "S3_ENDPOINT": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "id",
+        "AWS_SECRET_ACCESS_KEY": secret,
+    }
+    uri = f"hdfs://127.0.0.1:{port}/lake" if kind == "hdfs" else "s3a://bucket/lake"
+    started = time.monotonic()
     with pytest.raises(LakeUnreachable) as caught:
-        lake.read_bytes("jobs/j/status.json")
-    assert "\n" not in str(caught.value) and "does not answer" in str(caught.value)
+        open_lake(uri, env).write_bytes(b"x", "jobs/j/status.json")
+    took = time.monotonic() - started
+    line = str(caught.value)
+    assert "\n" not in line and f"127.0.0.1:{port} does not answer" in line and secret not in line, line
+    assert took < 2.5, took  # a generous bound on the retry budget (about 0.1-0.7 s here; 2.9 s before)
+    with pytest.raises(LakeUnusable) as unusable:  # what `mview ingest` says
+        require_lake(make_settings(uri, "redis://127.0.0.1:1/0", **env), write=True)
+    line = str(unusable.value)
+    hint = "check S3_ENDPOINT" if kind == "s3" else "make hdfs"
+    assert f"127.0.0.1:{port} does not answer" in line and hint in line and secret not in line, line
 
 
 def test_a_local_owner_only_object_gets_owner_only_directories_whatever_the_umask(tmp_path):

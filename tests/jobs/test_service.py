@@ -10,6 +10,9 @@ running, caught-up job (a test run alone deploys it first) and feeds the next sl
 2. `mview replay timeline` while deployed: the deployed job moves to the new generation (the replay does not end
    with "has not moved"), the replay removes the old generation from every master, and new input goes into the
    new one.
+
+Apart from the deployment: the guard that cannot read the lake (a NameNode that does not answer) says the lake,
+not Redis, both when it goes blind and when it reads again.
 """
 
 from __future__ import annotations
@@ -146,3 +149,20 @@ def test_replay_while_deployed_moves_the_job_to_the_new_generation(spark, deploy
 
     d.truth = d.feed_next()  # the job writes the new generation
     wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to go on in the new generation", timeout_s=600)
+
+
+def test_the_guard_blind_to_the_lake_names_the_lake_not_redis(tmp_path, redis_url, capsys):
+    from jobs.dev import free_port
+    from jobs.ops.service import _Failure, _Guard
+
+    down = make_settings(f"hdfs://127.0.0.1:{free_port()}/lake", redis_url, METRICS_PORT="off")
+    guard = _Guard(None, JOB, down, _Failure(down, JOB))
+    assert guard._read() == (
+        None,
+        None,
+    )  # the lake cannot tell whether Redis lost the serving copy: ask again
+    blind = capsys.readouterr().err
+    assert "the query guard cannot read the lake (hdfs://127.0.0.1:" in blind and "mv:gen" not in blind, blind
+    guard.settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off")
+    guard._read()
+    assert "the query guard reads the lake again after" in capsys.readouterr().err
