@@ -62,7 +62,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from arro3.core import Array, DataType, RecordBatch, Table
+from arro3.core import Array, ChunkedArray, DataType, RecordBatch, Table
 
 from changelog.checksums import write_checksums
 from changelog.errors import TopicChanged, UnknownTopic
@@ -102,6 +102,10 @@ _ARROW = {
     "string": DataType.string(),
 }
 _DELTA = {"long": "bigint", "integer": "bigint", "double": "double", "boolean": "boolean", "string": "string"}
+
+# The field metadata that marks a log column as optional (`topic_arrow_schema`, `_change`).
+_OPTIONAL_KEY = "mview.optional"
+_OPTIONAL = {_OPTIONAL_KEY: "true"}
 
 # A lake (or a local path or URI of one: `as_lake`); for the functions on one Delta table, with `key`, the table's
 # key in it (empty: the table is at the lake's root, e.g. a table's own path).
@@ -156,10 +160,17 @@ def topic_schema(topic: Topic | str):
 
 def topic_arrow_schema(topic: Topic | str):
     """The topic's columns as an Arrow schema (arro3): bigint -> int64, double -> float64, boolean -> bool,
-    string -> utf8, all nullable."""
+    string -> utf8, all nullable; an optional field's column carries the field metadata `OPTIONAL` (the log keeps
+    it: a declaration may leave that column out)."""
     from arro3.core import Field, Schema
 
-    return Schema([Field(n, _ARROW[t], True) for n, t in topic_columns(topic)])
+    topic = declared(topic)
+    return Schema(
+        [
+            Field(n, _ARROW[t], True, metadata=_OPTIONAL if n in topic.optional else None)
+            for n, t in topic.columns()
+        ]
+    )
 
 
 def _log(key: str) -> str:
@@ -223,13 +234,38 @@ def _log_columns(table) -> dict[str, str]:
     return out
 
 
-def log_change(table, topic: Topic) -> tuple[str, list] | None:
-    """How the declaration of `topic` differs from its loaded log `table` (a `deltalake.DeltaTable`): None when
-    the columns are the same (in any order); ("grow", [(name, SQL type), ...]) when it only adds optional fields;
-    else ("change", [each change in words])."""
+def _optional_columns(table, lake: Lake | None, key: str) -> set[str]:
+    """The columns of the loaded log `table` (at `key` of `lake`) that a declaration may leave out: those marked
+    `OPTIONAL` (made by an optional field, at the log's creation or when it grew). A log written before the mark
+    (none of its columns has it) counts every column its first version did not have (a grown column is
+    optional); without `lake`, or without that first commit, none."""
+    fields = table.schema().fields
+    marked = {f.name for f in fields if (f.metadata or {}).get(_OPTIONAL_KEY) == "true"}
+    if marked or any(_OPTIONAL_KEY in (f.metadata or {}) for f in fields) or lake is None:
+        return marked
+    try:
+        for line in lake.read_bytes(_log(key), f"{0:020d}.json").splitlines():
+            if b'"metaData"' in line:
+                first = json.loads(json.loads(line)["metaData"]["schemaString"])["fields"]
+                return {f.name for f in fields} - {f["name"] for f in first}
+    except (NotFound, ValueError, KeyError):
+        pass
+    return set()
+
+
+def log_change(table, topic: Topic, lake: Lake | None = None, key: str = "") -> tuple[str, list] | None:
+    """How the declaration of `topic` differs from its loaded log `table` (a `deltalake.DeltaTable`, at `key` of
+    `lake`): None when the columns are the same (in any order), the log's optional columns (`_optional_columns`)
+    the declaration leaves out aside (its records hold null there; readers take the declared columns); ("grow", [(name, SQL
+    type), ...]) when it only adds optional fields; else ("change", [each change in words])."""
     log, want = _log_columns(table), dict(topic.columns())
     if log == want:
         return None
+    if not log.keys() <= want.keys():
+        optional = _optional_columns(table, lake, key)
+        log = {n: t for n, t in log.items() if n in want or n not in optional}
+        if log == want:
+            return None
     added = [n for n in want if n not in log]
     removed = [n for n in log if n not in want]
     retyped = [n for n in log if n in want and log[n] != want[n]]
@@ -285,11 +321,11 @@ def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
     if not _exists(lake, key):
         _create(lake, key, topic)
     table = _delta_table(lake, key)
-    if log_change(table, topic) is None:
+    if log_change(table, topic, lake, key) is None:
         return lake.uri(key), table
     with topic_lock(lake, key=key, exclusive=True):
         table.update_incremental()
-        change = log_change(table, topic)
+        change = log_change(table, topic, lake, key)
         if change is None:
             return lake.uri(key), table
         if change[0] != "grow" and _holds_records(table):
@@ -299,7 +335,7 @@ def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
         except Exception:
             table = _delta_table(lake, key)
             if (
-                log_change(table, topic) is not None
+                log_change(table, topic, lake, key) is not None
             ):  # not a racing writer (HDFS, S3) that made the change first
                 raise
         write_checksums(lake, table_version(lake, key=key), key=key)
@@ -315,7 +351,8 @@ def _change(lake: Lake, key: str, table, topic: Topic, change: tuple[str, list])
 
         delta = {"bigint": "long", "double": "double", "boolean": "boolean", "string": "string"}
         table.alter.add_columns(
-            [Field(n, delta[t], nullable=True) for n, t in what], commit_properties=_once()
+            [Field(n, delta[t], nullable=True, metadata=_OPTIONAL) for n, t in what],
+            commit_properties=_once(),
         )
     else:
         from deltalake import write_deltalake
@@ -344,7 +381,7 @@ def check_topic(lake: Where, topic: Topic | str, *, where: str | None = None) ->
     if not _exists(lake, key):
         return None
     table = _delta_table(lake, key)
-    change = log_change(table, topic)
+    change = log_change(table, topic, lake, key)
     if change is None or change[0] == "grow":
         return change
     if not _holds_records(table):
@@ -398,6 +435,7 @@ def append_table(
     )
     with topic_lock(lake, key=key, exclusive=False):
         if delta_table is None:
+            table = _fitted(table, _delta_table(lake, key).schema().to_arrow())
             write_deltalake(
                 lake.delta_uri(key),
                 table,
@@ -407,9 +445,26 @@ def append_table(
             )
             version = table_version(lake, key=key)
         else:
+            table = _fitted(table, delta_table.schema().to_arrow())
             write_deltalake(delta_table, table, mode="append", commit_properties=props)
             version = delta_table.version()  # the table's state after its own commit: no listing of the log
         write_checksums(lake, version, key=key)
+
+
+def _fitted(table: Table, schema) -> Table:
+    """The Arrow `table` in the log's `schema`: its columns in the log's order, null in each column of the log it
+    lacks (an optional column another declaration gave the log: `log_change`)."""
+    have = set(table.column_names)
+    if [f.name for f in schema] == table.column_names or not have <= {f.name for f in schema}:
+        return table  # the same columns, or ones the log lacks (delta-rs refuses them, as before)
+    lengths = [len(c) for c in table.column(0).chunks] if table.column_names else []
+    cols = [
+        table.column(f.name)
+        if f.name in have
+        else ChunkedArray([Array([None] * n, type=f.type) for n in lengths], type=f.type)
+        for f in schema
+    ]
+    return Table.from_arrays(cols, schema=schema)
 
 
 class RecordTable:

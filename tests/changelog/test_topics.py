@@ -80,8 +80,8 @@ def _jsonl(path, records) -> str:
 def test_a_topic_that_gains_optional_fields_grows_its_log_and_old_records_hold_null(spark, tmp_path):
     """A topic that holds records gains an optional field (declared between two others): the next ingest grows the
     log's schema (an `ADD COLUMN` commit with its checksum), then appends; delta-rs and Spark readers see the new
-    column, null in the old records. Declared again without it, the topic is refused (its records hold it)."""
-    from changelog.errors import TopicChanged
+    column, null in the old records. Declared again without it, the topic is read and written as before (the
+    column is optional: issue #41)."""
     from changelog.ingest import ingest
     from changelog.topics import check_topic, read_batch, table_version, topic_path
 
@@ -116,8 +116,14 @@ def test_a_topic_that_gains_optional_fields_grows_its_log_and_old_records_hold_n
         ("o2", 1.5, "C", 6),
         ("o3", 3.0, None, 7),
     ]
-    with pytest.raises(TopicChanged, match="field 'coupon' is not declared any more"):
-        ingest(None, lake, v1, [_jsonl(tmp_path / "c.jsonl", [])])
+    # declared again without it (another pipeline sharing the topic), the log is read and written as before:
+    # its records hold null in `coupon`; a job selects the declared columns
+    ingest(None, lake, v1, [_jsonl(tmp_path / "c.jsonl", [{"order_id": "o4", "amount": 4, "ts": 8}])])
+    assert check_topic(lake, v1) is None and _log(lake, v1)[-1]["coupon"] is None
+    from joins.sides import own_columns
+
+    rows = read_batch(spark, lake, v1).select(*own_columns(v1)).orderBy("order_id").collect()
+    assert [tuple(r) for r in rows][-1] == ("o4", 4.0, 8)
 
 
 @pytest.mark.parametrize(
@@ -168,3 +174,52 @@ def test_any_other_change_of_a_topic_that_holds_records_is_refused_in_one_line(t
     assert check_topic(empty, changed)[0] == "replace"
     ensure_topic(None, empty, changed)
     assert check_topic(empty, changed) is None and _log(empty, changed) == []
+
+
+def test_a_declaration_without_optional_columns_the_log_gained_reads_and_writes_them_as_absent(tmp_path):
+    """Issue #41: pipelines A and B declare one topic on one lake; B adds an optional field and ingests (the log
+    grows a column). A, unchanged, still ingests (its records hold null there) through ingest and the kafka job's
+    copy, and `check_topic` has nothing to say. A column that some declaration made optional when it created the
+    log is the same. A column the log holds as required stays refused when a declaration drops it."""
+    from changelog.errors import TopicChanged
+    from changelog.ingest import ingest
+    from changelog.kafka import copy_batch
+    from changelog.topics import check_topic
+
+    lake, a = tmp_path / "lake", _orders()
+    b = _orders(note="string", optional=["note"])
+    ingest(None, lake, a, [_jsonl(tmp_path / "1.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
+    ingest(
+        None, lake, b, [_jsonl(tmp_path / "2.jsonl", [{"order_id": "o2", "amount": 1, "note": "n", "ts": 6}])]
+    )
+    assert check_topic(lake, a) is None
+    result = ingest(None, lake, a, [_jsonl(tmp_path / "3.jsonl", [{"order_id": "o3", "amount": 3, "ts": 7}])])
+    assert (result.accepted, result.rejected) == (1, 0)
+    copy_batch(
+        lake,
+        {"k.orders": a},
+        [("k.orders", 0, 0, b'{"order_id":"o4","amount":4,"ts":8}')],
+        app_id="a",
+        version=0,
+    )
+    assert [(r["order_id"], r["note"]) for r in _log(lake, a)] == [
+        ("o1", None),
+        ("o2", "n"),
+        ("o3", None),
+        ("o4", None),
+    ]
+
+    born = tmp_path / "born"  # created by the declaration with the optional column
+    ingest(None, born, b, [_jsonl(tmp_path / "4.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
+    ingest(None, born, a, [_jsonl(tmp_path / "5.jsonl", [{"order_id": "o2", "amount": 2, "ts": 5}])])
+    assert check_topic(born, a) is None and [r["note"] for r in _log(born, a)] == [None, None]
+
+    required = _orders(note="string")  # a log created with `note` required
+    ingest(
+        None,
+        tmp_path / "req",
+        required,
+        [_jsonl(tmp_path / "6.jsonl", [{"order_id": "o1", "amount": 2, "note": "x", "ts": 5}])],
+    )
+    with pytest.raises(TopicChanged, match="field 'note' is not declared any more"):
+        check_topic(tmp_path / "req", a)
