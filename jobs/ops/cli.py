@@ -2,9 +2,10 @@
 
 Every command works on the pipeline of `MVIEW_PIPELINE` (the built-in one when unset): `main` refuses an invalid
 pipeline before any command starts anything, with its problems one line each (`<file>:<line>: <key>: <what>`),
-exactly as `mview check` prints them; `mview check [FILE]` validates a pipeline file without Spark. A command that
-writes a topic's log or starts a job reading it (`ingest`, `produce`, `run`, `deploy`, `replay`) first refuses a
-topic whose declaration no longer fits the records its log holds (`changelog.topics.check_topic`)."""
+exactly as `mview check` prints them; `mview check [FILE]` validates a pipeline file without Spark. A pipeline
+one of whose topics no longer fits the records its log holds (`changelog.topics.check_topic`) is invalid too: every
+command refuses it (those that only read Redis or the lake's status included), in `mview check`'s lines; those
+that write a log or start a job check their topics again when they open them."""
 
 from __future__ import annotations
 
@@ -359,26 +360,16 @@ def cmd_maintain(args) -> int:
     return 0
 
 
-def cmd_check(args) -> int:
-    """Validate the pipeline file `args.file` (default: MVIEW_PIPELINE's, else the built-in one) without Spark:
-    its problems one line each and exit 1, or a short summary and exit 0. Where LAKE_DIR exists (a local directory,
-    or a store that answers), each topic's log is compared with its declaration too (a change its records do not
-    follow is a problem)."""
+def _changed_topics(pipeline) -> list[str]:
+    """One line per topic of `pipeline` whose log holds records its declaration no longer fits
+    (`changelog.topics.check_topic`), where LAKE_DIR exists (a local directory, or a store that answers; one that
+    does not is left to the command). Reads only: creates and writes nothing."""
     from pathlib import Path
 
     from changelog.errors import TopicChanged
-    from changelog.postgres import captured_topics
     from changelog.storage import StorageError, open_lake
     from changelog.topics import check_topic
-    from spec import PipelineError, load_pipeline
-    from spec.builtin import pipeline_file
 
-    file = args.file or pipeline_file()
-    try:
-        pipeline = load_pipeline(file)
-    except PipelineError as e:
-        print(str(e), file=sys.stderr)
-        return 1
     text = os.environ.get("LAKE_DIR", "").strip() or "./lake"
     local = "://" not in text or text.lower().startswith("file://")
     problems = []
@@ -392,6 +383,25 @@ def cmd_check(args) -> int:
                     problems.append(str(e))
         except StorageError:  # a store that does not answer (or refuses): the file alone is checked
             pass
+    return problems
+
+
+def cmd_check(args) -> int:
+    """Validate the pipeline file `args.file` (default: MVIEW_PIPELINE's, else the built-in one) without Spark:
+    its problems one line each and exit 1, or a short summary and exit 0. Where LAKE_DIR exists (a local directory,
+    or a store that answers), each topic's log is compared with its declaration too (a change its records do not
+    follow is a problem)."""
+    from changelog.postgres import captured_topics
+    from spec import PipelineError, load_pipeline
+    from spec.builtin import pipeline_file
+
+    file = args.file or pipeline_file()
+    try:
+        pipeline = load_pipeline(file)
+    except PipelineError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    problems = _changed_topics(pipeline)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
@@ -529,13 +539,17 @@ def _shown(error) -> str:
 
 def _refuse_invalid_pipeline() -> None:
     """Exit 1 with the pipeline's problems, one line each (as `mview check` prints them), when the pipeline of
-    the environment is not valid: before a command starts anything. A valid one stays loaded for the command."""
+    the environment is not valid, or one of its topics no longer fits the records its log holds
+    (`_changed_topics`): before a command starts anything. A valid one stays loaded for the command."""
     from spec import PipelineError
     from spec.builtin import default_pipeline
 
     try:
         _settings().pipeline()
-        return
+        # the topics whose logs it does not fit, the file named as MVIEW_PIPELINE names it (as `mview check`)
+        problems = "\n".join(_changed_topics(default_pipeline()))
+        if not problems:
+            return
     except PipelineError as e:
         problems = e
     try:  # the same problems, the file named as MVIEW_PIPELINE names it (the settings resolve the path)
