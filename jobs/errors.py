@@ -14,6 +14,7 @@ __all__ = [
     "KafkaBrokerFailed",
     "KafkaConnectFailed",
     "SourceNotConfigured",
+    "LeaseLost",
 ]
 
 
@@ -100,3 +101,12 @@ class JobRunning(JobsError):
             "which would write its checkpoint too"
         )
         self.job, self.holder = job, holder
+
+
+class LeaseLost(JobsError):
+    """A driver of job `job` is not sure to hold the job's lease any more (`reason`): it must not commit or write
+    the micro-batch in flight (another driver may have taken over and replays it)."""
+
+    def __init__(self, job: str, reason: str):
+        super().__init__(f"{job}: the job's lease is not valid ({reason}): not committing the micro-batch")
+        self.job, self.reason = job, reason

@@ -7,7 +7,8 @@ order: `i` an integer sum, `f` a floating-point one, so a reader without Spark p
 Changes (`count_changes`, from a job's rows, `views.frame`): `key string`, then each value's delta (`bigint`,
 or `double` for a value that is not an integer or a boolean; a boolean counts 1 when true); signed under a join
 (a removed row subtracts). Applied by one Lua call per key (`COUNT_LUA`) that adds them only if the key's `_f`
-is below the step's fence and records the fence in the same call, so a step replayed after a crash adds nothing
+is below the step's fence and records the fence in the same call (and refuses the call, like every view write,
+when the writer's lease epoch is below the job's fence, `views.fence`), so a step replayed after a crash adds nothing
 twice. A key whose sums are all 0 is absent for readers: its value fields are deleted, but its `_f` stays (a
 replay of the step that zeroed it must still see the fence; deleting the whole key would let it add again).
 `CountSink` sends the calls from the executors (`write`, one Spark job) or, for a step's few keys already on the
@@ -32,6 +33,7 @@ from pyspark.sql.types import BooleanType, IntegralType
 
 from changelog.current import quoted
 from spec.model import Pipeline, View
+from views.fence import UNFENCED, Fence
 from views.frame import select_view
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import Forwarder, current_generation, is_cluster, pack, sink_client
@@ -46,25 +48,30 @@ __all__ = [
     "export_counts",
 ]
 
-# KEYS[1] = the key; ARGV[1] = the step's fence, ARGV[2] = the values' types (`i`/`f` each), ARGV[3..] = name, delta
+# KEYS[1] = the job's fence (`views.fence`), KEYS[2] = the key; ARGV[1] = the writer's lease epoch, ARGV[2] = the
+# step's fence, ARGV[3] = the values' types (`i`/`f` each), ARGV[4..] = name, delta
 COUNT_LUA = """
-local f = redis.call('HGET', KEYS[1], '_f')
-if f and tonumber(f) >= tonumber(ARGV[1]) then return 0 end
+local e = redis.call('GET', KEYS[1])
+if e and tonumber(e) > tonumber(ARGV[1]) then
+  return redis.error_reply('FENCED: epoch ' .. ARGV[1] .. ' is below the fence ' .. e .. ' of ' .. KEYS[1])
+end
+local f = redis.call('HGET', KEYS[2], '_f')
+if f and tonumber(f) >= tonumber(ARGV[2]) then return 0 end
 local zero = true
-for i = 3, #ARGV, 2 do
-  local kind = string.sub(ARGV[2], (i - 1) / 2, (i - 1) / 2)
+for i = 4, #ARGV, 2 do
+  local kind = string.sub(ARGV[3], (i - 2) / 2, (i - 2) / 2)
   local v
   if kind == 'f' then
-    v = redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+    v = redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i + 1])
   else
-    v = redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+    v = redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
   end
   if tonumber(v) ~= 0 then zero = false end
 end
 if zero then
-  for i = 3, #ARGV, 2 do redis.call('HDEL', KEYS[1], ARGV[i]) end
+  for i = 4, #ARGV, 2 do redis.call('HDEL', KEYS[2], ARGV[i]) end
 end
-redis.call('HSET', KEYS[1], '_f', ARGV[1], '_t', ARGV[2])
+redis.call('HSET', KEYS[2], '_f', ARGV[2], '_t', ARGV[3])
 return 1
 """
 _SHA = hashlib.sha1(COUNT_LUA.encode()).hexdigest()
@@ -98,19 +105,21 @@ def value_types(changes: DataFrame, view: View) -> str:
 
 class CountSink:
     """Applies a count view's changes (`count_changes`) to generation `generation` of view `view` in the Redis at
-    `url`, fenced per step (see the module docstring). A `views.sink.Sink` whose batch id is the step's fence."""
+    `url`, fenced per step (see the module docstring) and by the writer's lease epoch `fence` (`views.fence`: a call
+    carrying an epoch below the job's fence is refused whole). A `views.sink.Sink` whose batch id is the step's
+    fence."""
 
-    def __init__(self, url: str, view: View, generation: int):
-        self.url, self.view, self.generation = url, view, generation
+    def __init__(self, url: str, view: View, generation: int, fence: Fence = UNFENCED):
+        self.url, self.view, self.generation, self.fence = url, view, generation, fence
 
     def commands(self, changes: DataFrame, fence: int) -> DataFrame:
         """One fenced Lua call per key (`cmd`, `tag`: `views.wire.payload_rows`' input). The fence and the types
         are string literals (not compiled into generated code: the next step reuses the code)."""
-        args = [lit(str(int(fence))), lit(value_types(changes, self.view))]
+        args = [lit(str(self.fence.epoch)), lit(str(int(fence))), lit(value_types(changes, self.view))]
         for name, _ in self.view.values:
             args += [lit(name), f"CAST({quoted(name)} AS string)"]
         key = view_key_column(self.view.name, self.generation, "key")
-        cmd = command(lit("EVALSHA"), lit(_SHA), lit("1"), key, *args)
+        cmd = command(lit("EVALSHA"), lit(_SHA), lit("2"), lit(self.fence.key), key, *args)
         return changes.select(F.expr(cmd).alias("cmd"), F.expr(hash_tag_column("key")).alias("tag"))
 
     def write(self, changes: DataFrame, fence: int) -> dict:
@@ -129,7 +138,10 @@ class CountSink:
             for key, *values in rows:
                 k = view_key(self.view.name, self.generation, key)
                 pairs = [x for n, v in zip(names, values, strict=True) for x in (n, repr(v))]
-                out.add(pack("EVALSHA", _SHA, 1, k, int(fence), types, *pairs), 1, k)
+                call = pack(
+                    "EVALSHA", _SHA, 2, self.fence.key, k, self.fence.epoch, int(fence), types, *pairs
+                )
+                out.add(call, 1, k)
         return out.ints
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "WrongJob",
     "WrongViewKind",
     "RedisCommandFailed",
+    "Fenced",
     "redact_url",
     "redact",
 ]
@@ -132,3 +133,8 @@ class RedisCommandFailed(ViewError):
     def __init__(self, what: str, error: str):
         super().__init__(f"{what}: a command failed in Redis: {error}")
         self.what, self.error = what, error
+
+
+class Fenced(RedisCommandFailed):
+    """Redis refused a write of `what`: it carried a lease epoch below the job's fence (`views.fence`), so another
+    driver of the job holds the lease now. Nothing of the refused call was applied; this writer must stop."""

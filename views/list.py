@@ -32,7 +32,8 @@ duplicates by entry id):
    that stopped being heavy expire `RETIRE_SECONDS` later (a reader that read a `.reads` set just before may still
    read them).
 In a batch of entries only, phase 1's bodies and heavy adds (`ListView.posts_ops`) are applied before the batch's
-changes are counted, and phase 1 keeps the rest. Every key is written whole in its MULTI/EXEC, so a reader sees it
+changes are counted, and phase 1 keeps the rest. Every key is written whole in one script call (`views.fence`'s
+gate, which also refuses the call when the writer's lease epoch is below the job's fence), so a reader sees it
 before or after the batch; a read of a key's list and `.reads` set is one atomic script call (one hash slot).
 
 Every operation is idempotent on its key (ZADD of the same members, trim to the same cap, replace with the same
@@ -55,6 +56,7 @@ from joins.table import JoinChanges, TableJoin
 from joins.table_list import GenericChanges, ListChanges, ListPosts, generic_list, generic_spec, list_shape
 from spec.model import Pipeline, View
 from views.errors import ViewError
+from views.fence import GATE_LUA, UNFENCED, Fence
 from views.keys import (
     ENTRY,
     HEAVY,
@@ -68,7 +70,7 @@ from views.keys import (
     view_pattern,
 )
 from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
-from views.wire import array_command, bulk, command, hash_tag_column, lit, view_key_column
+from views.wire import args, array_args, bulk, gated, hash_tag_column, lit, view_key_column
 
 __all__ = [
     "LIST_OPS_SCHEMA",
@@ -93,7 +95,6 @@ LIST_OPS_SCHEMA = (
 # read the key's `.reads` set just before can still read them.
 RETIRE_SECONDS = 60
 _PIPELINE_BYTES = 1 << 20  # send about this many bytes of commands per round trip
-_MULTI, _EXEC = lit("*1\r\n$5\r\nMULTI\r\n"), lit("*1\r\n$4\r\nEXEC\r\n")
 _NUMBERS = ("tinyint", "smallint", "int", "bigint", "float", "double")
 
 
@@ -242,14 +243,14 @@ class ListView:
             yield _union(dead + last), n["died"] + n["heavy_lost"] + n["down"]
 
 
-def _trim(cap: int, descending: bool) -> str:
-    """The command keeping a sorted set's first `cap` members in the list's order."""
+def _trim(cap: int, descending: bool) -> tuple[str, str]:
+    """The command keeping a sorted set's first `cap` members in the list's order (`views.wire.args`)."""
     ranks = (lit("0"), lit(str(-(cap + 1)))) if descending else (lit(str(cap)), lit("-1"))
-    return command(lit("ZREMRANGEBYRANK"), "k", *ranks)
+    return args(lit("ZREMRANGEBYRANK"), "k", *ranks)
 
 
-def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluster: bool):
-    """payload (the operation's commands), replies (how many), lists (1 for a list), entries (added), tag (the hash
+def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluster: bool, fence: Fence):
+    """payload (the operation's commands, one fenced call: `views.fence`), replies (1), lists (1 for a list), entries (added), tag (the hash
     tag of the operation's keys on a Redis Cluster, else null). One SQL text per column (see `views.wire`); the key
     and the array sizes are a projection of their own, computed once per row and referred to by name (written out
     in every command, they made a tree the optimizer and code generator took a few hundred ms to plan in every
@@ -268,30 +269,32 @@ def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluste
         "coalesce(size(entries), 0) AS ne",
         f"{hash_tag_column('id') if cluster else 'CAST(NULL AS string)'} AS tag",
     )
-    zset = (
-        f"concat({_MULTI}, "
-        f"CASE WHEN mode = 'replace' THEN {command(lit('DEL'), 'k')} ELSE '' END, "
-        f"CASE WHEN nr > 0 THEN {array_command('ZREM', 'k', 'removes')} ELSE '' END, "
-        f"CASE WHEN ne > 0 THEN {array_command('ZADD', 'k', 'entries', 2)} ELSE '' END, "
-        f"{_trim(cap, descending)}, "
-        f"{_EXEC})"
+    zset = gated(
+        fence,
+        "k",
+        ("mode = 'replace'", args(lit("DEL"), "k")),
+        ("nr > 0", array_args("ZREM", "k", "removes")),
+        ("ne > 0", array_args("ZADD", "k", "entries", 2)),
+        (None, _trim(cap, descending)),
     )
-    # MULTI's OK, one QUEUED per command (the trim, and a DEL, ZREM, ZADD when present), EXEC's reply.
-    queued = "1 + CAST(mode = 'replace' AS int) + CAST(nr > 0 AS int) + CAST(ne > 0 AS int)"
-    retire = command(lit("EXPIRE"), "k", lit(str(RETIRE_SECONDS)))
-    reads = (
-        f"concat(CASE WHEN ne > 0 THEN {array_command('SADD', 'k', 'entries')} ELSE '' END, "
-        f"CASE WHEN nr > 0 THEN {array_command('SREM', 'k', 'removes')} ELSE '' END)"
+    retire = gated(fence, "k", (None, args(lit("EXPIRE"), "k", lit(str(RETIRE_SECONDS)))))
+    reads = gated(
+        fence,
+        "k",
+        ("ne > 0", array_args("SADD", "k", "entries")),
+        ("nr > 0", array_args("SREM", "k", "removes")),
     )
-    body = (
-        f"CASE WHEN body IS NULL THEN {command(lit('DEL'), 'k')} ELSE {command(lit('SET'), 'k', 'body')} END"
+    body = gated(
+        fence,
+        "k",
+        ("body IS NULL", args(lit("DEL"), "k")),
+        ("body IS NOT NULL", args(lit("SET"), "k", "body")),
     )
     is_zset = "kind IN ('list', 'heavy') AND mode <> 'retire'"
     return keyed.selectExpr(
         f"CASE WHEN {is_zset} THEN {zset} WHEN kind = 'heavy' THEN {retire} "
         f"WHEN kind = 'reads' THEN {reads} ELSE {body} END AS payload",
-        f"CASE WHEN {is_zset} THEN {queued} + 2 "
-        "WHEN kind = 'reads' THEN CAST(ne > 0 AS int) + CAST(nr > 0 AS int) ELSE 1 END AS replies",
+        "1 AS replies",
         "CAST(kind = 'list' AS int) AS lists",
         "CASE WHEN kind = 'list' THEN ne ELSE 0 END AS entries",
         "tag",
@@ -302,7 +305,7 @@ def _forward(rows, url: str) -> tuple[int, int]:
     """Forward wire rows' commands, about `_PIPELINE_BYTES` per round trip (per master on a cluster); (lists, entries)
     they wrote."""
     lists = entries = 0
-    with Forwarder(sink_client(url), what="list sink", limit=_PIPELINE_BYTES) as out:
+    with Forwarder(sink_client(url), what="list sink", scripts=(GATE_LUA,), limit=_PIPELINE_BYTES) as out:
         for payload, n, is_list, added, tag in rows:
             out.add(payload.encode(), n, tag)
             lists, entries = lists + is_list, entries + added
@@ -322,17 +325,22 @@ class ListViewSink:
 
     DRIVER_ROWS = 10_000
 
-    def __init__(self, url: str, view: str, generation: int, cap: int, *, descending: bool = True):
-        self.url, self.view, self.generation, self.cap, self.descending = (
-            url,
-            view,
-            generation,
-            cap,
-            descending,
-        )
+    def __init__(
+        self,
+        url: str,
+        view: str,
+        generation: int,
+        cap: int,
+        *,
+        descending: bool = True,
+        fence: Fence = UNFENCED,
+    ):
+        self.url, self.view, self.generation, self.cap = url, view, generation, cap
+        self.descending, self.fence = descending, fence
 
     def _wire(self, ops_df: DataFrame):
-        return _wire(ops_df, self.view, self.generation, self.cap, self.descending, is_cluster(self.url))
+        cluster = is_cluster(self.url)
+        return _wire(ops_df, self.view, self.generation, self.cap, self.descending, cluster, self.fence)
 
     def write(self, ops, batch_id: int) -> dict:
         """Apply `ops` (LIST_OPS_SCHEMA: a write phase, or a list of them applied one after the other; a phase is a

@@ -29,10 +29,11 @@ from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from spec.model import Pipeline, View
+from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import line_sql, select_view
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import current_generation, is_cluster
-from views.wire import command, forward, hash_tag_column, lit, payload_rows, view_key_column
+from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
 __all__ = ["ROW_CHANGES", "row_changes", "RowSink", "query_row", "export_rows", "pick_row"]
 
@@ -98,24 +99,28 @@ def row_changes(
 
 class RowSink:
     """Applies a row view's changes (`ROW_CHANGES`) to generation `generation` of view `view` in the Redis at
-    `url` (see the module docstring). A `views.sink.Sink`: idempotent per batch (absolute content)."""
+    `url` (see the module docstring), each write fenced by `fence` (`views.fence`). A `views.sink.Sink`: idempotent per
+    batch (absolute content)."""
 
-    def __init__(self, url: str, view: str, generation: int):
-        self.url, self.view, self.generation = url, view, generation
+    def __init__(self, url: str, view: str, generation: int, fence: Fence = UNFENCED):
+        self.url, self.view, self.generation, self.fence = url, view, generation, fence
 
     def commands(self, changes: DataFrame) -> DataFrame:
-        """The changes as Redis commands (`cmd`, `tag`: `views.wire.payload_rows`' input)."""
+        """The changes as Redis commands (`cmd`, `tag`: `views.wire.payload_rows`' input): one fenced call each
+        (`views.fence`), HSET or HDEL."""
         key = view_key_column(self.view, self.generation, "key")
-        hset, hdel = command(lit("HSET"), key, "id", "body"), command(lit("HDEL"), key, "id")
-        return changes.select(
-            F.expr(f"CASE WHEN body IS NULL THEN {hdel} ELSE {hset} END").alias("cmd"),
+        hset = args(lit("HSET"), "k", "id", "body")
+        hdel = args(lit("HDEL"), "k", "id")
+        cmd = gated(self.fence, "k", ("body IS NOT NULL", hset), ("body IS NULL", hdel))
+        return changes.select("id", "body", F.expr(key).alias("k"), "key").select(
+            F.expr(cmd).alias("cmd"),
             F.expr(hash_tag_column("key")).alias("tag"),
         )
 
     def write(self, changes: DataFrame, batch_id: int) -> dict:
         """Apply `changes` from the executors (one Spark job). Returns {}: the job counts its rows itself."""
         rows = payload_rows(self.commands(changes), cluster=is_cluster(self.url))
-        forward(rows, self.url, what=f"{self.view} sink")
+        forward(rows, self.url, what=f"{self.view} sink", scripts=(GATE_LUA,))
         return {}
 
 

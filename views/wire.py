@@ -8,6 +8,7 @@ a whole command is one expression to parse (why: docs/architecture.md, "Building
 
 from __future__ import annotations
 
+from views.fence import GATE_SHA
 from views.keys import _ESCAPES, view_key
 
 __all__ = [
@@ -15,6 +16,9 @@ __all__ = [
     "bulk",
     "command",
     "array_command",
+    "args",
+    "array_args",
+    "gated",
     "view_key_column",
     "hash_tag_column",
     "payload_rows",
@@ -47,6 +51,35 @@ def array_command(name: str, key: str, items: str, per_item: int = 1) -> str:
     element, e.g. 2 for a ZADD score and member), appended as they are."""
     head = lit(f"\r\n${len(name)}\r\n{name}\r\n")
     return f"concat('*', cast(size({items}) * {per_item} + 2 AS string), {head}, {bulk(key)}, array_join({items}, ''))"
+
+
+def args(*parts: str) -> tuple[str, str]:
+    """One command for `gated`: (its number of arguments, SQL text of its bulk strings) of the string expressions
+    `parts` (its name first)."""
+    return str(len(parts)), f"concat({', '.join(bulk(p) for p in parts)})"
+
+
+def array_args(name: str, key: str, items: str, per_item: int = 1) -> tuple[str, str]:
+    """`array_command` for `gated`: `name key <items...>`, `items` an array of encoded bulk strings."""
+    head = lit(f"${len(name)}\r\n{name}\r\n")
+    text = f"concat({head}, {bulk(key)}, array_join({items}, ''))"
+    return f"(size({items}) * {per_item} + 2)", text
+
+
+def gated(fence, key: str, *commands: tuple[str | None, tuple[str, str]]) -> str:
+    """One call of the fence's gate (`views.fence.GATE_LUA`): the commands whose condition holds (SQL text; None:
+    always), each an `args`/`array_args` pair, applied on `key` (the SQL text of the key they write) only if
+    `fence` (`views.fence.Fence`) is not below the job's fence. One reply."""
+    counts, texts = [], []
+    for when, (n, text) in commands:
+        one = f"concat({bulk(f'CAST({n} AS string)')}, {text})"
+        counts.append(f"(1 + {n})" if when is None else f"CASE WHEN {when} THEN 1 + {n} ELSE 0 END")
+        texts.append(one if when is None else f"CASE WHEN {when} THEN {one} ELSE '' END")
+    total = " + ".join(["6", *counts])
+    head = lit(f"\r\n$7\r\nEVALSHA\r\n$40\r\n{GATE_SHA}\r\n$1\r\n2\r\n")
+    fixed = f"{bulk(lit(fence.key))}, {bulk(key)}, {bulk(lit(str(fence.epoch)))}"
+    body = ", ".join(texts) or "''"
+    return f"concat('*', CAST({total} AS string), {head}, {fixed}, {body})"
 
 
 def _encoded(ident: str) -> str:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+import redis
+
 from jobs.core.lease import holder_of
 from jobs.core.registry import JobSpec
 from jobs.core.runtime import (
@@ -29,6 +31,8 @@ from jobs.core.runtime import (
     state_key,
 )
 from jobs.core.settings import Settings
+from views.errors import Fenced
+from views.fence import UNFENCED, Fence, is_cluster_client
 from views.keys import gen_key, meta_key, view_pattern
 from views.log import log_key
 
@@ -111,15 +115,20 @@ def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, 
     return removed
 
 
-# KEYS[1] = the meta hash; ARGV[1] = the batch id ("" for fields only), ARGV[2..] = field, value, ...
+# KEYS[1] = the job's fence (`views.fence`), KEYS[2] = the meta hash; ARGV[1] = the writer's lease epoch, ARGV[2] =
+# the batch id ("" for fields only), ARGV[3..] = field, value, ...
 _RECORD_BATCH = """
-local b = ARGV[1]
+local e = redis.call('GET', KEYS[1])
+if e and tonumber(e) > tonumber(ARGV[1]) then
+  return redis.error_reply('FENCED: epoch ' .. ARGV[1] .. ' is below the fence ' .. e .. ' of ' .. KEYS[1])
+end
+local b = ARGV[2]
 local extra = {}
-for i = 2, #ARGV do extra[#extra + 1] = ARGV[i] end
+for i = 3, #ARGV do extra[#extra + 1] = ARGV[i] end
 if b == '' then
-  if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+  if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 else
-  local last = redis.call('HGET', KEYS[1], 'last_batch_id')
+  local last = redis.call('HGET', KEYS[2], 'last_batch_id')
   local n = tonumber(b)
   if last then
     if tonumber(last) < n - 1 then return 0 end
@@ -130,22 +139,32 @@ else
   extra[#extra + 1] = 'last_batch_id'
   extra[#extra + 1] = b
 end
-if #extra > 0 then redis.call('HSET', KEYS[1], unpack(extra)) end
+if #extra > 0 then redis.call('HSET', KEYS[2], unpack(extra)) end
 return 1
 """
 
 
-def record_batch(client, job: str, generation: int, batch_id: int | None, **fields) -> bool:
+def record_batch(
+    client, job: str, generation: int, batch_id: int | None, *, fence: Fence = UNFENCED, **fields
+) -> bool:
     """Record in `mv:meta:<job>:<generation>` that micro-batch `batch_id` was applied to Redis, with `fields`.
 
     Every job calls it for every micro-batch, an empty one included, before the batch is committed. The hash is
     created only by batch 0 of a generation, and `last_batch_id` moves only from `batch_id - 1` or later: a hash
     that vanished or fell behind (Redis lost data) stays so, for `serving_copy_lost` to see. With `batch_id`
-    None, `fields` are written only if the hash exists. Returns whether anything was written."""
-    args: list = ["" if batch_id is None else int(batch_id)]
+    None, `fields` are written only if the hash exists. Returns whether anything was written. Fenced
+    (`views.fence`): a writer whose lease epoch (`fence`) is below the job's fence writes nothing and gets
+    `views.errors.Fenced`."""
+    args: list = [fence.epoch, "" if batch_id is None else int(batch_id)]
     for k, v in fields.items():
         args += [k, "" if v is None else v]
-    return bool(client.eval(_RECORD_BATCH, 1, meta_key(job, generation), *args))
+    key = meta_key(job, generation)
+    try:
+        return bool(client.eval(_RECORD_BATCH, 2, fence.key_for(key, is_cluster_client(client)), key, *args))
+    except redis.ResponseError as e:
+        if str(e).startswith("FENCED"):
+            raise Fenced(f"recording batch {batch_id} of {job}", str(e)) from None
+        raise
 
 
 def last_committed_batch(settings: Settings, job: str, generation: int) -> int | None:

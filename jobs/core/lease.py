@@ -32,7 +32,7 @@ listing that follows it, and is not counted. What the lease cannot do alone is s
 start (the deployed job stops its query as soon as its lease is not valid); one that runs longer is what the
 job's writes being idempotent per micro-batch covers (Redis writes fenced by batch id, Delta commits atomic).
 
-TTL_S = 30 s and HEARTBEAT_S = 10 s: a deployed job killed with kill -9 is taken over by a driver started on
+TTL_S = 30 s (LEASE_TTL, the same for every process of a lake) and HEARTBEAT_S = TTL_S / 3: a deployed job killed with kill -9 is taken over by a driver started on
 another machine (another working directory, another HOME) 30 s after that driver started watching, and at once on
 the same machine (its process is seen gone); a store that does not answer for 20 s puts the holder in doubt; a
 renewal costs one small write and one listing per 10 s. `holder_of` reports who holds a lease (by wall clock:
@@ -50,12 +50,29 @@ from collections.abc import Callable
 import orjson
 
 from changelog.storage import Lake, NotFound, StorageError
+from spec.durations import parse_duration_ms
 
-__all__ = ["Lease", "holder_of", "this_node", "TTL_S", "HEARTBEAT_S"]
+__all__ = ["Lease", "holder_of", "held", "this_node", "TTL_S", "HEARTBEAT_S"]
 
-TTL_S = 30.0
-HEARTBEAT_S = 10.0
+
+def _ttl_s() -> float:
+    """LEASE_TTL (a duration, default 30 s): how long a holder elsewhere may go unrenewed before it is taken over."""
+    text = os.environ.get("LEASE_TTL", "").strip()
+    return parse_duration_ms(text) / 1000 if text else 30.0
+
+
+TTL_S = _ttl_s()
+HEARTBEAT_S = TTL_S / 3
 _WIDTH = 10
+
+
+_HELD: dict[str, Lease] = {}  # lease key -> the lease this process acquired and has not released
+
+
+def held(key: str) -> Lease | None:
+    """The lease `key` this process acquired and has not released (lost to another holder or not: its epoch still
+    fences its writes), else None."""
+    return _HELD.get(key.strip("/"))
 
 
 def _boot_id() -> str:
@@ -178,6 +195,7 @@ class Lease:
         self._done = threading.Event()
         self._mutex = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"lease {row.key}")
+        _HELD[row.key] = self
         self._thread.start()
 
     @property
@@ -301,6 +319,8 @@ class Lease:
             if self._done.is_set():
                 return
             self._done.set()
+            if _HELD.get(self._row.key) is self:
+                del _HELD[self._row.key]
             if self.lost.is_set():
                 return
             try:

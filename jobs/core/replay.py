@@ -34,6 +34,7 @@ import time
 
 from changelog.topics import latest_version
 from jobs.core import runtime
+from jobs.core.fencing import writer_fence
 from jobs.core.generations import (
     DEFINITION_CHANGED,
     definition_changed,
@@ -54,8 +55,9 @@ from jobs.core.runtime import (
 )
 from jobs.core.settings import Settings
 from jobs.ops.status import processed_versions
+from views.fence import fenced_call
 from views.keys import gen_key
-from views.redis_io import connect, ensure_generation, set_generation
+from views.redis_io import connect, ensure_generation
 
 __all__ = ["replay", "rebuild", "rebuild_reason", "serving_or_rebuild", "lag_of"]
 
@@ -189,7 +191,10 @@ def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new
                     break
         progress.done.set()
         progress.draw(final=True)
-        set_generation(client, job, new)  # the one atomic step: readers and the deployed job follow it
+        # the one atomic step: readers and the deployed job follow it (fenced: a replaced writer switches nothing)
+        fenced_call(
+            client, writer_fence(job), gen_key(job), "SET", gen_key(job), new, what=f"switching {job}"
+        )
         return time.monotonic() - started
     finally:
         progress.done.set()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 
 from changelog.topics import table_id
+from jobs.core.fencing import check_lease, writer_fence
 from jobs.core.generations import last_committed_batch, record_batch
 from jobs.core.registry import job_spec
 from jobs.core.replay import serving_or_rebuild
@@ -44,6 +45,7 @@ from jobs.core.runtime import (
 )
 from jobs.core.settings import Settings
 from jobs.ops.metrics import metrics_for
+from views.fence import UNFENCED, Fence, raise_fence
 from views.redis_io import connect
 
 __all__ = ["JobRun", "Batch", "Wiring", "run_job"]
@@ -63,6 +65,7 @@ class JobRun:
     fingerprint: str = (
         ""  # the job's definition (`spec.model.Pipeline.fingerprint`), recorded with every batch
     )
+    fence: Fence = UNFENCED  # what every Redis write of the run carries (`writer_fence`)
 
     @property
     def state_dir(self) -> str:
@@ -123,9 +126,10 @@ class Wiring:
 
 def _record(run: JobRun, batch_id: int, b: Batch, took: float) -> None:
     now = int(time.time() * 1000)
+    check_lease(run.job)
     if run.client is not None:
         meta = {"fingerprint": run.fingerprint, "last_batch_ms": now, **b.meta}
-        record_batch(run.client, run.job, run.generation, batch_id, **meta)
+        record_batch(run.client, run.job, run.generation, batch_id, fence=run.fence, **meta)
     prev = read_status(run.settings, run.job) if b.counters else {}  # only running totals need it
     same = prev.get("generation") == run.generation
     running = {k: (prev.get(k, 0) if same else 0) + v for k, v in b.counters.items()}
@@ -174,7 +178,12 @@ def run_job(
         gen = 0
     else:
         gen = generation if generation is not None else serving_or_rebuild(spark, settings, job)
-    run = JobRun(spark, settings, job, gen, client, fingerprint=_fingerprint(settings, job, source))
+    fence = writer_fence(job)
+    if client is not None:
+        raise_fence(client, fence)  # before this holder's first write
+    run = JobRun(
+        spark, settings, job, gen, client, fingerprint=_fingerprint(settings, job, source), fence=fence
+    )
     metrics = metrics_for(settings, job)
     ui = spark.sparkContext.uiWebUrl if settings.spark_ui else None
     write_status(settings, job, metrics_url=metrics.url if metrics else None, spark_ui_url=ui)
@@ -182,11 +191,13 @@ def run_job(
 
     def each(batch_df, batch_id: int) -> None:
         with run.lock:
+            check_lease(job)
             started = time.monotonic()
             b = w.process(batch_df, batch_id)
             if b is None:
+                check_lease(job)
                 if client is not None:
-                    record_batch(client, job, gen, batch_id, fingerprint=run.fingerprint)
+                    record_batch(client, job, gen, batch_id, fence=fence, fingerprint=run.fingerprint)
                 recovered(settings, job)
                 return
             took = time.monotonic() - started

@@ -41,6 +41,7 @@ from joins.asof_state import AsofProgress, AsofSnapshot, AsofState
 from joins.sides import TwoTopics
 from spec.model import Pipeline
 from views.count import COUNT_LUA, CountSink, count_changes, value_types
+from views.fence import GATE_LUA
 from views.frame import check_job, empty_rows, view_rows
 from views.log import LogSink, log_key, log_rows, log_schema, time_field
 from views.redis_io import is_cluster
@@ -164,7 +165,7 @@ class _Views:
         settings, gen, by_name = self.run.settings, self.run.generation, {v.name: v for v in self.views}
         commands = []
         for name, (ch, rows) in counts.items():
-            sink = CountSink(settings.redis_url, by_name[name], gen)
+            sink = CountSink(settings.redis_url, by_name[name], gen, self.run.fence)
             if rows is None:
                 commands.append(sink.commands(ch, batch_id))
             elif rows:
@@ -172,11 +173,13 @@ class _Views:
         for v in self.views:
             if v.kind == "row":
                 commands.append(
-                    RowSink(settings.redis_url, v.name, gen).commands(row_changes(frame, v, self.pipeline))
+                    RowSink(settings.redis_url, v.name, gen, self.run.fence).commands(
+                        row_changes(frame, v, self.pipeline)
+                    )
                 )
         if commands:
             cmds = functools.reduce(lambda a, b: a.unionByName(b), commands)
-            scripts = (COUNT_LUA,) if counts else ()
+            scripts = (GATE_LUA, COUNT_LUA) if counts else (GATE_LUA,)
             forward(
                 payload_rows(cmds, cluster=is_cluster(settings.redis_url)),
                 settings.redis_url,

@@ -31,6 +31,7 @@ import time
 
 import orjson
 
+from jobs.core.fencing import writer_fence
 from jobs.core.generations import record_batch
 from jobs.core.phases import Phases
 from jobs.core.replay import serving_or_rebuild
@@ -42,6 +43,7 @@ from jobs.ops.status import rejected
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
 from views.count import COUNT_LUA, CountSink, count_changes
+from views.fence import GATE_LUA
 from views.frame import check_job, mentions, view_rows
 from views.redis_io import connect, is_cluster
 from views.row import RowSink, row_changes
@@ -63,13 +65,15 @@ def _store(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int) ->
     )
 
 
-def _view_commands(frame, view, pipeline: Pipeline, settings: Settings, gen: int, fence: int, unmatched: str):
+def _view_commands(
+    frame, view, pipeline: Pipeline, settings: Settings, gen: int, fence: int, unmatched: str, epoch
+):
     """The Redis commands (`cmd`, `tag`) of one view for one step, from the frame of the left events that got new
     matches or closed in it."""
     if view.kind == "count":
         counted = f"_closed AND (_matches > 0 OR {unmatched})"
         changes = count_changes(frame, view, pipeline, counted=counted)
-        return CountSink(settings.redis_url, view, gen).commands(changes, fence)
+        return CountSink(settings.redis_url, view, gen, epoch).commands(changes, fence)
     # a key or where over `matches` may change with it: the row's entry before the step may have to go
     before = {MATCHES: "_matches_before"} if mentions(view, [MATCHES]) else None
     changes = row_changes(
@@ -81,18 +85,19 @@ def _view_commands(frame, view, pipeline: Pipeline, settings: Settings, gen: int
         before=before,
         shown_before="NOT _new AND _matches_before > 0",
     )
-    return RowSink(settings.redis_url, view.name, gen).commands(changes)
+    return RowSink(settings.redis_url, view.name, gen, epoch).commands(changes)
 
 
 def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int):
     """`publish(left, fence)` of `IntervalStore.step`: every view's write of one step, in one Spark job."""
     j, url = pipeline.jobs[job], settings.redis_url
     unmatched = "true" if j.spec.unmatched else "false"
-    scripts = (COUNT_LUA,) if any(v.kind == "count" for v in j.views) else ()
+    scripts = (GATE_LUA, COUNT_LUA) if any(v.kind == "count" for v in j.views) else (GATE_LUA,)
+    epoch = writer_fence(job)  # the lease this process holds for the job: its writes' fence
 
     def publish(left, fence: int) -> None:
         frame = view_rows(left.where("_changed OR _closed"), pipeline, job)
-        parts = [_view_commands(frame, v, pipeline, settings, gen, fence, unmatched) for v in j.views]
+        parts = [_view_commands(frame, v, pipeline, settings, gen, fence, unmatched, epoch) for v in j.views]
         commands = functools.reduce(lambda a, b: a.unionByName(b), parts)
         forward(payload_rows(commands, cluster=is_cluster(url)), url, what=f"{job} views", scripts=scripts)
 
@@ -224,7 +229,8 @@ def _idle(settings: Settings, pipeline: Pipeline, job: str, gen: int, store: Int
             return {}
         p, at = step.progress, int(time.time() * 1000)
         client = connect(settings.redis_url, cluster=settings.redis_cluster)  # no batch id below: fields only
-        record_batch(client, job, gen, None, last_fence=step.fence, last_batch_ms=at)
+        fence = writer_fence(job)
+        record_batch(client, job, gen, None, fence=fence, last_fence=step.fence, last_batch_ms=at)
         fields = {**_status(settings, store.sides, p), "idle_watermark_ms": p.watermark}
         write_status(settings, job, generation=gen, last_batch_ms=at, **fields)
     closed, idle_s = step.counts["closed"], (now - p.last_event_ms) / 1000

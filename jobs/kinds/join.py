@@ -75,11 +75,13 @@ class _Views:
         self.pipeline, self.job = pipeline, run.job
         self.lists = [ListView(join, v) for v in job.views if v.kind == "list"]
         self.list_sinks = {
-            lv.view.name: ListViewSink(url, lv.view.name, gen, lv.view.cap, descending=lv.descending)
+            lv.view.name: ListViewSink(
+                url, lv.view.name, gen, lv.view.cap, descending=lv.descending, fence=run.fence
+            )
             for lv in self.lists
         }
-        self.rows = [(v, RowSink(url, v.name, gen)) for v in job.views if v.kind == "row"]
-        self.counts = [(v, CountSink(url, v, gen)) for v in job.views if v.kind == "count"]
+        self.rows = [(v, RowSink(url, v.name, gen, run.fence)) for v in job.views if v.kind == "row"]
+        self.counts = [(v, CountSink(url, v, gen, run.fence)) for v in job.views if v.kind == "count"]
         self.parts = [p for lv in self.lists for p in lv.parts]
         # posts first: one list of the timeline's shape with a fan-out limit, in a batch of its entries only
         limited = [lv for lv in self.lists if lv.shape is not None and lv.view.fanout_limit is not None]
