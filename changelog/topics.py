@@ -17,7 +17,11 @@ and delta-rs writers share every topic log in both directions. Its schema is `to
 
 **A declaration that changes.** `ensure_topic` (which ingest, the kafka and cdc jobs and every reader go through)
 compares the log's columns with the declaration's (`log_change`):
-- the same columns (in any order): nothing to do;
+- the same columns (in any order): nothing to do. Columns of the log marked optional (field metadata
+  `mview.optional`, set for an optional field when the log is created or grows; a log without marks: the columns
+  its first version lacked) that the declaration leaves out do not count: another declaration of the topic (another
+  pipeline on the lake) made them; appends through this one hold null there (`append_table`), and its jobs read
+  only the declared columns;
 - the declaration adds optional fields, and nothing else: the log's schema grows by those columns (a delta-rs
   `ADD COLUMN` commit, appended at the end of the log's schema); old records hold null in them, for delta-rs and
   Spark readers alike;
