@@ -34,7 +34,9 @@ The definitions, taken from the contract's wording (and docs/architecture.md, "P
   false`, only those that matched).
 - asof: per batch, the table's records of the batch join the versions (late ones too), the table's watermark
   becomes its greatest time minus the lateness, and every held or new stream event whose time the watermark has
-  reached (`watermark >= time`) is emitted, the others held (`held` at the end). An emitted event is joined with
+  reached (`watermark >= time`) is emitted, the others held (`held` at the end). A stream event behind the
+  watermark at the start of its batch is late, counted (`late_kept`) and kept: it is joined like any other. An
+  emitted event is joined with
   the version of its key (the `match` expressions' values as text, in the table key's order, joined by `|`) in
   force at its time (the latest change with time <= the event's), or with the version its `pin` names: a remove,
   no version or a null key gives null table fields and `version` null; a pinned event keeps the pin as `version`,
@@ -490,8 +492,10 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
     store, newest = _Versions(table), None
     held: dict[tuple, dict] = {}
     seen: dict[tuple, dict] = {}
-    rows = []
+    rows, late = [], 0
     for batch in batches:
+        if newest is not None:  # late: behind the table's watermark at the start of its batch, and kept
+            late += sum(r[stream.time] < newest - lateness for r in batch.get(stream.name, ()))
         for rec in batch.get(table.name, ()):
             store.add(rec)
             newest = rec[table.time] if newest is None else max(newest, rec[table.time])
@@ -519,7 +523,7 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
                 else:
                     rows.append(_asof_row(stream, beside, rec, hit[1], f"{_key_text(key)}@{hit[0]}"))
             del held[ident]
-    return _JobOut(rows, held=len(held))
+    return _JobOut(rows, late=late, held=len(held))
 
 
 def _join(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
@@ -656,7 +660,9 @@ class BruteResult:
     """What the service must show after processing the batches (see the module docstring).
 
     accepted / rejected: per topic, records accepted / rejected (`reasons`: the rejections' messages in order);
-    late: per interval job, events dropped as late; held: per asof job, events still held at the end."""
+    late: per interval job, events dropped as late; held: per asof job, events still held at the end;
+    late_kept: per asof job, stream events behind the table's watermark on arrival (joined as of their time like
+    any other, never dropped)."""
 
     pipeline: Pipeline
     views: dict[str, _ViewOut]
@@ -665,6 +671,7 @@ class BruteResult:
     reasons: dict[str, list[str]]
     late: dict[str, int]
     held: dict[str, int]
+    late_kept: dict[str, int] = field(default_factory=dict)
 
     def _out(self, view: str) -> _ViewOut:
         if view not in self.views:
@@ -739,19 +746,20 @@ def brute_force(
     views: dict[str, _ViewOut] = {}
     late: dict[str, int] = {}
     held: dict[str, int] = {}
+    late_kept: dict[str, int] = {}
     for job in pipeline.jobs.values():
         if job.kind == "interval":
             got = _interval(pipeline, job, valid, lateness)
             late[job.name] = got.late
         elif job.kind == "asof":
             got = _asof(pipeline, job, valid, lateness)
-            held[job.name] = got.held
+            held[job.name], late_kept[job.name] = got.held, got.late
         else:
             got = _join(pipeline, job, valid)
         cols = _columns(pipeline, job)
         for view in job.views:
             views[view.name] = _view(view, got.rows, cols, job.kind == "interval")
-    return BruteResult(pipeline, views, accepted, rejected, reasons, late, held)
+    return BruteResult(pipeline, views, accepted, rejected, reasons, late, held, late_kept)
 
 
 def batches_of(arrivals: Iterable[tuple[str, Any]], cuts: Iterable[int] = ()) -> list[dict[str, list]]:

@@ -16,9 +16,11 @@ Per micro-batch, in this order (so that a crash anywhere replays the batch with 
    keys are few), row views their entries (from the executors), log views an append (idempotent by batch id);
    then the held set is replaced by the events still waiting (idempotent by batch id, only when something was or
    is held) and the mark is written (`AsofState.advance`).
-Stream events that arrive after the watermark passed their time are still joined correctly (every change they
-could use is known) and counted as `late_events`; table changes older than the watermark on arrival are kept as
-versions and counted as `late_changes` (events already emitted do not see them).
+Late data is kept, never dropped (an as-of lookup's answer is determined by the table's history, not by when the
+event arrived): stream events that arrive after the watermark passed their time are joined as of their time like any
+other (every change they could use is known) and counted as `late_events_kept`; table changes older than the
+watermark on arrival are kept as versions and counted as `late_changes_kept` (events already emitted do not see
+them).
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def _summary(batch_df, sides: AsofSides, watermark: int | None):
         F.count(F.when(is_ev, 1)).alias("events"),
         F.count(F.when(is_ch, 1)).alias("changes"),
         F.max(F.when(is_ch, t)).alias("max_ts"),
-        F.count(F.when(is_ev & late, 1)).alias("late_events"),
-        F.count(F.when(is_ch & late, 1)).alias("late_changes"),
+        F.count(F.when(is_ev & late, 1)).alias("late_events_kept"),
+        F.count(F.when(is_ch & late, 1)).alias("late_changes_kept"),
         F.min(F.when(seen, t)).alias("seen_lo"),
         F.max(F.when(seen, t)).alias("seen_hi"),
     ).first()
@@ -92,7 +94,7 @@ def _batch(s, n: _Counted, wm: int | None, sides: AsofSides) -> Batch:
         f"{n.held:,} held, watermark {wm}",
         status={"last_batch_changes": s["changes"], "watermark": wm, "held": n.held},
         counters={"emitted": n.emitted, "unknown_versions": n.unknown}
-        | {k: s[k] for k in ("late_events", "late_changes")},
+        | {k: s[k] for k in ("late_events_kept", "late_changes_kept")},
         meta={"watermark": wm},
         totals={"changes": s["changes"], "emitted": n.emitted},
         inputs={sides.stream.name: s["events"], sides.table.name: s["changes"]},

@@ -51,7 +51,8 @@ from jobs.core.settings import Settings
 __all__ = ["JobMetrics", "metrics_for"]
 
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_LATE = ("late", "late_events", "late_changes")  # the status fields that count late records, per job
+# The status fields that count late records, per job (an interval job's dropped, an asof job's kept).
+_LATE = ("late", "late_events_kept", "late_changes_kept")
 _LAG_DOC = {
     "versions": "log versions of the job's topics not yet processed",
     "messages": "messages the broker holds that the job has not copied",

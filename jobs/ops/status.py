@@ -9,7 +9,8 @@ has not fully processed; 0 when caught up), `rejected`
 (dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok", "waiting for
 Redis at ...", or why Redis cannot be used, the URL without its password; for a stopped job whose serving copy
 Redis lost, "lost the serving copy ..." with what to run),
-`replay` (progress of a replay in flight), and whatever the job writes: counters (late, held ...), `state`
+`replay` (progress of a replay in flight), and whatever the job writes: counters (an interval job's `late`:
+dropped; an asof job's `late_events_kept` and `late_changes_kept`: kept, joined as of their time; held ...), `state`
 ("rebuilding" while a deployed job rebuilds a serving copy Redis lost, with `rebuilding`: the reason and since
 when), `rebuilds` (how many times it did) and `last_rebuild` (reason, generation, seconds).
 
@@ -42,6 +43,8 @@ from views.redis_io import classify, connect, is_cluster, quick_client
 # What a running job's `state` may say while it waits for a dependency, and the fields that say it waits.
 _ACTIVE = ("starting", "running", "restarting")
 _DEPENDENCIES = ("redis", "kafka")
+# An asof job keeps late data (`jobs.kinds.asof`): its counters are `<name>_kept`, never these.
+_KEPT = ("late_events", "late_changes")
 
 __all__ = [
     "job_status",
@@ -175,6 +178,9 @@ def job_status(settings: Settings) -> dict:
         if driver is not None and driver.get("node") != this_node():
             row["driver"] = f"{driver.get('host')} pid {driver.get('pid')}"
         row.update({k: v for k, v in s.items() if k not in row})
+        for old in _KEPT:  # an asof job's status file written before its late counters said `kept`
+            if old in row:
+                row.setdefault(f"{old}_kept", row.pop(old))
         if isinstance(serving, dict) and name not in serving and not live:
             published = lake_generation(settings, spec)
             if published:  # a running job rebuilds by itself (state "rebuilding"); a stopped one cannot

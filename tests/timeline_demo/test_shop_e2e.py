@@ -10,7 +10,7 @@ the contract's definitions (`timeline_demo.brute`) for the same records cut into
    `mview run JOB --once --json` of each job, `mview export` of every view, `mview query --json` of a sample of
    keys and `mview status --json`, all equal to the brute force fed the files' records and the captured ones;
 2. chunked: the same kind of workload cut into batches at random points (the late records in the last batch, so
-   `paid` drops them as late), each batch ingested and every job run once, in this process on the tests' Spark
+   `paid` drops them as late and `orders_enriched` keeps them, counted as `late_events_kept`), each batch ingested and every job run once, in this process on the tests' Spark
    session (the commands' own code paths: `ingest`, `job_spec(...).run(once=True)`, `export_view`); then a
    definition change with no failed read: readers query `newest_orders` in a loop (`views.read.query_view` in a
    thread, the installed `mview query` in another) while the file's `cap` and then the view's `where` change and
@@ -185,6 +185,7 @@ def test_chunked_at_random_then_a_changed_definition_rebuilds_while_readers_read
     batches = random_batches(feed, 3, random.Random(22))
     want = brute_force(pipeline, batches)
     assert want.late == {"paid": 2 * 4}  # each late order and its payment
+    assert want.late_kept == {"orders_enriched": 4}  # the same late orders: an as-of lookup keeps them
     settings = scenario_settings(tmp_path / "lake", redis_url, shop)
 
     totals = run_here(spark, settings, pipeline, batches, tmp_path / "in")
@@ -197,6 +198,8 @@ def test_chunked_at_random_then_a_changed_definition_rebuilds_while_readers_read
     status = job_status(settings)
     assert status["paid"]["late"] == want.late["paid"]
     assert status["orders_enriched"]["held"] == want.held["orders_enriched"]
+    kept = status["orders_enriched"]
+    assert kept["late_events_kept"] == want.late_kept["orders_enriched"] and "late_events" not in kept, kept
 
     # a definition change: the list's cap, then its where
     capped = _changed(text, "cap: 5\n", "cap: 3\n")

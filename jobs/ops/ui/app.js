@@ -63,7 +63,9 @@ function render(data) {
       ["generation", s.generation],
       ["lag (log versions)", s.lag_versions],
       ["last batch", s.last_batch_ms ? `${new Date(s.last_batch_ms).toLocaleTimeString()} (${s.last_batch_seconds ?? "?"} s)` : "none yet"],
-      ["rejected / late / held", `${s.rejected ?? 0} / ${s.late ?? s.late_events ?? 0} / ${s.held ?? 0}`],
+      s.late_events_kept === undefined
+        ? ["rejected / late / held", `${s.rejected ?? 0} / ${s.late ?? 0} / ${s.held ?? 0}`]
+        : ["rejected / late (kept: as-of lookup) / held", `${s.rejected ?? 0} / ${s.late_events_kept} / ${s.held ?? 0}`],
       ["state", s.state ?? (s.running ? "running" : "stopped")],
     ];
     if (s.replay) rows.push(["replay", `building generation ${s.replay.building}: ${s.replay.processed_versions}/${s.replay.total_versions} log versions`]);
