@@ -16,7 +16,10 @@ a loss cannot hide it.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
+from dataclasses import asdict
 
 import redis
 
@@ -46,6 +49,10 @@ __all__ = [
     "lake_generation",
     "serving_copy_lost",
     "definition_changed",
+    "definition_diff",
+    "definition_of",
+    "record_definition",
+    "recorded_definition",
     "DEFINITION_CHANGED",
 ]
 
@@ -112,6 +119,7 @@ def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, 
             *(log_key(view, generation) for view in spec.views),
         ):
             settings.lake.delete_tree(key)
+        settings.lake.delete(_definition_key(spec.name, generation))
     return removed
 
 
@@ -218,8 +226,10 @@ def definition_changed(settings: Settings, client, spec: JobSpec) -> str | None:
     """Why the serving generation of `spec` cannot go on serving the job as the pipeline now declares it, or None:
     its meta hash records the fingerprint of another definition (`spec.model.Pipeline.fingerprint`: the job, its
     views and the topics they read), or none although the generation has published (built before definitions were
-    recorded). Starts with `DEFINITION_CHANGED`. A generation that has published nothing yet takes the definition
-    of its first batch. Raises redis errors when Redis does not answer."""
+    recorded). Starts with `DEFINITION_CHANGED`, then what changed (`definition_diff`: `definition changed: view
+    members: cap 5 -> 10, where`) when the lake holds the generation's definition (`record_definition`), else the
+    two fingerprints. A generation that has published nothing yet takes the definition of its first batch. Raises
+    redis errors when Redis does not answer."""
     if spec.source:
         return None
     pointer = client.get(gen_key(spec.name))
@@ -233,5 +243,84 @@ def definition_changed(settings: Settings, client, spec: JobSpec) -> str | None:
             return None
         return f"{DEFINITION_CHANGED}: generation {serving} records no definition; the pipeline's is {wanted}"
     if built.decode() != wanted:
+        what = definition_diff(
+            recorded_definition(settings, spec.name, serving), definition_of(settings, spec.name)
+        )
+        if what:
+            return f"{DEFINITION_CHANGED}: {what}"
         return f"{DEFINITION_CHANGED}: generation {serving} was built from {built.decode()}; the pipeline's is {wanted}"
     return None
+
+
+def _definition_key(job: str, generation: int) -> str:
+    return f"{job_key(job)}/definition/g{generation}.json"
+
+
+def definition_of(settings: Settings, job: str) -> dict:
+    """What a generation of `job` is built from, as plain data: the job with its views (`job`) and the topics it
+    reads (`topics`), the declarations `spec.model.Pipeline.fingerprint` hashes."""
+    pipeline = settings.pipeline()
+    topics = {t: {**asdict(pipeline.topics[t]), "capture": None} for t in pipeline.jobs[job].topics}
+    return {"job": pipeline.definition(job), "topics": json.loads(json.dumps(topics, default=_plain))}
+
+
+def record_definition(settings: Settings, job: str, generation: int) -> None:
+    """Record in the lake (`jobs/<job>/definition/g<generation>.json`) the definition `generation` is built from
+    (`definition_of`), for `definition_changed` to say what changed."""
+    settings.lake.write_json(definition_of(settings, job), _definition_key(job, generation))
+
+
+def recorded_definition(settings: Settings, job: str, generation: int) -> dict | None:
+    """The definition `record_definition` recorded for `generation`, None when there is none."""
+    return settings.lake.read_json(_definition_key(job, generation))
+
+
+def definition_diff(old: dict | None, new: dict) -> str:
+    """What differs from definition `old` to `new` (`definition_of`), e.g. `view members: cap 5 -> 10, where;
+    view top added; topic orders: fields`; "" when `old` is None or nothing differs."""
+    if not old:
+        return ""
+    parts = []
+    views = [{v["name"]: v for v in d["job"]["views"]} for d in (old, new)]
+    for name in [*views[0], *(n for n in views[1] if n not in views[0])]:
+        a, b = views[0].get(name), views[1].get(name)
+        if a is None or b is None:
+            parts.append(f"view {name} {'added' if a is None else 'removed'}")
+        elif a != b:
+            parts.append(f"view {name}: {_changed_keys(a, b)}")
+    rest = [{k: v for k, v in d["job"].items() if k != "views"} for d in (old, new)]
+    if rest[0] != rest[1]:
+        parts.append(f"job {new['job']['name']}: {_changed_keys(*rest)}")
+    for topic in sorted(old["topics"].keys() | new["topics"].keys()):
+        a, b = old["topics"].get(topic), new["topics"].get(topic)
+        if a != b:
+            parts.append(f"topic {topic}: {_changed_keys(a or {}, b or {})}")
+    return "; ".join(parts)
+
+
+def _changed_keys(a: dict, b: dict) -> str:
+    """The keys whose values differ, each with `old -> new` when both are numbers or booleans."""
+    out = []
+    for k in [*a, *(k for k in b if k not in a)]:
+        x, y = a.get(k), b.get(k)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{k}.{part}" for part in _changed_keys(x, y).split(", ")]
+        elif all(isinstance(v, (int, float)) or v is None for v in (x, y)):
+            out.append(f"{k} {_plain_value(x)} -> {_plain_value(y)}")
+        else:
+            out.append(k)
+    return ", ".join(out)
+
+
+def _plain_value(v) -> str:
+    return "none" if v is None else json.dumps(v)
+
+
+def _plain(value):
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(type(value).__name__)

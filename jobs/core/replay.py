@@ -59,7 +59,7 @@ from views.fence import fenced_call
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation
 
-__all__ = ["replay", "rebuild", "rebuild_reason", "serving_or_rebuild", "lag_of"]
+__all__ = ["replay", "rebuild", "rebuild_reason", "serving_or_rebuild", "lag_of", "built_status"]
 
 _MAX_CATCH_UP_ROUNDS = 5
 
@@ -120,6 +120,25 @@ class _Progress(threading.Thread):
 def _write_replay(settings: Settings, job: str, **fields) -> None:
     """Merge `fields` into `jobs/<job>/replay.json` (atomic replace; safe from any thread)."""
     write_status(settings, job, file="replay.json", **fields)
+
+
+# What `replay.json` says of the replay itself; its other fields are what the build's runs wrote (`status_file`).
+_REPLAY_OWN = frozenset(
+    {"pid", "building", "serving", "started_ms", "processed_versions", "total_versions", "finished", "reason"}
+    | {"seconds", "build_seconds", "generation", "metrics_url", "spark_ui_url"}
+)
+
+
+def built_status(settings: Settings, job: str, generation: int) -> dict:
+    """The status fields of `generation` as the build that made it left them (`last_batch_*`, the job's counters
+    and watermark ...), for `status.json` once it serves; a `last_batch_*` field the build did not write is None
+    (no batch yet). {} when the replay record is of another generation."""
+    record = read_status(settings, job, "replay.json")
+    if record.get("building") != generation:
+        return {}
+    current = read_status(settings, job, "status.json")
+    stale = {k: None for k in current if k.startswith("last_batch_")}
+    return stale | {k: v for k, v in record.items() if k not in _REPLAY_OWN}
 
 
 def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: float = 300.0) -> bool:
@@ -228,7 +247,8 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
             _write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
             at = int((time.time() - build_s) * 1000)
             last = {"reason": reason, "generation": new, "seconds": round(build_s, 1), "at_ms": at}
-            write_status(settings, job, file="status.json", generation=new, last_rebuild=last)
+            built = built_status(settings, job, new)
+            write_status(settings, job, file="status.json", generation=new, last_rebuild=last, **built)
         finally:
             _write_replay(settings, job, finished=True)
         return new
@@ -270,6 +290,10 @@ def replay(spark, settings: Settings, job: str) -> int:
         if not _wait_for_job_on(settings, job, new):
             log(f"replay {job}: the deployed job has not moved to g{new}; leaving g{old} to `mview maintain`")
             return 0
+        if read_status(settings, job, "status.json").get("generation") != new:  # no deployed job moved it
+            write_status(
+                settings, job, file="status.json", generation=new, **built_status(settings, job, new)
+            )
         time.sleep(settings.replay_grace_ms / 1000)
         removed = drop_generation(settings, client, spec, old)
         log(f"replay {job}: removed generation {old} ({removed:,} keys)")

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 
 from changelog.topics import table_id
 from jobs.core.fencing import check_lease, writer_fence
-from jobs.core.generations import last_committed_batch, record_batch
+from jobs.core.generations import last_committed_batch, record_batch, record_definition
 from jobs.core.registry import job_spec
 from jobs.core.replay import serving_or_rebuild
 from jobs.core.runtime import (
@@ -212,6 +212,7 @@ def run_job(
                 metrics.observe(b, took)
 
     if not source:
+        record_definition(settings, job, gen)  # what the generation is built from, for a later change to name
         log_sources(settings, job, gen, job_spec(settings, job).topics)
     stop = threading.Event()
     ticker = _ticker(run, w.idle, stop) if w.idle is not None and not once else None

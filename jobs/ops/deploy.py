@@ -19,7 +19,10 @@ killed (at once on this machine, after the lease's TTL when it ran elsewhere).
 - deploy: if Redis answers but cannot be used (refused credentials, TLS mismatch), a one-line error, exit 1,
   nothing started; a job with its own check (`JobSpec.probe`: `cdc` checks PG_DSN, which must parse and whose
   credentials the server must accept) is refused the same way by what that check raises. If the job runs, says
-  so and does nothing (exit 0). Otherwise removes what a killed run may have left (its JVM, its process group),
+  so and does nothing (exit 0), unless its serving generation was built from another definition than the pipeline
+  file's (`jobs.core.generations.definition_changed`): then it says what changed and restarts the driver, whose
+  start rebuilds into generation n+1 while n serves (`mview run` does the same); a driver on another machine is
+  left alone, exit 1, saying to stop it there. Otherwise removes what a killed run may have left (its JVM, its process group),
   starts `python -m jobs run JOB` in a new session with the settings in its environment, writes the pid file and
   returns 0 once the process is up (1, with the log's tail, if it died; the tail with every password masked).
 - stop: SIGTERM to the driver, which finishes its micro-batch in flight and exits; waits up to STOP_TIMEOUT,
@@ -29,9 +32,11 @@ killed (at once on this machine, after the lease's TTL when it ran elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -42,9 +47,9 @@ from pathlib import Path
 from changelog.errors import PostgresUnavailable
 from jobs.core.lease import holder_of, this_node
 from jobs.core.registry import job_spec
-from jobs.core.runtime import job_lease_key, open_private
+from jobs.core.runtime import job_lease_key, open_private, read_status
 from jobs.core.settings import Settings
-from views.errors import RedisMisconfigured, redact
+from views.errors import RedisMisconfigured, ViewError, redact
 from views.redis_io import probe
 
 __all__ = ["deploy", "stop", "pid_of", "running", "driver_of", "local_dir", "log_path", "settings_env"]
@@ -182,6 +187,53 @@ def _says_running(settings: Settings, job: str) -> bool:
     return False
 
 
+def _changed_definition(settings: Settings, spec, problem) -> str | None:
+    """Why the serving generation of `spec` is not built from the pipeline as `settings` read it
+    (`jobs.core.generations.definition_changed`), or None: it is, or Redis cannot tell now (`problem`)."""
+    if spec.source or problem is not None:
+        return None
+    import redis
+
+    from jobs.core.generations import definition_changed
+    from views.redis_io import connect
+
+    try:
+        return definition_changed(settings, connect(settings.redis_url, wait=False), spec)
+    except (
+        redis.RedisError,
+        OSError,
+        ViewError,
+    ):  # Redis stopped answering meanwhile: the driver checks at start
+        return None
+
+
+def _restart_if_changed(settings: Settings, spec, problem) -> int | None:
+    """For a running job whose serving generation has another definition (`_changed_definition`): stop its driver
+    here so the start that follows rebuilds into a new generation while the serving one keeps serving, saying so in
+    one line; None then, and when the job does not run or its definition did not change. Otherwise the exit code,
+    having said why: 0 when the driver rebuilds for this change already, 1 when it runs on another machine."""
+    job = spec.name
+    changed = _changed_definition(settings, spec, problem) if running(settings, job) else None
+    if changed is None:
+        return None
+    driver = driver_of(settings, job) if pid_of(settings, job) is None else None
+    if driver is not None and driver.get("node") != this_node():
+        print(
+            f"{job}: runs on {driver.get('host')} (pid {driver.get('pid')}) and its serving generation has another "
+            f"definition ({changed}): `mview stop {job}` there, then deploy again",
+            file=sys.stderr,
+        )
+        return 1
+    rebuilding = read_status(settings, job, "status.json").get("rebuilding") or {}
+    if rebuilding.get("reason") == changed:
+        print(f"{job}: already running and rebuilding ({changed}); nothing to do")
+        return 0
+    print(f"{job}: {changed}: restarting it to rebuild into a new generation while the serving one serves")
+    with contextlib.redirect_stdout(io.StringIO()):
+        stop(settings, job)
+    return None
+
+
 def deploy(settings: Settings, job: str) -> int:
     """Start `job` in the background unless it runs. Returns the exit code.
 
@@ -197,6 +249,8 @@ def deploy(settings: Settings, job: str) -> int:
         problem = None if spec.source else probe(settings.redis_url)  # a source job writes only the lake
         if isinstance(problem, RedisMisconfigured):
             raise problem
+    if (code := _restart_if_changed(settings, spec, problem)) is not None:
+        return code
     d = local_dir(settings, spec.name)
     with os.fdopen(open_private(d / "deploy.lock"), "w") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # two deploys here at once: the second sees the first's process

@@ -351,7 +351,7 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
     """Run the job's query on the serving generation until STOP; after each return (the guard stopped it: the
     pointer moved, Redis lost the serving copy) follow the pointer or rebuild (also when the job's definition
     changed); after a failure restart."""
-    from jobs.core.replay import rebuild_reason
+    from jobs.core.replay import built_status, rebuild_reason
 
     spec = job_spec(settings, job)
     client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False)
@@ -372,10 +372,12 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
                 continue
             serving = ensure_generation(client, job)  # the job's first run: generation 1
             if serving != gen:
-                if gen is not None:
+                built = {}
+                if gen is not None:  # a replay switched: the status tells the new generation's batches
                     log(f"{job}: generation pointer moved from {gen}: continuing on generation {serving}")
+                    built = built_status(settings, job, serving)
                 gen = serving
-                write_status(settings, job, generation=gen, state="running")
+                write_status(settings, job, generation=gen, state="running", **built)
                 log(f"{job}: serving generation {gen}")
             guard.generation = gen
             spec.run(spark, settings, once=False, generation=gen)

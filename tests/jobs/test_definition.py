@@ -1,5 +1,6 @@
 """A changed definition: a job started with a definition other than its serving generation's builds generation
-n+1 from the logs while n keeps serving, then switches, and says why (`definition changed`) in its status."""
+n+1 from the logs while n keeps serving, then switches, and says why in its status (`definition changed: view V:
+KEY`, naming what changed); the status's last batch is then generation n+1's."""
 
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ def test_a_changed_where_rebuilds_into_a_new_generation_and_status_says_why(spar
     assert {r["query"]: r["searches"] for r in export_view(client, "ctr", pipeline=settings.pipeline())} == {
         "q": 3
     }
-    last = read_status(settings, "clicks", "status.json")["last_rebuild"]
-    assert last["generation"] == 2 and last["reason"].startswith("definition changed"), last
+    status = read_status(settings, "clicks", "status.json")
+    last = status["last_rebuild"]
+    assert last["generation"] == 2 and last["reason"] == "definition changed: view ctr: where", last
+    assert status["last_batch_ms"] >= last["at_ms"], status  # generation 2's batches, not generation 1's
     assert not list(client.scan_iter(match="mv:ctr:1:*"))  # the old generation is gone after the switch
     # the timeline and enrichment jobs' definitions did not change
     assert settings.pipeline().fingerprint("timeline") == make_settings(

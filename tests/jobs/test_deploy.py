@@ -30,7 +30,10 @@ ingested so far. Every test checks its own guarantee:
    each job one line of plain output; once the key is gone and the restarted query ran, `last_error` is null and
    the error is `previous_error`; Redis stopped: `state: waiting`, then `running` again;
 8. the password changes under the running job: it stops retrying, says why in its status and log (which show no
-   password), and exits; a deploy with the old password is refused in one line.
+   password), and exits; a deploy with the old password is refused in one line;
+9. a deploy whose pipeline declares the view otherwise (its `cap`) says what changed and restarts the running job,
+   which rebuilds into the next generation and serves the new definition; its status names the change and shows
+   the new generation's last batch; a second deploy finds it running.
 """
 
 from __future__ import annotations
@@ -501,6 +504,33 @@ def test_credentials_that_stop_working_fail_the_job(service):
     assert "not retrying" in log
     assert SECRET not in log and SECRET not in r.stdout + r.stderr
     assert stat.S_IMODE(log_path(settings, JOB).stat().st_mode) == 0o600
+
+
+def test_a_deploy_with_another_definition_rebuilds_the_running_job(service, capsys):
+    gen = service.up()["generation"]
+    pid = service.status()["pid"]
+    s = service.settings
+    wider = make_settings(
+        service.root / "lake",
+        service.own.url(0),
+        TIMELINE_CAP=CAP + 10,
+        TRIGGER_INTERVAL="200 ms",
+        STOP_TIMEOUT="2 minutes",
+        METRICS_PORT=s.metrics_port,
+        SPARK_UI="true",
+    )
+    why = f"definition changed: view timeline: cap {CAP} -> {CAP + 10}"
+    capsys.readouterr()
+    assert deploy(wider, JOB) == 0
+    out = capsys.readouterr().out
+    assert f"{JOB}: {why}: restarting it" in out, out
+    wait_for(lambda: service.caught_up(gen + 1), "the job to rebuild into the next generation")
+    status = service.status()
+    assert status["pid"] not in (None, pid) and status["last_rebuild"]["reason"] == why, status
+    assert status["last_batch_ms"] >= status["last_rebuild"]["at_ms"], status  # the new generation's batches
+    want = expected_timelines(service.tweets, service.follows, CAP + 10)
+    assert service.timelines() == want  # the cap is read from Redis
+    assert deploy(wider, JOB) == 0 and "already running" in capsys.readouterr().out
 
 
 def _points(web) -> int:
