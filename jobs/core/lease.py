@@ -29,8 +29,11 @@ clock; a taker last saw the object change at t0 > s (a renewal's write lands aft
 earlier than t0 + TTL_S by its own. A renewal whose write lands after a take-over finds the higher epoch in the
 listing that follows it, and is not counted. What the lease cannot do alone is stop an action the holder
 *started* while valid (a micro-batch in flight): such an action has HEARTBEAT_S (10 s) to end before a taker may
-start (the deployed job stops its query as soon as its lease is not valid); one that runs longer is what the
-job's writes being idempotent per micro-batch covers (Redis writes fenced by batch id, Delta commits atomic).
+start (the deployed job stops its query as soon as its lease is not valid); one that runs longer (a holder paused
+mid-batch) is stopped by the epoch as a fencing token: the new holder raises the job's fence in Redis to its epoch
+before its first write, and every Redis write carries its writer's epoch and is refused atomically, in the same
+script call, when it is lower (`views.fence`); the writer checks its lease again before Spark commits a batch to the
+lake (`jobs.core.fencing.check_lease`), and the join state and output logs are written per batch id.
 
 TTL_S = 30 s (LEASE_TTL, the same for every process of a lake) and HEARTBEAT_S = TTL_S / 3: a deployed job killed with kill -9 is taken over by a driver started on
 another machine (another working directory, another HOME) 30 s after that driver started watching, and at once on

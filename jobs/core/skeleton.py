@@ -167,12 +167,9 @@ def _fingerprint(settings: Settings, job: str, source: bool) -> str:
     return "" if source else settings.pipeline().fingerprint(job)
 
 
-def run_job(
-    spark, settings: Settings, job: str, wire: Callable[[JobRun], Wiring], *, once: bool, generation=None
-) -> dict:
-    """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
-    docstring). once: everything available now, then return; else until stopped (`jobs.core.runtime.run_stream`)."""
-    source = job_spec(settings, job).source
+def _begin(spark, settings: Settings, job: str, generation, source: bool) -> JobRun:
+    """The run of `job` into `generation` (default: the serving one), its Redis fence raised to the epoch of the
+    lease this process holds (`jobs.core.fencing.writer_fence`) before anything is written."""
     client = None if source else connect(settings.redis_url, cluster=settings.redis_cluster)
     if source:
         gen = 0
@@ -181,9 +178,19 @@ def run_job(
     fence = writer_fence(job)
     if client is not None:
         raise_fence(client, fence)  # before this holder's first write
-    run = JobRun(
+    return JobRun(
         spark, settings, job, gen, client, fingerprint=_fingerprint(settings, job, source), fence=fence
     )
+
+
+def run_job(
+    spark, settings: Settings, job: str, wire: Callable[[JobRun], Wiring], *, once: bool, generation=None
+) -> dict:
+    """Run `job` into `generation` (default: the serving one); returns the run's totals (see the module
+    docstring). once: everything available now, then return; else until stopped (`jobs.core.runtime.run_stream`)."""
+    source = job_spec(settings, job).source
+    run = _begin(spark, settings, job, generation, source)
+    client, gen, fence = run.client, run.generation, run.fence
     metrics = metrics_for(settings, job)
     ui = spark.sparkContext.uiWebUrl if settings.spark_ui else None
     write_status(settings, job, metrics_url=metrics.url if metrics else None, spark_ui_url=ui)
