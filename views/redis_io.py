@@ -4,7 +4,7 @@ one place for all three, used by sinks and readers.
 A Redis Cluster is recognised by the server itself (`INFO cluster`: `cluster_enabled:1`, asked once per process and
 URL): `connect` then returns a cluster client that routes every command to the master of its key's hash slot and
 reads the cluster's layout from the node at the URL. Every key of one entity carries the entity's hash tag
-(`views.keys`), so every MULTI/EXEC and script of the views touches one slot; the job-level keys (`mv:gen:<job>`,
+(`views.keys`), so every script of the views touches one slot (with the fence key of that slot, `views.fence`); the job-level keys (`mv:gen:<job>`,
 `mv:meta:<job>:<g>`) are only ever used one key per command, so they need no tag. `Forwarder` sends the sinks'
 wire-protocol commands, grouped per master on a cluster.
 
