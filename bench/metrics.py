@@ -1,4 +1,4 @@
-"""The cost of the jobs' Prometheus metrics (`jobs.ops.metrics`): the timeline's throughput and freshness with the
+"""The cost of the jobs' Prometheus metrics (`jobs.core.metrics`): the timeline's throughput and freshness with the
 metrics on and off, in one run, each cost judged against its own noise in the same run.
 
 - Direct cost: the time of `JobMetrics.observe` per micro-batch and of one scrape (every metric rendered, the
@@ -127,8 +127,8 @@ def _direct_cost(settings) -> dict:
     """Seconds per `observe` of a typical batch and per scrape of the job's whole registry."""
     from prometheus_client import generate_latest
 
+    from jobs.core.metrics import JobMetrics
     from jobs.core.skeleton import Batch
-    from jobs.ops.metrics import JobMetrics
 
     m = JobMetrics(settings, "timeline")  # not served: only its registry is used
     batch = Batch(

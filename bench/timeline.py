@@ -136,7 +136,7 @@ def _sql_seconds(spark, settings) -> float:
 
 
 def bench_replay(spark, settings) -> dict:
-    from jobs.core.replay import replay
+    from jobs.ops.replay import replay
     from views.redis_io import connect, current_generation
 
     client = connect(settings.redis_url)

@@ -2,7 +2,8 @@
 
 Show it with `.venv/bin/python -m pytest -q tests/test_layers.py`.
 
-Layers, lowest first: spec < changelog < joins < views < jobs < timeline_demo < bench. A module may import modules of
+Layers, lowest first: spec < changelog < joins < views < jobs < timeline_demo < bench; inside jobs, jobs.errors <
+jobs.core < jobs.kinds < jobs.ops (jobs.dev, the development launchers, apart: no service module imports it). A module may import modules of
 its own layer and of the layers below it, never above: jobs never imports timeline_demo or bench, the demo never
 imports the benchmarks (the benchmarks use the demo's workload generators). Every import counts, those inside
 functions too. Among the modules' module-level imports (what runs when a module is imported) there is no cycle.
@@ -94,6 +95,26 @@ def test_no_import_points_up_a_layer():
         }
     )
     assert not upward, "imports pointing up a layer:\n" + "\n".join(upward)
+
+
+JOBS_LAYERS = ["jobs.errors", "jobs.core", "jobs.kinds", "jobs.ops"]
+
+
+def _jobs_layer(module: str) -> int | None:
+    """The sublayer of a module of `jobs` (None for `jobs` itself, its `__main__` and `jobs.dev`)."""
+    return next((i for i, p in enumerate(JOBS_LAYERS) if module == p or module.startswith(p + ".")), None)
+
+
+def test_no_import_points_up_a_layer_inside_jobs():
+    upward = sorted(
+        f"{MODULES[m].relative_to(ROOT)}:{line}: {m} imports {t} ({JOBS_LAYERS[_jobs_layer(t)]} is above "
+        f"{JOBS_LAYERS[_jobs_layer(m)]})"
+        for m, found in IMPORTS.items()
+        if _jobs_layer(m) is not None
+        for t, line, _ in found
+        if _jobs_layer(t) is not None and _jobs_layer(t) > _jobs_layer(m)
+    )
+    assert not upward, "imports pointing up a layer inside jobs:\n" + "\n".join(upward)
 
 
 def _cycles() -> list[list[str]]:

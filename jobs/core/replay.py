@@ -43,6 +43,7 @@ from jobs.core.generations import (
     serving_copy_lost,
 )
 from jobs.core.lease import Lease
+from jobs.core.progress import processed_versions
 from jobs.core.registry import job_spec
 from jobs.core.runtime import (
     checkpoint_key,
@@ -54,12 +55,21 @@ from jobs.core.runtime import (
     write_status,
 )
 from jobs.core.settings import Settings
-from jobs.ops.status import processed_versions
 from views.fence import fenced_call
 from views.keys import gen_key
 from views.redis_io import connect, ensure_generation
 
-__all__ = ["replay", "rebuild", "rebuild_reason", "serving_or_rebuild", "lag_of", "built_status"]
+__all__ = [
+    "rebuild",
+    "rebuild_reason",
+    "serving_or_rebuild",
+    "lag_of",
+    "built_status",
+    "replay_lease",
+    "serving_or_published",
+    "build_and_switch",
+    "write_replay",
+]
 
 _MAX_CATCH_UP_ROUNDS = 5
 
@@ -103,7 +113,7 @@ class _Progress(threading.Thread):
             f"replay {self.job} g{self.generation} [{'#' * filled}{'.' * (width - filled)}] "
             f"{processed}/{total} log versions {time.monotonic() - self.started:.0f}s{busy}"
         )
-        _write_replay(self.settings, self.job, processed_versions=processed, total_versions=total)
+        write_replay(self.settings, self.job, processed_versions=processed, total_versions=total)
         if self.tty:
             print(
                 "\r" + line.ljust(len(self.last_line)), end="\n" if final else "", file=sys.stderr, flush=True
@@ -117,7 +127,7 @@ class _Progress(threading.Thread):
             self.draw()
 
 
-def _write_replay(settings: Settings, job: str, **fields) -> None:
+def write_replay(settings: Settings, job: str, **fields) -> None:
     """Merge `fields` into `jobs/<job>/replay.json` (atomic replace; safe from any thread)."""
     write_status(settings, job, file="replay.json", **fields)
 
@@ -141,21 +151,7 @@ def built_status(settings: Settings, job: str, generation: int) -> dict:
     return stale | {k: v for k, v in record.items() if k not in _REPLAY_OWN}
 
 
-def _wait_for_job_on(settings: Settings, job: str, generation: int, timeout_s: float = 300.0) -> bool:
-    """Wait until a deployed `job` serves `generation` (or is not running, here or elsewhere). False on timeout."""
-    from jobs.ops.deploy import running
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not running(settings, job):
-            return True
-        if int(read_status(settings, job, "status.json").get("generation", -1)) == generation:
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _lock(settings: Settings, job: str, *, wait: bool) -> Lease | None:
+def replay_lease(settings: Settings, job: str, *, wait: bool) -> Lease | None:
     """The job's replay lease (`replay_lease_key`), held until the caller releases it; None if `wait` is False and
     a live replay holds it, or if this process stops (`runtime.STOP`) while it waits. Lost to another holder (it
     expired here), this process stops: a replay then ends before its switch."""
@@ -175,7 +171,7 @@ def _lock(settings: Settings, job: str, *, wait: bool) -> Lease | None:
     )
 
 
-def _serving_or_published(settings: Settings, client, job: str) -> int:
+def serving_or_published(settings: Settings, client, job: str) -> int:
     """The serving generation; if the pointer is gone, the generation the lake says was serving (else 1)."""
     value = client.get(gen_key(job))
     if value is not None:
@@ -183,7 +179,7 @@ def _serving_or_published(settings: Settings, client, job: str) -> int:
     return lake_generation(settings, job_spec(settings, job)) or ensure_generation(client, job)
 
 
-def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new: int) -> float:
+def build_and_switch(spark, settings: Settings, job: str, client, old: int, new: int) -> float:
     """Build generation `new` of `job` from the logs (catching up with versions appended meanwhile), then point
     `mv:gen:<job>` at it. Returns the seconds it took. Raises InterruptedError, without switching, if a
     stop (`runtime.STOP`) arrives meanwhile."""
@@ -193,7 +189,7 @@ def _build_and_switch(spark, settings: Settings, job: str, client, old: int, new
     if cleared:
         log(f"replay {job}: removed {cleared:,} keys left by an earlier, unfinished replay of g{new}")
     settings.lake.delete(job_key(job), "replay.json")
-    _write_replay(
+    write_replay(
         settings, job, pid=os.getpid(), building=new, serving=old, started_ms=int(time.time() * 1000)
     )
     progress = _Progress(settings, job, new, spark)
@@ -225,7 +221,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     lost it; `definition_changed`: the job's definition changed, and n keeps serving readers until the switch).
     Waits for a replay of the same job in flight. Returns n+1."""
     spec = job_spec(settings, job)
-    guard = _lock(settings, job, wait=True)
+    guard = replay_lease(settings, job, wait=True)
     if guard is None:
         raise InterruptedError(f"replay {job}: stopped while waiting for the replay lease")
     try:
@@ -238,19 +234,19 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
         else:
             log(f"Redis lost the serving copy of {job} ({reason}): rebuilding generation {new} from the logs")
         try:
-            build_s = _build_and_switch(spark, settings, job, client, old, new)
+            build_s = build_and_switch(spark, settings, job, client, old, new)
             log(f"replay {job}: generation {new} is current (rebuilt in {build_s:.1f}s)")
             if pointer is not None:  # readers may still be on `old`: let them finish
                 time.sleep(settings.replay_grace_ms / 1000)
             removed = drop_generation(settings, client, spec, old)
             log(f"replay {job}: removed generation {old} ({removed:,} keys)")
-            _write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
+            write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
             at = int((time.time() - build_s) * 1000)
             last = {"reason": reason, "generation": new, "seconds": round(build_s, 1), "at_ms": at}
             built = built_status(settings, job, new)
             write_status(settings, job, file="status.json", generation=new, last_rebuild=last, **built)
         finally:
-            _write_replay(settings, job, finished=True)
+            write_replay(settings, job, finished=True)
         return new
     finally:
         guard.release()
@@ -270,43 +266,3 @@ def serving_or_rebuild(spark, settings: Settings, job: str) -> int:
     if reason is not None:
         return rebuild(spark, settings, job, reason)
     return ensure_generation(client, job)
-
-
-def replay(spark, settings: Settings, job: str) -> int:
-    """Rebuild `job` into generation n+1 and switch to it. Returns the exit code (0 on success)."""
-    spec = job_spec(settings, job)
-    guard = _lock(settings, job, wait=False)
-    if guard is None:
-        print(f"mview: a replay of {job} is already running", file=sys.stderr)
-        return 1
-    client = connect(settings.redis_url, cluster=settings.redis_cluster)
-    old = _serving_or_published(settings, client, job)
-    new = old + 1
-    started = time.monotonic()
-    log(f"replay {job}: building generation {new} from the logs while generation {old} serves")
-    try:
-        build_s = _build_and_switch(spark, settings, job, client, old, new)
-        log(f"replay {job}: generation {new} is current (built in {build_s:.1f}s)")
-        if not _wait_for_job_on(settings, job, new):
-            log(f"replay {job}: the deployed job has not moved to g{new}; leaving g{old} to `mview maintain`")
-            return 0
-        if read_status(settings, job, "status.json").get("generation") != new:  # no deployed job moved it
-            write_status(
-                settings, job, file="status.json", generation=new, **built_status(settings, job, new)
-            )
-        time.sleep(settings.replay_grace_ms / 1000)
-        removed = drop_generation(settings, client, spec, old)
-        log(f"replay {job}: removed generation {old} ({removed:,} keys)")
-        _write_replay(
-            settings,
-            job,
-            finished=True,
-            generation=new,
-            seconds=round(time.monotonic() - started, 2),
-            build_seconds=round(build_s, 2),
-        )
-        print(f"{job}: replayed into generation {new} in {time.monotonic() - started:.1f}s (was {old})")
-        return 0
-    finally:
-        _write_replay(settings, job, finished=True)
-        guard.release()

@@ -97,7 +97,7 @@ class Settings:
     stop_timeout: STOP_TIMEOUT, how long `mview stop` waits for the batch in flight before SIGKILL (default
         "10 minutes").
     metrics_port: METRICS_PORT, first port of the jobs' Prometheus metrics on 127.0.0.1, one per job in registry
-        order (default 9464; "off" = none). See `jobs.ops.metrics`.
+        order (default 9464; "off" = none). See `jobs.core.metrics`.
     spark_ui: SPARK_UI, serve Spark's own web UI from jobs this process starts (default false: off for speed).
     kafka_bootstrap: KAFKA_BOOTSTRAP, bootstrap servers of the Kafka cluster (default empty = no Kafka: records
         enter only through `mview ingest`).

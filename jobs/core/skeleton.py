@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame
 from changelog.topics import table_id
 from jobs.core.fencing import check_lease, writer_fence
 from jobs.core.generations import last_committed_batch, record_batch, record_definition
+from jobs.core.metrics import metrics_for
 from jobs.core.registry import job_spec
 from jobs.core.replay import serving_or_rebuild
 from jobs.core.runtime import (
@@ -44,7 +45,6 @@ from jobs.core.runtime import (
     write_status,
 )
 from jobs.core.settings import Settings
-from jobs.ops.metrics import metrics_for
 from views.fence import UNFENCED, Fence, raise_fence
 from views.redis_io import connect
 

@@ -4,16 +4,16 @@ once), through one publication and slot: PG_SLOT, default `mview_<the first capt
 for the built-in pipeline). A source job: no Spark, no views.
 
 - `run_cdc(once=True)`: everything committed before the start, then returns the counts.
-- Deployed (`once=False`, see `jobs.core.source`): streams until SIGTERM; each commit of the log updates the status
+- Deployed (`once=False`, see `jobs.ops.source`): streams until SIGTERM; each commit of the log updates the status
   (`appended`, `rejected`, `lsn`). The database unreachable: the log and the status say so (PG_DSN without its
   password) and it tries again after 2, 4, ... 60 s. PG_DSN unusable as it is (`PostgresMisconfigured`: it does
   not parse, or the server refuses its credentials): never retried; `run_cdc` raises it, so the job ends with
-  `state: "failed"` and the reason in `error` (`jobs.core.source`).
+  `state: "failed"` and the reason in `error` (`jobs.ops.source`).
 - `probe`: what `mview deploy cdc` checks first: it raises the permanent problems (nothing is started) and
   returns the `PostgresUnavailable` the job will wait for, if any.
 - `lag`: WAL bytes the slot has not confirmed (`mview status`); `drop`: removes the slot and the publication
   (`mview stop cdc --drop-slot`).
-- Metrics (`jobs.ops.metrics`, `metrics_url` in the status), `mview run` and deployed alike: per Delta commit of the
+- Metrics (`jobs.core.metrics`, `metrics_url` in the status), `mview run` and deployed alike: per Delta commit of the
   logs (the snapshot's, then the stream's), `mview_input_records_total{topic=...}` counts the changes each
   topic's commits hold (appended or dead-lettered), `mview_batches_total` and `mview_batch_duration_seconds` the commit; at each
   scrape `mview_lag_bytes` is `lag`, `mview_rejected_records_total` the dead letters and
@@ -30,9 +30,9 @@ from changelog.errors import CdcFailed, PostgresMisconfigured, PostgresUnavailab
 from changelog.postgres import PgSource, capture, captured_topics, drop_slot, shown_dsn, wal_lag
 from changelog.postgres import probe as _probe
 from jobs.core import runtime
+from jobs.core.metrics import metrics_for
 from jobs.core.runtime import job_key, log, write_status
 from jobs.core.settings import Settings
-from jobs.ops.metrics import metrics_for
 
 __all__ = ["run_cdc", "lag", "drop", "probe", "slot_name"]
 

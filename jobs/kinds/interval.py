@@ -34,12 +34,12 @@ import orjson
 from jobs.core.fencing import writer_fence
 from jobs.core.generations import record_batch
 from jobs.core.phases import Phases
+from jobs.core.progress import rejected
 from jobs.core.replay import serving_or_rebuild
 from jobs.core.runtime import job_key, log, state_key, write_status
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
-from jobs.ops.status import rejected
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
 from views.count import COUNT_LUA, CountSink, count_changes

@@ -211,7 +211,7 @@ def cmd_run(args) -> int:
     _check_topics(settings, _job_topics(settings, spec.name))
     if spec.source:  # copies an outside system into the logs: no Spark, no Redis, no generations
         if not args.once:
-            from jobs.core.source import serve_source
+            from jobs.ops.source import serve_source
 
             return serve_source(settings, spec.name)
         with once_lease(settings, spec.name):
@@ -332,7 +332,7 @@ def cmd_stop(args) -> int:
 
 def cmd_replay(args) -> int:
     from jobs.core.registry import job_spec
-    from jobs.core.replay import replay
+    from jobs.ops.replay import replay
 
     settings = _settings()
     if job_spec(settings, args.job).source:  # an unknown job is one line at once, not after Spark's start

@@ -24,17 +24,13 @@ for `cdc`, waits.
 
 from __future__ import annotations
 
-import json
-
 import redis
 
-from changelog.deadletters import count_dead_letters
-from changelog.storage import Lake
-from changelog.topics import latest_version
 from jobs.core.generations import lake_generation, replay_in_progress
 from jobs.core.lease import this_node
+from jobs.core.progress import lag_versions, rejected
 from jobs.core.registry import jobs
-from jobs.core.runtime import checkpoint_key, committed_batches, read_status
+from jobs.core.runtime import read_status
 from jobs.core.settings import Settings
 from views.errors import ViewError
 from views.keys import gen_key
@@ -50,10 +46,7 @@ __all__ = [
     "job_status",
     "drivers_here",
     "pid_of",
-    "processed_versions",
     "lag_versions",
-    "rejected",
-    "rejected_per_topic",
 ]
 
 
@@ -69,57 +62,6 @@ def driver_of(settings: Settings, job: str) -> dict | None:
     from jobs.ops.deploy import driver_of as _driver_of
 
     return _driver_of(settings, job)
-
-
-def _next_version(offset: dict) -> int | None:
-    """The first Delta version a source offset has not fully processed.
-
-    A Delta source offset is (reservoirVersion, index, isStartingVersion): with isStartingVersion the source is
-    reading the snapshot *of* reservoirVersion (versions 0..reservoirVersion at once), which is done only when
-    the offset moves on to (reservoirVersion + 1, -1); otherwise files up to `index` of reservoirVersion are
-    processed, index -1 meaning none of it, and the sentinel index END (Long.MAX_VALUE) all of it.
-    """
-    if "reservoirVersion" not in offset:
-        return None
-    v, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
-    if offset.get("isStartingVersion"):
-        return 0
-    if index >= 2**62:  # END_INDEX: the version is complete
-        return v + 1
-    return v
-
-
-def processed_versions(lake: Lake, checkpoint: str) -> list[int | None]:
-    """Per source of the query checkpointed at key `checkpoint` of `lake`, the first log version not yet fully
-    processed by the last committed batch ([] before the first commit)."""
-    done = committed_batches(lake, checkpoint)
-    if not done:
-        return []
-    lines = lake.read_bytes(checkpoint, "offsets", str(done[-1])).decode().splitlines()
-    out: list[int | None] = []
-    for line in lines[2:]:
-        try:
-            o = json.loads(line)
-        except json.JSONDecodeError:
-            out.append(None)
-            continue
-        out.append(_next_version(o) if isinstance(o, dict) else None)
-    return out
-
-
-def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
-    """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up); for a job
-    with its own lag (`JobSpec.lag`: a source job), that lag (None when it cannot be measured now)."""
-    spec = jobs(settings)[job]
-    if spec.lag:
-        return spec.call("lag", settings)
-    done = processed_versions(settings.lake, checkpoint_key(job, generation)) if generation else []
-    lag = 0
-    for i, topic in enumerate(spec.topics):
-        latest = latest_version(settings.lake, topic)
-        nxt = done[i] if i < len(done) and done[i] is not None else 0
-        lag += max(0, latest + 1 - nxt)
-    return lag
 
 
 def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
@@ -138,16 +80,6 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
     except (redis.RedisError, OSError) as e:  # unreachable, or a cluster that is down
         return classify(settings.redis_url, e)
     return {j: int(v) for j, v in zip(names, values, strict=True) if v is not None}
-
-
-def rejected_per_topic(settings: Settings, topics) -> dict[str, int]:
-    """Dead-lettered lines of each of `topics` (`changelog.deadletters.count_dead_letters`)."""
-    return {topic: count_dead_letters(settings.lake, topic) for topic in topics}
-
-
-def rejected(settings: Settings, topics) -> int:
-    """Dead-lettered lines of `topics`, all together."""
-    return sum(rejected_per_topic(settings, topics).values())
 
 
 def job_status(settings: Settings) -> dict:

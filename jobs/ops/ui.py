@@ -7,7 +7,7 @@ live timeline page (`make demo-web`). With no job running it says so; during a r
 progress and follows the generation switch.
 
 `/api/status` is `mview status --json` (`jobs.ops.status.job_status`, the same function), plus, for each running job
-that serves metrics (`jobs.ops.metrics`), the totals the charts need from its `/metrics`: input records, batches and
+that serves metrics (`jobs.core.metrics`), the totals the charts need from its `/metrics`: input records, batches and
 the summed batch duration. Only the standard library serves HTTP; nothing here starts Spark.
 """
 

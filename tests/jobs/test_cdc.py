@@ -221,8 +221,8 @@ def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database
 
 
 def test_run_once_counts_the_snapshot_and_the_stream_in_its_metrics(pg, redis_url, tmp_path):
+    from jobs.core.metrics import metrics_for
     from jobs.kinds.cdc import run_cdc
-    from jobs.ops.metrics import metrics_for
 
     settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT=free_port(), **pg.env())
     metrics = metrics_for(settings, "cdc")  # one per job and process: other tests' runs may have counted

@@ -52,10 +52,10 @@ import pytest
 import redis
 
 from changelog.ingest import ingest
-from jobs.core.replay import replay
 from jobs.core.runtime import checkpoint_dir, read_status
 from jobs.dev.redis import free_port
 from jobs.ops.deploy import deploy, log_path, settings_env, stop
+from jobs.ops.replay import replay
 from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings

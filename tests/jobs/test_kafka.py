@@ -305,7 +305,7 @@ def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
     timeline view equals the one of the same records through `mview ingest`, and `replay` rebuilds it exactly from
     the logs."""
     from changelog.kafka import watermarks
-    from jobs.core.replay import replay
+    from jobs.ops.replay import replay
     from tests.builtin import run_timeline
     from tests.jobs.opshelp import redis_content
     from timeline_demo.workload import generate

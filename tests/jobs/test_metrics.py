@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from jobs.core.metrics import JobMetrics
 from jobs.core.runtime import write_status
 from jobs.core.skeleton import Batch
-from jobs.ops.metrics import JobMetrics
 from tests.conftest import make_settings
 from tests.jobs.opshelp import metric_samples
 

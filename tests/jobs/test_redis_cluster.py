@@ -16,9 +16,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from changelog.ingest import ingest
-from jobs.core.replay import replay
 from jobs.dev.redis import scratch_redis_cluster, start_cluster_node
 from jobs.ops.deploy import deploy, settings_env, stop
+from jobs.ops.replay import replay
 from tests.builtin import run_timeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from tests.jobs.opshelp import status_of, wait_for

@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from changelog.storage import StorageError
+from jobs.core.progress import lag_versions, rejected_per_topic
 from jobs.core.registry import job_spec, jobs
 from jobs.core.runtime import log, read_status, state_key
 from jobs.core.settings import Settings
@@ -71,8 +72,6 @@ class _StatusCollector:
         self.settings, self.job = settings, job
 
     def collect(self):
-        from jobs.ops.status import lag_versions, rejected_per_topic
-
         job, st = self.job, read_status(self.settings, self.job)
         gen = st.get("generation")
         rej = CounterMetricFamily(
