@@ -1,18 +1,22 @@
 """A driver paused mid-batch and taken over (issue #41, item 9): the deployed `timeline` driver is stopped
-(SIGSTOP of its process group) while a batch of unfollows is in flight; re-follows arrive; a second driver, started
-by hand as on another machine (its own PID namespace, working directory and HOME), takes the job's lease once it
-expired and applies both batches; then the first continues (SIGCONT). The first's stale batch changes nothing
-(refused by the job's fence in Redis, `views.fence`, or stopped by its lease check before it writes), it stops
-saying it lost the lease, and the timelines equal their definition."""
+(SIGSTOP of its process group) at the first list it rewrites in a batch of unfollows, with more round trips of its
+sink still to send; re-follows arrive; a second driver, started by hand as on another machine (its own PID
+namespace, working directory and HOME), takes the job's lease once it expired and applies both batches; then the
+first continues (SIGCONT). Its stale writes change nothing (refused by the job's fence in Redis, `views.fence`),
+it exits 1 saying it lost the lease, and the timelines equal their definition. Without the fence the rest of its
+stale batch lands and some timelines lose the unfollowed author's entries for good."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
+import redis
 
 from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
@@ -24,22 +28,30 @@ from views.redis_io import connect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-JOB, CAP, USERS, AUTHORS = "timeline", 40, 60, 3
+JOB, CAP, USERS, AUTHORS = "timeline", 800, 240, 4
 
 
-def _records(op: str, ts: int) -> list[dict]:
+def _records(op: str, ts: int, authors=range(AUTHORS)) -> list[dict]:
     return [
         {"op": op, "follower_id": f"u{u}", "followee_id": f"a{a}", "ts": ts}
         for u in range(USERS)
-        for a in range(AUTHORS)
+        for a in authors
     ]
 
 
 def _tweets() -> list[dict]:
+    """400 tweets of each author: a follower's list is full (CAP) and stays full when one author is unfollowed, so
+    the unfollows refill every list (DEL, ZADD of 800 entries: about 6 MB, several round trips of the sink)."""
     return [
-        {"op": "post", "tweet_id": f"t{a}-{i:03d}", "user_id": f"a{a}", "text": "x", "ts": 1_000 + 10 * i + a}
+        {
+            "op": "post",
+            "tweet_id": f"tweet-a{a}-{i:05d}",
+            "user_id": f"a{a}",
+            "text": "x",
+            "ts": 1_000 + 10 * i + a,
+        }
         for a in range(AUTHORS)
-        for i in range(30)
+        for i in range(400)
     ]
 
 
@@ -63,16 +75,35 @@ def _driver(env: dict, place, *, namespace: bool) -> subprocess.Popen:
     )
 
 
+def _pause_at_first_list_rewrite(redis_url: str, pid: int) -> threading.Event:
+    """Watch Redis (MONITOR) and stop process group `pid` (SIGSTOP) at the first DEL of a timeline it sends, as
+    the issue did: the rest of its batch (its sink's next round trips) is then still to send. The event is set once
+    it is stopped."""
+    paused = threading.Event()
+    rewrite = re.compile(r"\bDEL mv:timeline:1:")
+
+    def watch() -> None:
+        with redis.Redis.from_url(redis_url).monitor() as m:
+            for cmd in m.listen():
+                if rewrite.search(cmd["command"]):
+                    os.killpg(pid, signal.SIGSTOP)
+                    paused.set()
+                    return
+
+    threading.Thread(target=watch, daemon=True, name="monitor").start()
+    return paused
+
+
 def test_a_paused_driver_taken_over_leaves_the_timelines_exact(redis_url, tmp_path):
     connect(redis_url).flushdb()
     settings = make_settings(
         tmp_path / "lake", redis_url, SPARK_MASTER="local[1]", SPARK_DRIVER_MEMORY="1g", METRICS_PORT="off",
-        TIMELINE_CAP=CAP, TRIGGER_INTERVAL="200 ms",
+        TIMELINE_CAP=CAP, TRIGGER_INTERVAL="200 ms", SHUFFLE_PARTITIONS=1,
     )  # fmt: skip
     env = {**os.environ, **settings_env(settings), "LEASE_TTL": "4 s", "PYTHONPATH": os.getcwd()}
     env.pop("XDG_STATE_HOME", None)
     tweets, follows = _tweets(), _records("follow", 2_000)
-    unfollows, refollows = _records("unfollow", 3_000), _records("follow", 4_000)
+    unfollows, refollows = _records("unfollow", 30_000, [0]), _records("follow", 40_000, [0])
 
     def timelines() -> dict:
         return {r["user_id"]: r["tweet_ids"] for r in export_timeline(connect(redis_url, wait=False))}
@@ -85,10 +116,10 @@ def test_a_paused_driver_taken_over_leaves_the_timelines_exact(redis_url, tmp_pa
         truth = expected_timelines(tweets, follows, CAP)
         wait_for(lambda: timelines() == truth, "the first driver to catch up", timeout_s=600)
         checkpoint = tmp_path / "lake" / "checkpoints" / JOB / "g1"
+        paused = _pause_at_first_list_rewrite(redis_url, first.pid)
         ingest_cli(settings, tmp_path, "follows", unfollows)
-        wait_for(lambda: batch_in_flight(checkpoint), "the unfollows' batch to start", every_s=0.02)
-        os.killpg(first.pid, signal.SIGSTOP)
-        assert batch_in_flight(checkpoint)  # stopped before Spark committed the batch
+        assert paused.wait(600), "the first driver never rewrote a list"
+        assert batch_in_flight(checkpoint)  # stopped mid-batch: before Spark committed it
         ingest_cli(settings, tmp_path, "follows", refollows)
         second = _driver(env, tmp_path / "second", namespace=True)
         truth = expected_timelines(tweets, follows + unfollows + refollows, CAP)  # as after the follows
