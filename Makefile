@@ -99,7 +99,7 @@ jvm-cache: setup ## build the driver JVM's AOT cache (needs a JDK 25+; ~2 min): 
 $(VENV)/mview-jvm/stamp.json: $(VENV)/.installed
 	$(PY) -m jobs.dev.jvmcache
 
-bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json and the README table; BENCH_ARGS passes options (--only, --scale, --out ...)
+bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json, the table of docs/bench.md and the README's summary; BENCH_ARGS passes options (--only, --scale, --out ...)
 	$(PY) -m bench $(BENCH_ARGS)
 
 deploy: setup redis ## start JOB as a background streaming query (make deploy JOB=timeline)

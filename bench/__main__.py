@@ -1,7 +1,8 @@
 """`make bench` (`python -m bench`): every benchmark, each against a reference measured in the same run.
 
-The workloads are generated. Writes `bench/results.json`, the plot `docs/bench.png` and the README table between
-`<!-- bench:start -->` and `<!-- bench:end -->` (printed if the markers are missing).
+The workloads are generated. Writes `bench/results.json`, the plot `docs/bench.png`, the table of docs/bench.md
+between `<!-- bench:start -->` and `<!-- bench:end -->` and the README's five-line summary between
+`<!-- bench-summary:start -->` and `<!-- bench-summary:end -->` (each printed if its markers are missing).
 
 Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-core machine):
 - redis: `redis-benchmark -t zadd -P 16 -n 1000000 -q` on the bench's own redis-server (the reference).
@@ -46,7 +47,7 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT, cpu_ticks, say, scratch_settings, start_redis, stolen_pct
-from bench.report import END, START, markdown_table, plot, update_readme
+from bench.report import END, START, SUMMARY_END, SUMMARY_START, markdown_table, plot, summary, update_block
 
 __all__ = ["main"]
 
@@ -73,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="*", default=None, help="run only these parts: " + " ".join(PARTS))
     p.add_argument("--out", default=str(ROOT / "bench" / "results.json"))
     p.add_argument("--plot", default=str(ROOT / "docs" / "bench.png"))
-    p.add_argument("--readme", default=str(ROOT / "README.md"))
+    p.add_argument("--doc", default=str(ROOT / "docs" / "bench.md"), help="the page whose table is replaced")
+    p.add_argument("--readme", default=str(ROOT / "README.md"), help="the page whose summary is replaced")
     p.add_argument("--freshness-seconds", type=float, default=90.0)
     p.add_argument("--baseline", default=None, help="the commit the baseline part compares with")
     p.add_argument("--incrementality-budget", type=float, default=240.0)
@@ -278,15 +280,19 @@ def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
 
 
 def _write(res: dict, args) -> None:
-    """results.json, the plot, and the README table (printed too; said when the README has no markers)."""
+    """results.json, the plot, the table of docs/bench.md and the README's summary (both printed too; said when a
+    page has no markers)."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     plot(res, Path(args.plot))
-    table = markdown_table(res)
-    if not update_readme(Path(args.readme), table):
-        say(f"no {START} ... {END} markers in {args.readme}: here is the table")
+    table, short = markdown_table(res), summary(res)
+    if not update_block(Path(args.doc), table, START, END):
+        say(f"no {START} ... {END} markers in {args.doc}: here is the table")
+    if not update_block(Path(args.readme), short, SUMMARY_START, SUMMARY_END):
+        say(f"no {SUMMARY_START} ... {SUMMARY_END} markers in {args.readme}: here is the summary")
     print(table)
+    print(short)
     say(f"wrote {out}, {args.plot}; whole run {res['meta']['seconds']:.0f}s")
 
 

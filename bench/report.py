@@ -1,14 +1,37 @@
 """The bench report: one table row per figure with its reference, ratio, goal and mark (`table_rows`), the
-Markdown table and the README block between `START` and `END` it replaces (`markdown_table`, `update_readme`),
-and the plot (`plot`). Works on the results dict that `python -m bench` writes to bench/results.json."""
+Markdown table that replaces the block between `START` and `END` of docs/bench.md (`markdown_table`), the README's
+five-line summary that replaces its block between `SUMMARY_START` and `SUMMARY_END` (`summary`), the block replaced
+(`update_block`), and the plot (`plot`). Works on the results dict that `python -m bench` writes to
+bench/results.json."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["START", "END", "GOALS", "COLUMNS", "table_rows", "markdown_table", "update_readme", "plot"]
+__all__ = [
+    "START",
+    "END",
+    "SUMMARY_START",
+    "SUMMARY_END",
+    "GOALS",
+    "COLUMNS",
+    "HEADLINES",
+    "table_rows",
+    "markdown_table",
+    "summary",
+    "update_block",
+    "plot",
+]
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+SUMMARY_START, SUMMARY_END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+# The rows the README's summary shows, by the start of their figure, after its line of goals met.
+HEADLINES = (
+    "timeline entries/s, steady state",
+    "freshness p50 / p99 (append",
+    "per-batch time as the state doubles",
+    "celebrity tweet",
+)
 GOALS = {
     "throughput_ratio": 0.3,
     "freshness_p99_s": 5.0,
@@ -519,16 +542,40 @@ def markdown_table(res: dict) -> str:
     ]
     for row in table_rows(res):
         lines.append("| " + " | ".join(str(row[c]).replace("|", "\\|") for c in cols) + " |")
-    lines += ["", "![benchmarks](docs/bench.png)"]
+    lines += ["", "![benchmarks](bench.png)"]  # beside docs/bench.md, the page the table is written to
     return "\n".join(lines)
 
 
-def update_readme(readme: Path, table: str) -> bool:
-    text = readme.read_text() if readme.exists() else ""
-    if START not in text or END not in text:
+def summary(res: dict) -> str:
+    """Five lines for the README: when and where, how many goals were met (naming those not met), and the
+    `HEADLINES` rows' measured figures (the part of each before its first parenthesis) and goals."""
+    rows = table_rows(res)
+    judged = [r for r in rows if r["met"] in ("met", "**not met**")]
+    missed = [r["figure"] for r in judged if r["met"] != "met"]
+    first = (
+        f"Measured by `make bench` on {res['meta']['when']} ({res['meta']['machine']}): "
+        f"{len(judged) - len(missed)} of {len(judged)} goals met"
+        + (f" (not met: {'; '.join(missed)})" if missed else "")
+        + ". The whole table, how each figure is measured and earlier runs: [docs/bench.md](docs/bench.md)."
+    )
+    lines = [first]
+    for head in HEADLINES:
+        row = next((r for r in rows if r["figure"].startswith(head)), None)
+        if row is not None:
+            measured = row["measured"].split(" (")[0]
+            ratio = f"ratio {row['ratio']}, " if row["ratio"] else ""
+            goal = f" ({ratio}goal {row['goal']}: {row['met'].strip('*')})" if row["goal"] else ""
+            lines.append(f"- {row['figure']}: {measured}{goal}")
+    return "\n".join(lines)
+
+
+def update_block(path: Path, block: str, start: str = START, end: str = END) -> bool:
+    """Replace what `path` holds between `start` and `end` with `block`; False (nothing written) without them."""
+    text = path.read_text() if path.exists() else ""
+    if start not in text or end not in text:
         return False
-    a, b = text.index(START) + len(START), text.index(END)
-    readme.write_text(text[:a] + "\n" + table + "\n" + text[b:])
+    a, b = text.index(start) + len(start), text.index(end)
+    path.write_text(text[:a] + "\n" + block + "\n" + text[b:])
     return True
 
 

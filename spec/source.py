@@ -7,7 +7,10 @@ Environment variables: a scalar may hold `${NAME}` or `${NAME:-default}`, replac
 default when it is unset or empty). A scalar that is one such reference and nothing else takes the type of the
 text it becomes, as if written there (`cap: ${TIMELINE_CAP:-800}` is the number 800; an empty result is null), so
 a pipeline can follow settings such as `TIMELINE_CAP` without a second copy of them. (In a flow mapping, `{...}`,
-quote such a scalar: `cap: "${TIMELINE_CAP:-800}"`.)
+quote such a scalar: `cap: "${TIMELINE_CAP:-800}"`.) A variable whose name says it may hold a credential
+(`SECRETIVE`: a part PASSWORD, PASSWD, PASS, SECRET, TOKEN, CREDENTIAL(S), PRIVATE, KEY, DSN, URL or URI, e.g.
+`AWS_SECRET_ACCESS_KEY`, `PG_DSN`, `REDIS_URL`) is refused with its line: a pipeline file could otherwise copy it
+into a view that anyone who reads Redis sees.
 
 YAML 1.1 reads the keys `on`, `off`, `yes`, `no` as booleans; such a key is kept as the boolean (the checks say
 what to write instead, e.g. `match:` for `on:`).
@@ -24,12 +27,15 @@ from collections.abc import Mapping
 
 import yaml
 
-__all__ = ["read_yaml", "YamlProblem", "MAX_DEPTH", "MAX_NODES"]
+__all__ = ["read_yaml", "YamlProblem", "MAX_DEPTH", "MAX_NODES", "SECRETIVE"]
 
 MAX_DEPTH = 64  # levels of mappings and sequences (a pipeline needs about 8)
 MAX_NODES = 100_000  # keys, items and values once aliases are expanded (the shipped pipelines have under 400)
 
 _SCALARS = yaml.SafeLoader("")  # constructs scalar nodes only (no state kept between them)
+SECRETIVE = re.compile(
+    r"(?:^|_)(?:PASSWORD|PASSWD|PASS|SECRET|TOKEN|CREDENTIALS?|PRIVATE|KEY|DSN|URL|URI)(?:_|$)", re.IGNORECASE
+)
 _REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -76,6 +82,12 @@ def _build(node, path: tuple, lines: dict, env: Mapping[str, str]):
         return items
     value = _SCALARS.construct_object(node, deep=True)
     if isinstance(value, str) and "${" in value:
+        for m in _REF.finditer(value):
+            if SECRETIVE.search(m.group(1)):
+                raise YamlProblem(
+                    node.start_mark.line + 1,
+                    f"${{{m.group(1)}}} may hold a credential: a pipeline file may not read it (write the value)",
+                )
         return _substitute(value, env)
     return value
 

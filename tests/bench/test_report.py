@@ -1,11 +1,21 @@
-"""The bench report: table rows with goals and honest marks, the README block replaced between its markers,
-the plot written. (The benchmarks themselves run in `make bench`, not in the test suite.)"""
+"""The bench report: table rows with goals and honest marks, the README's summary, a page's block replaced between
+its markers, the plot written. (The benchmarks themselves run in `make bench`, not in the test suite.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.report import END, START, markdown_table, plot, table_rows, update_readme
+from bench.report import (
+    END,
+    START,
+    SUMMARY_END,
+    SUMMARY_START,
+    markdown_table,
+    plot,
+    summary,
+    table_rows,
+    update_block,
+)
 
 RESULTS = {
     "meta": {"when": "2026-11-22 05:00 UTC", "machine": "2 cores", "seconds": 600.0},
@@ -66,15 +76,31 @@ def test_rows_carry_ratios_goals_and_honest_marks():
     assert rows["clicks"]["met"] == rows["enrichment"]["met"] == "not available"
 
 
-def test_readme_block_is_replaced_between_markers_only(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\nbefore\n{START}\nold table\n{END}\nafter\n")
+def test_a_block_is_replaced_between_its_markers_only(tmp_path):
+    page = tmp_path / "bench.md"
+    page.write_text(f"# x\nbefore\n{START}\nold table\n{END}\nafter\n")
     table = markdown_table(RESULTS)
-    assert update_readme(readme, table)
-    text = readme.read_text()
+    assert update_block(page, table)
+    text = page.read_text()
     assert text.startswith("# x\nbefore\n") and text.endswith(f"{END}\nafter\n")
     assert "old table" not in text and "| timeline entries/s |" in text
-    assert not update_readme(tmp_path / "none.md", table)
+    assert not update_block(tmp_path / "none.md", table)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"a\n{SUMMARY_START}\nold\n{SUMMARY_END}\nb\n{START}\nkept\n{END}\n")
+    assert update_block(readme, summary(RESULTS), SUMMARY_START, SUMMARY_END)
+    assert "old" not in readme.read_text() and "kept" in readme.read_text()
+
+
+def test_the_summary_is_five_lines_at_most_with_the_goals_met_and_a_link_to_the_table():
+    lines = summary(RESULTS).splitlines()
+    assert 1 < len(lines) <= 5
+    assert lines[0].startswith("Measured by `make bench` on 2026-11-22 05:00 UTC (2 cores): 2 of 4 goals met")
+    assert "(not met: timeline entries/s; incremental batch vs recomputing the whole SQL)" in lines[0]
+    assert lines[0].endswith("[docs/bench.md](docs/bench.md).")
+    assert (
+        "- freshness p50 / p99 (append -> every follower): 0.8 s / 4 s (ratio 0.8, goal p50 <= 1 s, p99 <= 5 s: met)"
+        in lines
+    )
 
 
 def test_plot_writes_a_png(tmp_path):

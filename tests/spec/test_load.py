@@ -408,3 +408,23 @@ def test_a_value_of_the_wrong_kind_is_said_in_words(old, new, key, says):
         parse_pipeline(_job(body).replace(old, new), "shop.yml", {})
     message = str(caught.value)
     assert key in message and says in message and "Input should" not in message, message
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["AWS_SECRET_ACCESS_KEY", "PG_DSN", "REDIS_URL", "db_password", "API_TOKEN", "PASS", "MY_PRIVATE_KEY"],
+)
+def test_a_variable_that_may_hold_a_credential_is_refused_with_its_line(name):
+    text = _job(PAID + _ROW_VIEW.replace("X", f"\"concat('${{{name}}}', order_id)\""))
+    with pytest.raises(PipelineError) as caught:
+        parse_pipeline(text, "shop.yml", {name: "s3cr3t-value"})
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shop.yml:12: ") and name in lines[0], lines
+    assert "s3cr3t-value" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["TIMELINE_CAP", "PG_TABLE", "KEYSPACE_TIER", "PASSAGE_CITY"])
+def test_other_variables_are_read(name):
+    text = _job(PAID + _ROW_VIEW.replace("X", f"\"concat('${{{name}}}', order_id)\""))
+    pipeline = parse_pipeline(text, "shop.yml", {name: "v1"})
+    assert dict(pipeline.views["v"].fields)["x"] == "concat('v1', order_id)"
