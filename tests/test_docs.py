@@ -51,6 +51,23 @@ def _docs() -> str:
     return "\n".join(_text(p) for p in DOCS)
 
 
+# docs/extending.md's worked examples name the files, targets and variables a new view kind (`set`), join kind
+# (`window`) and source (`mysql`) would add: not in the code, by design. The checks that the docs name only what
+# exists skip the spans of that page that name them.
+EXAMPLES = re.compile(r"(?<![A-Za-z])(?:set|window|mysql)(?![a-z])", re.I)
+
+
+def _named_docs() -> str:
+    """The docs' text for the checks that what they name exists: the worked examples' new names left out."""
+    parts = []
+    for p in DOCS:
+        text = _text(p)
+        if p.name == "extending.md":
+            text = re.sub(r"`[^`\n]+`", lambda m: "" if EXAMPLES.search(m.group(0)) else m.group(0), text)
+        parts.append(text)
+    return "\n".join(parts)
+
+
 def _code_files() -> list[Path]:
     files = [p for pkg in SERVICE for p in (ROOT / pkg).rglob("*.py")]
     return files + [ROOT / "Makefile", *sorted((ROOT / "timeline_demo" / "pipelines").glob("*.yml"))]
@@ -102,7 +119,7 @@ def _code_spans(text: str) -> list[str]:
 
 
 def _mentioned(pattern: str) -> set[str]:
-    return {m for span in _code_spans(_docs()) for m in re.findall(pattern, span)}
+    return {m for span in _code_spans(_named_docs()) for m in re.findall(pattern, span)}
 
 
 def _words(text: str) -> set[str]:
@@ -142,7 +159,7 @@ def test_every_make_target_the_docs_name_exists():
 def test_every_variable_the_docs_name_exists():
     """A backticked `NAME` or `NAME=...` with an underscore: an environment variable the code reads, a variable
     not ours, or a name the code still holds (a constant such as `MAX_RECORD_BYTES`)."""
-    spans = re.findall(r"`([^`\n]+)`", _docs())
+    spans = re.findall(r"`([^`\n]+)`", _named_docs())
     named = {
         m.group(1) for s in spans if (m := re.fullmatch(r"([A-Z][A-Z0-9]*_[A-Z0-9_]+)(=.*)?", s.strip()))
     }
@@ -174,8 +191,8 @@ def _resolves(dotted: str) -> bool:
 def test_every_module_and_file_the_docs_name_exists():
     """A backticked module (`jobs.core.lease`, `views.list.read_list`) or path (`jobs/core/lease.py`) of ours."""
     roots = "|".join(SERVICE + ["tests"])
-    spans = re.findall(r"`([^`\n]+)`", _docs())
-    links = re.findall(r"\]\(((?:" + roots + r")/[^)#\s]+)\)", _docs())
+    spans = re.findall(r"`([^`\n]+)`", _named_docs())
+    links = re.findall(r"\]\(((?:" + roots + r")/[^)#\s]+)\)", _named_docs())
     dotted = {
         m
         for s in spans
