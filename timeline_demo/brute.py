@@ -636,7 +636,7 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
 
 
 def _item_entry(view: View) -> str | None:
-    """The name a list view's query item carries its entry under (README, "The file, key by key"): none when a field
+    """The name a list view's query item carries its entry under (docs/reference.md, "The file, key by key"): none when a field
     is the entry expression itself (backquotes aside); else the entry's column name (`t.x`: `x`) unless a field has
     it, else `entry`, `_entry`, ... (the first no field has)."""
     bare = view.entry.strip("` ")

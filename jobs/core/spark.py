@@ -44,7 +44,7 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
 
     With a local master the driver JVM listens on 127.0.0.1 only (its RPC and block-manager ports by
     `loopback_conf`, Spark's own web UI by `loopback_env`, set in the environment the JVM starts with); with any
-    other master Spark binds as its configuration says (README, "What listens on the network").
+    other master Spark binds as its configuration says (docs/security.md, "What listens on the network").
     A lake on S3 (`settings.lake.kind == "s3"`) adds Hadoop's S3A, its settings and its credentials: see `s3a_conf`.
 
     Spark's private APIs in use are checked for (`joins.sparkapi`: the version before the JVM starts, the classes
@@ -214,7 +214,7 @@ def is_local(master: str) -> bool:
 def loopback_conf(master: str) -> dict[str, str]:
     """The Spark settings that bind a local master's driver to 127.0.0.1: its RPC endpoint and its block manager
     (which listens on the driver's bind address), and the address they advertise. {} for any other master, whose
-    executors must reach the driver from other machines (README, "What listens on the network").
+    executors must reach the driver from other machines (docs/security.md, "What listens on the network").
 
     Without them the driver binds the address Spark finds for the machine's name, and where that name resolves to
     a loopback address, the first non-loopback interface's ("hostname resolves to a loopback address; using

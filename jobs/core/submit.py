@@ -10,7 +10,7 @@ share no disk, LAKE_DIR is `hdfs://...` or `s3a://...` (a local LAKE_DIR works o
 
 With a local master (`local[*]`) the driver listens on 127.0.0.1 only, as in `jobs.core.spark.get_spark`: the command
 adds `jobs.core.spark.loopback_conf` as `--conf`s and `main` starts it with `jobs.core.spark.loopback_env` (Spark's web UI).
-With a cluster master nothing is added: what to set there is in the README ("What listens on the network").
+With a cluster master nothing is added: what to set there is in docs/security.md ("What listens on the network").
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 
 The server is S3Proxy `S3PROXY_VERSION` (`org.gaul:s3proxy`, Apache-2.0, and its dependencies from Maven Central,
 resolved once with `mvn dependency:copy-dependencies` into `<venv>/mview-s3proxy/<version>/lib`) with its
-`filesystem` backend: a bucket is a directory, an object a file. Why this one (README, "An S3 server for
-development"): it is a Java program from Maven Central like the other development servers (no new toolchain, no
+`filesystem` backend: a bucket is a directory, an object a file. Why this one (docs/lake.md, "Servers for a lake
+beyond one machine"): it is a Java program from Maven Central like the other development servers (no new toolchain, no
 binary download), it checks AWS signatures (V2 and V4) and serves path-style addressing, ListObjectsV2 and
 multipart uploads, and it answers `If-None-Match: *` as S3 does with an atomic claim of the key (it publishes the
 new object with link(2), which fails when the key exists), so of concurrent conditional puts of one key exactly
