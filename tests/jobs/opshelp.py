@@ -19,8 +19,10 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from changelog.storage import Lake
 from jobs.core.generations import key_kinds
 from jobs.core.registry import job_spec
+from jobs.core.runtime import committed_batches
 from jobs.core.settings import Settings
 from jobs.dev.redis import free_port
 from jobs.ops.deploy import settings_env
@@ -174,14 +176,11 @@ def wait_for(predicate, what: str, timeout_s: float = 1200.0, every_s: float = 0
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-def batch_in_flight(checkpoint: Path) -> bool:
-    """True while the query has planned a micro-batch (offsets/N) it has not committed (no commits/N)."""
-
-    def ids(d: Path) -> list[int]:
-        return [int(p.name) for p in d.iterdir() if p.name.isdigit()] if d.is_dir() else []
-
-    offsets, commits = ids(checkpoint / "offsets"), ids(checkpoint / "commits")
-    return bool(offsets) and max(offsets) > max(commits, default=-1)
+def batch_in_flight(lake: Lake, checkpoint: str) -> bool:
+    """True while the query checkpointed at key `checkpoint` of `lake` (local, HDFS or S3) has planned a micro-batch
+    (offsets/N) it has not committed (no commits/N: `jobs.core.runtime.committed_batches`)."""
+    planned = [int(e.name) for e in lake.list(checkpoint, "offsets") if e.name.isdigit() and not e.is_dir]
+    return bool(planned) and max(planned) > max(committed_batches(lake, checkpoint), default=-1)
 
 
 def redis_content(client: redis.Redis, job: str, generation: int) -> dict:

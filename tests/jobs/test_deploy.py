@@ -52,7 +52,7 @@ import pytest
 import redis
 
 from changelog.ingest import ingest
-from jobs.core.runtime import checkpoint_dir, read_status
+from jobs.core.runtime import checkpoint_dir, checkpoint_key, read_status
 from jobs.dev.redis import free_port
 from jobs.ops.deploy import deploy, log_path, settings_env, stop
 from jobs.ops.replay import replay
@@ -190,7 +190,7 @@ def test_deploy_is_idempotent_and_a_kill9_mid_batch_resumes(service, capsys):
     gen = service.status()["generation"]
     service.feed_part(1, ["tweets"])
     wait_for(
-        lambda: batch_in_flight(Path(checkpoint_dir(settings, JOB, gen))),
+        lambda: batch_in_flight(settings.lake, checkpoint_key(JOB, gen)),
         "a micro-batch in flight",
         every_s=0.02,
     )
@@ -327,7 +327,7 @@ def test_stop_while_waiting_for_redis_is_immediate_and_loses_nothing(service, ca
     service.own.stop()
     service.feed_part(5, ["tweets"])
     wait_for(
-        lambda: batch_in_flight(Path(checkpoint_dir(settings, JOB, gen))), "a micro-batch waiting for Redis"
+        lambda: batch_in_flight(settings.lake, checkpoint_key(JOB, gen)), "a micro-batch waiting for Redis"
     )
     wait_for(lambda: "waiting for Redis" in str(status_of(settings, JOB).get("redis")), "status to say so")
     r = mview(settings, "status", "--json")

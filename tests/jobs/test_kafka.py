@@ -31,7 +31,7 @@ from changelog.deadletters import read_dead_letters
 from changelog.ingest import ingest
 from changelog.records import MAX_RECORD_BYTES
 from changelog.topics import table_version, topic_columns, topic_path
-from jobs.core.runtime import checkpoint_dir
+from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.ops.deploy import deploy, settings_env, stop
 from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings
@@ -249,9 +249,9 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
         assert deploy(settings, JOB) == 0
         pid = status_of(settings, JOB)["pid"]
         producer.start()
-        cp = Path(checkpoint_dir(settings, JOB, 0))  # a local lake
-        wait_for(lambda: (cp / "commits" / "0").exists(), "a first committed batch")
-        wait_for(lambda: batch_in_flight(cp), "a micro-batch in flight", every_s=0.02)
+        cp = checkpoint_key(JOB, 0)
+        wait_for(lambda: committed_batches(settings.lake, cp), "a first committed batch")
+        wait_for(lambda: batch_in_flight(settings.lake, cp), "a micro-batch in flight", every_s=0.02)
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not status_of(settings, JOB)["running"], "the killed driver to be gone")
         assert deploy(settings, JOB) == 0
