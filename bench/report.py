@@ -6,6 +6,7 @@ bench/results.json."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 __all__ = [
@@ -570,13 +571,20 @@ def summary(res: dict) -> str:
 
 
 def update_block(path: Path, block: str, start: str = START, end: str = END) -> bool:
-    """Replace what `path` holds between `start` and `end` with `block`; False (nothing written) without them."""
+    """Replace what `path` holds between the lines `start` and `end` (each alone on its line, so a page may name the
+    markers in its prose) with `block`; False (nothing written) without them."""
     text = path.read_text() if path.exists() else ""
-    if start not in text or end not in text:
+    a, b = _marker_line(text, start), _marker_line(text, end)
+    if a is None or b is None or b < a:
         return False
-    a, b = text.index(start) + len(start), text.index(end)
-    path.write_text(text[:a] + "\n" + block + "\n" + text[b:])
+    path.write_text(text[: a + len(start)] + "\n" + block + "\n" + text[b:])
     return True
+
+
+def _marker_line(text: str, marker: str) -> int | None:
+    """Where the first line that is `marker` alone (white space aside) starts, at the marker; None without one."""
+    m = re.search(rf"^[ \t]*({re.escape(marker)})[ \t]*$", text, re.MULTILINE)
+    return m.start(1) if m else None
 
 
 def plot(res: dict, path: Path) -> None:

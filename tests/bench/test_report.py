@@ -3,6 +3,8 @@ its markers, the plot written. (The benchmarks themselves run in `make bench`, n
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.report import (
@@ -64,6 +66,9 @@ RESULTS = {
     "clicks": {"available": False, "note": "bench.clicks not available on this branch"},
     "enrichment": {"error": "RuntimeError: boom"},
 }
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_rows_carry_ratios_goals_and_honest_marks():
@@ -429,3 +434,22 @@ def test_baseline_rows_set_this_code_beside_the_older_commit_of_the_same_run():
     assert [r["measured"] for r in failed if r["figure"] == "against an older commit"] == [
         "failed: RuntimeError: cannot check out abc1234"
     ]
+
+
+def test_markers_named_in_prose_are_not_the_block(tmp_path):
+    page = tmp_path / "bench.md"
+    prose = f"The table sits between `{START}` and `{END}` below.\n"
+    page.write_text(f"{prose}\n{START}\nold table\n{END}\nafter\n")
+    assert update_block(page, "new table")
+    assert page.read_text() == f"{prose}\n{START}\nnew table\n{END}\nafter\n"
+
+
+def test_the_shipped_pages_have_their_markers_on_lines_of_their_own(tmp_path):
+    for name, start, end in (("docs/bench.md", START, END), ("README.md", SUMMARY_START, SUMMARY_END)):
+        copy = tmp_path / name.replace("/", "_")
+        original = (ROOT / name).read_text()
+        copy.write_text(original)
+        assert update_block(copy, "BLOCK", start, end), name
+        text = copy.read_text()
+        assert text.count("BLOCK") == 1 and f"\n{start}\nBLOCK\n{end}" in text, name
+        assert text.count(start) == original.count(start), name  # the prose that names a marker is kept
