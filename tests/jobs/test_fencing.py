@@ -4,7 +4,11 @@ sink still to send; re-follows arrive; a second driver, started by hand as on an
 namespace, working directory and HOME), takes the job's lease once it expired and applies both batches; then the
 first continues (SIGCONT). Its stale writes change nothing (refused by the job's fence in Redis, `views.fence`),
 it exits 1 saying it lost the lease, and the timelines equal their definition. Without the fence the rest of its
-stale batch lands and some timelines lose the unfollowed author's entries for good."""
+stale batch lands and some timelines lose the unfollowed author's entries for good.
+
+On a local lake, on HDFS and on S3 (the session's `tests.devhelp.hdfs_server` and `s3_server`, each case its own
+path or prefix): the lease, the checkpoint and the tables are in that store, and the test reads the checkpoint
+through it (`changelog.storage.Lake`)."""
 
 from __future__ import annotations
 
@@ -14,10 +18,12 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 
 import pytest
 import redis
 
+from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
 from tests.devhelp import ingest_cli
@@ -94,12 +100,29 @@ def _pause_at_first_list_rewrite(redis_url: str, pid: int) -> threading.Event:
     return paused
 
 
-def test_a_paused_driver_taken_over_leaves_the_timelines_exact(redis_url, tmp_path):
+@pytest.fixture(params=["local", "hdfs", "s3"])
+def lake(request, tmp_path) -> tuple[str, str, dict[str, str]]:
+    """The store of a case (local, the session's HDFS or S3 server, started here at its first use), its LAKE_DIR
+    (its own path on HDFS, its own prefix in the bucket) and its environment (S3: its endpoint and credentials;
+    `get_spark` adds S3A for them)."""
+    store = request.param
+    if store == "local":
+        return store, str(tmp_path / "lake"), {}
+    server = request.getfixturevalue(f"{store}_server")
+    name = f"fencing-{uuid.uuid4().hex[:8]}"
+    if store == "hdfs":
+        return store, f"{server.url}/{name}", {}
+    return store, f"s3a://{server.bucket}/{name}", server.env()
+
+
+def test_a_paused_driver_taken_over_leaves_the_timelines_exact(lake, redis_url, tmp_path):
     connect(redis_url).flushdb()
+    store, lake_dir, store_env = lake
     settings = make_settings(
-        tmp_path / "lake", redis_url, SPARK_MASTER="local[1]", SPARK_DRIVER_MEMORY="1g", METRICS_PORT="off",
-        TIMELINE_CAP=CAP, TRIGGER_INTERVAL="200 ms", SHUFFLE_PARTITIONS=1,
+        lake_dir, redis_url, SPARK_MASTER="local[1]", SPARK_DRIVER_MEMORY="1g", METRICS_PORT="off",
+        TIMELINE_CAP=CAP, TRIGGER_INTERVAL="200 ms", SHUFFLE_PARTITIONS=1, **store_env,
     )  # fmt: skip
+    assert settings.lake.kind == store
     env = {**os.environ, **settings_env(settings), "LEASE_TTL": "4 s", "PYTHONPATH": os.getcwd()}
     env.pop("XDG_STATE_HOME", None)
     tweets, follows = _tweets(), _records("follow", 2_000)
@@ -115,16 +138,19 @@ def test_a_paused_driver_taken_over_leaves_the_timelines_exact(redis_url, tmp_pa
     try:
         truth = expected_timelines(tweets, follows, CAP)
         wait_for(lambda: timelines() == truth, "the first driver to catch up", timeout_s=600)
-        checkpoint = tmp_path / "lake" / "checkpoints" / JOB / "g1"
+        checkpoint = checkpoint_key(JOB, 1)  # read through the store (settings.lake), local or not
         paused = _pause_at_first_list_rewrite(redis_url, first.pid)
         ingest_cli(settings, tmp_path, "follows", unfollows)
         assert paused.wait(600), "the first driver never rewrote a list"
-        assert batch_in_flight(checkpoint)  # stopped mid-batch: before Spark committed it
+        assert batch_in_flight(settings.lake, checkpoint)  # stopped mid-batch: before Spark committed it
         ingest_cli(settings, tmp_path, "follows", refollows)
         second = _driver(env, tmp_path / "second", namespace=True)
         truth = expected_timelines(tweets, follows + unfollows + refollows, CAP)  # as after the follows
-        committed = checkpoint / "commits" / "2"  # the re-follows' batch: only the second driver runs now
-        wait_for(committed.exists, "the second driver to apply both batches", timeout_s=600)
+        wait_for(  # the re-follows' batch (2) committed: only the second driver runs now
+            lambda: 2 in committed_batches(settings.lake, checkpoint),
+            "the second driver to apply both batches",
+            timeout_s=600,
+        )
         assert timelines() == truth
         os.killpg(first.pid, signal.SIGCONT)
         assert first.wait(timeout=300) == 1
