@@ -246,21 +246,21 @@ class Pipeline:
         return cols + ([(VERSION, "string")] if j.kind == "asof" else [])
 
     def fingerprint(self, job: str) -> str:
-        """What a generation of `job` is built from: the job, its views and the topics it reads (their
-        declarations), as a short hash. A job started with another fingerprint is rebuilt into a new generation."""
-        j = self.jobs[job]
-        body = {
-            "job": asdict(j),
-            # where a topic's records come from (its capture) does not change what they mean
-            "topics": {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics},
-        }
-        text = json.dumps(body, sort_keys=True, default=_plain)
+        """What a generation of `job` is built from (`definition`), as a short hash. A job started with another
+        fingerprint is rebuilt into a new generation."""
+        text = json.dumps(self.definition(job), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def definition(self, job: str) -> dict:
-        """The job's declaration as plain data (for the status and the log: what a generation was built from)."""
+        """What a generation of `job` is built from, as plain data: the job with its views (`job`) and the
+        declarations of the topics it reads (`topics`; where a topic's records come from, its capture, does not
+        change what they mean)."""
         j = self.jobs[job]
-        return json.loads(json.dumps(asdict(j), default=_plain))
+        body = {
+            "job": asdict(j),
+            "topics": {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics},
+        }
+        return json.loads(json.dumps(body, default=_plain))
 
 
 def _plain(value):

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import asdict
 
 import redis
 
@@ -257,11 +255,9 @@ def _definition_key(job: str, generation: int) -> str:
 
 
 def definition_of(settings: Settings, job: str) -> dict:
-    """What a generation of `job` is built from, as plain data: the job with its views (`job`) and the topics it
-    reads (`topics`), the declarations `spec.model.Pipeline.fingerprint` hashes."""
-    pipeline = settings.pipeline()
-    topics = {t: {**asdict(pipeline.topics[t]), "capture": None} for t in pipeline.jobs[job].topics}
-    return {"job": pipeline.definition(job), "topics": json.loads(json.dumps(topics, default=_plain))}
+    """What a generation of `job` is built from, as plain data (`spec.model.Pipeline.definition`, what its
+    fingerprint hashes): the job with its views (`job`) and the topics it reads (`topics`)."""
+    return settings.pipeline().definition(job)
 
 
 def record_definition(settings: Settings, job: str, generation: int) -> None:
@@ -316,11 +312,3 @@ def _changed_keys(a: dict, b: dict) -> str:
 
 def _plain_value(v) -> str:
     return "none" if v is None else json.dumps(v)
-
-
-def _plain(value):
-    if isinstance(value, (frozenset, set)):
-        return sorted(value)
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(type(value).__name__)
