@@ -39,6 +39,7 @@ __all__ = [
     "driver_jvm",
     "jvm",
     "hadoop_configuration",
+    "parse_expression",
     "codegen_compilations",
     "with_size_estimate",
     "size_estimate",
@@ -226,6 +227,14 @@ def hadoop_configuration(spark):
     """The session's Hadoop configuration (a JVM object), from which the driver's file systems and the
     configuration shipped with each task are made: `SparkContext._jsc.hadoopConfiguration()`."""
     return spark.sparkContext._jsc.hadoopConfiguration()
+
+
+def parse_expression(spark, text: str):
+    """The unresolved expression tree (a JVM Catalyst `Expression`, its functions not looked up) that the session's
+    SQL parser makes of `text`; a text that does not parse raises PySpark's ParseException. PySpark parses only
+    inside `expr`/`selectExpr`, which resolve at once; the parser is `SparkSession._jsparkSession.sessionState()
+    .sqlParser()`."""
+    return spark._jsparkSession.sessionState().sqlParser().parseExpression(text)
 
 
 def codegen_compilations(spark) -> Callable[[], int]:

@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType
 
 from changelog.current import quoted
+from joins.sparkapi import jvm, parse_expression
 from joins.state import empty_frame
 from spec.model import MATCHES, SQL_TYPES, VERSION, Pipeline, View
 from spec.sql import JAVA_FUNCTIONS
@@ -196,10 +197,9 @@ def _parsed_nodes(spark, text: str):
     or none when it does not parse (the analysis says why)."""
     from pyspark.errors import ParseException
 
-    parser = spark._jsparkSession.sessionState().sqlParser()
     with _quiet():
         try:
-            stack = [parser.parseExpression(text)]
+            stack = [parse_expression(spark, text)]
         except (ParseException, AnalysisException):
             return
     while stack:
@@ -212,8 +212,9 @@ def _parsed_nodes(spark, text: str):
 def _outside_reach(spark, text: str) -> str | None:
     """Why the expression `text` may not run (`spec.sql`: a call of a Java reflection function, a subquery), from
     Spark's own parse of it (no scan of the text to fool)."""
-    jvm = spark._jvm
-    subquery = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.expressions.SubqueryExpression")
+    subquery = jvm(spark).java.lang.Class.forName(
+        "org.apache.spark.sql.catalyst.expressions.SubqueryExpression"
+    )
     for node in _parsed_nodes(spark, text):
         if node.getClass().getSimpleName() == "UnresolvedFunction":
             parts = node.nameParts()
