@@ -51,9 +51,9 @@ The definitions, taken from the contract's wording (and docs/architecture.md, "P
   direction, an entry (cast to string) once per key (its first place), rows with a null entry or order left out;
   `log`: the emitted rows' fields, by the stream event's id (one id field: its text; several: a JSON array).
 - `query --json`: row: the line plus `final` (interval jobs) and `generation`; count: the line plus `generation`;
-  list: `{"<key name>": key, "generation": g, "<entries>": [entry, ...], "<items>": [item, ...]}` (at most `limit`
-  of each; an item is the entry's fields, the entry first under `_item_entry`'s name unless a field is it; with
-  `items` unset only the items); a key with no entry (or none within `limit`) gives `{}`, in every kind.
+  list: `{"<key name>": key, "generation": g, "<items>": [item, ...]}` (at most `limit`; an item is the entry's
+  fields, the entry first under `_item_entry`'s name unless a field is it); a key with no entry (or none within
+  `limit`) gives `{}`, in every kind.
 
 Limits: expressions are those of `timeline_demo.brute_sql` (anything else raises `ExprError` naming it);
 integers are 64-bit everywhere (Spark's 32-bit INT literals are not modelled); decimals (`1.5`) are doubles;
@@ -701,7 +701,7 @@ class BruteResult:
             name = _item_entry(v)
             if name is not None:
                 items = [{name: e, **item} for e, item in zip(ids, items, strict=True)]
-            return {v.key_name: key, "generation": generation, v.entries: ids, v.items_name: items}
+            return {v.key_name: key, "generation": generation, v.items_name: items}
         line = out.lines.get(key)
         if line is None:
             return {}

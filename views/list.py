@@ -556,10 +556,13 @@ def read_list(
 
 
 def query_list(client, view: View, key: str, limit: int | None = None) -> dict:
-    """`read_list(client, view, key, limit)`, `{}` when it holds no item (the key has no entry, or `limit` is 0), as
-    every view kind's query (the form `views.read.query_view` calls)."""
+    """`{"<key name>": key, "generation": g, "<items>": [{<entry>, <fields>}, ...]}` (`read_list`'s items, each
+    naming its entry, without the separate entries array), `{}` when it holds no item (the key has no entry, or
+    `limit` is 0), as every view kind's query (the form `views.read.query_view` calls)."""
     got = read_list(client, view, key, limit)
-    return got if got[view.items_name] else {}
+    if not got[view.items_name]:
+        return {}
+    return {k: v for k, v in got.items() if k != view.entries or k == view.items_name}
 
 
 def export_list(

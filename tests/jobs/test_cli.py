@@ -220,7 +220,7 @@ def test_query_every_view_with_and_without_json(world):
     cli, here = world["cli"], world["here"]
     got = cli.json_line("query", "timeline", "b")
     assert got["user_id"] == "b" and got["generation"] == 1
-    assert [t["tweet_id"] for t in got["tweets"]] == got["tweet_ids"] == ["t3", "t1"]
+    assert [t["tweet_id"] for t in got["tweets"]] == ["t3", "t1"] and "tweet_ids" not in got
     assert got["tweets"][1] == {"tweet_id": "t1", "user_id": "a", "text": "first", "ts": T0 + 1}
     text = cli("query", "timeline", "b").stdout
     assert "\x1b" not in text and "\\x1b[31mred\\x07" in text and "t1  @a: first" in text
@@ -538,7 +538,6 @@ def test_query_of_a_list_view_of_a_users_own_pipeline_says_each_entry(redis_serv
     assert json.loads(out("query", "station_members", "s01", "--json")) == {
         "station_id": "s01",
         "generation": 1,
-        "riders": ["r2", "r1"],
         "members": [
             {"rider_id": "r2", "plan": "day", "fee": 9.5},
             {"rider_id": "r1", "plan": "student", "fee": 9.5},
@@ -560,6 +559,5 @@ def test_query_of_a_list_view_of_a_users_own_pipeline_says_each_entry(redis_serv
     assert got == {
         "customer_id": "c1",
         "generation": 1,
-        "order_ids": ["o1"],
         "orders": [{"order_id": "o1", "amount": 12.5, "ts": 5}],
     }
