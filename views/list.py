@@ -562,7 +562,7 @@ def query_list(client, view: View, key: str, limit: int | None = None) -> dict:
     got = read_list(client, view, key, limit)
     if not got[view.items_name]:
         return {}
-    return {k: v for k, v in got.items() if k != view.entries or k == view.items_name}
+    return {view.key_name: key, "generation": got["generation"], view.items_name: got[view.items_name]}
 
 
 def export_list(
