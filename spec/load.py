@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from spec.durations import parse_duration_ms
 from spec.errors import PipelineError, Problem
@@ -30,11 +30,12 @@ from spec.model import (
     Job,
     Join,
     Pipeline,
+    Select,
     Topic,
     View,
 )
 from spec.source import YamlProblem, read_yaml
-from spec.sql import outside_reach
+from spec.sql import outside_reach, parse_aggregate
 
 __all__ = ["load_pipeline", "parse_pipeline", "RESERVED_JOBS"]
 
@@ -104,9 +105,14 @@ class _Join(_Strict):
     match: dict[str, Expr]
 
 
+class _Select(_Strict):
+    source: str = Field(alias="from")
+
+
 class _View(_Strict):
     row: dict[str, Expr] | None = None
     count: dict[str, Expr] | None = None
+    agg: dict[str, Expr] | None = None
     list: dict[str, Expr] | None = None
     log: dict[str, Any] | None = None
     fields: dict[str, Expr] = {}
@@ -125,6 +131,7 @@ class _Job(_Strict):
     interval: _Interval | None = None
     asof: _Asof | None = None
     join: _Join | None = None
+    select: _Select | None = None
     views: dict[str, _View] = {}
 
 
@@ -383,17 +390,22 @@ def _field_expr(expr: str, known: Mapping[str, Topic] | None, path: tuple, out: 
 # long: one rule per join kind, as the contract lists them
 def _join(name: str, j: _Job, topics: dict[str, Topic], out: _Problems):
     path = ("jobs", name)
-    kinds = [k for k in ("interval", "asof", "join") if getattr(j, k) is not None]
+    kinds = [k for k in ("interval", "asof", "join", "select") if getattr(j, k) is not None]
     if len(kinds) != 1:
         out.add(
             path,
-            "a job has exactly one of `interval`, `asof`, `join`"
+            "a job has exactly one of `interval`, `asof`, `join`, `select`"
             + (f" (has {', '.join(kinds)})" if kinds else ""),
         )
         return None, None
     kind = kinds[0]
     raw = getattr(j, kind)
     p = (*path, kind)
+    if kind == "select":
+        t = topics.get(raw.source)
+        if t is None and raw.source not in out.broken_topics:
+            out.add((*p, "from"), f"unknown topic {raw.source!r} (topics: {', '.join(topics) or 'none'})")
+        return kind, None if t is None else Select(t.name)
     if not raw.match:
         out.add((*p, "match"), "empty: map at least one expression of one side to one of the other")
     match = tuple((str(a), _expr(b)) for a, b in raw.match.items())
@@ -456,6 +468,8 @@ def _join(name: str, j: _Job, topics: dict[str, Topic], out: _Problems):
 def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic]:
     """What a view's names may be, by topic: the sides' topics (interval: the left side only) and the job's own
     name (`matches`, `version`) as a topic of one field."""
+    if job_kind == "select":
+        return {sides[0].name: sides[0]}
     left, right = sides
     if job_kind == "interval":
         return {left.name: left, MATCHES: Topic(MATCHES, ((MATCHES, "long"),), MATCHES, id=(MATCHES,))}
@@ -468,22 +482,25 @@ def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic
 _KIND_KEYS = {
     "row": {"fields", "where", "show"},
     "count": {"values", "where", "show"},
+    "agg": {"values", "where", "show"},
     "list": {"entry", "order", "cap", "entries", "items", "fanout_limit", "fields", "where", "show"},
     "log": {"where"},
 }
 
 
 # long: one rule per view kind, as the contract lists them
-def _view(name: str, job: str, kind: str | None, v: _View, seen, out: _Problems) -> View | None:
+def _view(
+    name: str, job: str, kind: str | None, v: _View, seen, out: _Problems, event: bool = True
+) -> View | None:
     path = ("jobs", job, "views", name)
     before = len(out.found)
     if not _NAME.match(name):
         out.add(path, "a view name is a letter then letters, digits or _")
-    kinds = [k for k in ("row", "count", "list", "log") if getattr(v, k) is not None]
+    kinds = [k for k in ("row", "count", "agg", "list", "log") if getattr(v, k) is not None]
     if len(kinds) != 1:
         out.add(
             path,
-            "a view has exactly one of `row`, `count`, `list`, `log`"
+            "a view has exactly one of `row`, `count`, `agg`, `list`, `log`"
             + (f" (has {', '.join(kinds)})" if kinds else ""),
         )
         return None
@@ -506,8 +523,12 @@ def _view(name: str, job: str, kind: str | None, v: _View, seen, out: _Problems)
     }
     for k in sorted(given - _KIND_KEYS[vk]):
         out.add((*path, k), f"`{k}` is not a key of a {vk} view")
-    if vk == "log" and kind not in ("asof", None):
-        out.add((*path, "log"), "a log view is for asof jobs (an output log of the emitted rows)")
+    if vk == "log" and kind not in ("asof", "select", None):
+        out.add((*path, "log"), "a log view is for asof and select jobs (an output log of the emitted rows)")
+    if vk == "log" and kind == "select" and not event:
+        out.add(
+            (*path, "log"), "a log view of a select is of an event topic (a table's rows change and leave)"
+        )
     if vk == "list" and kind not in ("join", None):
         out.add((*path, "list"), "a list view is for join jobs (its entries come and go with the two tables)")
     key = None
@@ -530,12 +551,26 @@ def _view(name: str, job: str, kind: str | None, v: _View, seen, out: _Problems)
     values = tuple((str(n), _expr(e)) for n, e in v.values.items())
     if vk == "count" and not values:
         out.add((*path, "values"), "a count view needs `values`: the sums it keeps, e.g. `{orders: 1}`")
+    if vk == "agg" and not values:
+        out.add((*path, "values"), 'an agg view needs `values`: its aggregates, e.g. `{rides: "count(*)"}`')
+    exprs = fields + values
+    if vk == "agg":
+        exprs = fields
+        for n, e in values:
+            try:
+                a = parse_aggregate(e)
+            except ValueError as why:
+                out.add((*path, "values", n), str(why))
+                continue
+            if a.expr is not None:
+                exprs += ((n, a.expr),)
     for n, e in fields + values:
         if n.startswith("_") or not _NAME.match(n):
             out.add(
                 (*path, "fields" if (n, e) in fields else "values", n),
                 "a name is a letter then letters, digits or _",
             )
+    for n, e in exprs:
         _field_expr(
             e,
             seen,
@@ -646,7 +681,8 @@ def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -
                     f"the view name {vname!r} is taken by job {views_seen[vname]!r}",
                 )
             views_seen[vname] = name
-            view = _view(vname, name, kind, v, seen, out)
+            event = spec is None or topics[spec.topics[0]].kind == "event"
+            view = _view(vname, name, kind, v, seen, out, event)
             if view is not None:
                 views.append(view)
         if spec is not None:

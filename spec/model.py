@@ -1,10 +1,12 @@
-"""A pipeline as the service uses it: topics, jobs (one join each) and the views they publish, resolved and checked.
+"""A pipeline as the service uses it: topics, jobs (a join of two topics, or a select of one) and the views they
+publish, resolved and checked.
 
 Made by `spec.load.load_pipeline` from a pipeline file; immutable. Nothing here knows a domain: a topic is its fields
-and roles (id or key, time, op), a job is a join kind over two topics, a view is a kind (row, count, list, log)
-over the rows a job's join gives.
+and roles (id or key, time, op), a job is a join kind over two topics or a select of one topic, a view is a kind
+(row, count, agg, list, log) over the rows the job gives.
 
-What a view sees (`Pipeline.row_columns(job)`), per join kind:
+What a view sees (`Pipeline.row_columns(job)`), per job kind:
+- select: the topic's fields;
 - interval: the left topic's fields and `matches` (long): the number of matching right events seen so far;
 - asof: the stream's fields, the table's fields (bare where the stream has no field of that name), `version`;
 - join: the left topic's fields, the right topic's fields (bare where the left has no field of that name).
@@ -19,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from spec.sql import Aggregate, parse_aggregate
+
 __all__ = [
     "FieldType",
     "FIELD_TYPES",
@@ -28,6 +32,7 @@ __all__ = [
     "Interval",
     "Asof",
     "Join",
+    "Select",
     "View",
     "Job",
     "Pipeline",
@@ -161,18 +166,35 @@ class Join:
 
 
 @dataclass(frozen=True)
-class View:
-    """What Redis (or an output log) holds of a job's rows. kind: row | count | list | log.
+class Select:
+    """No join: the rows of one topic. An event topic gives each event once (a duplicate id has one effect); a table
+    topic its current rows, which change and leave with it."""
 
-    key: (name, expression) of a row, count or list view. fields: (name, expression) pairs of a row, list entry or
-    log line. values: (name, expression) sums of a count view. entry, order ((expression, descending) pairs), cap,
+    source: str
+
+    @property
+    def topics(self) -> tuple[str]:
+        return (self.source,)
+
+    @property
+    def match(self) -> tuple:
+        return ()
+
+
+@dataclass(frozen=True)
+class View:
+    """What Redis (or an output log) holds of a job's rows. kind: row | count | agg | list | log.
+
+    key: (name, expression) of a row, count, agg or list view. fields: (name, expression) pairs of a row, list entry
+    or log line. values: (name, expression) sums of a count view, (name, aggregate text) of an agg view
+    (`aggregates`: parsed). entry, order ((expression, descending) pairs), cap,
     entries (the export's name of the entry list), items (the name of the entries with their fields in `query
     --json`; default: `entries`'s), fanout_limit: a list view's. where: only the rows for which it holds. show: the
     plain `mview query` output of one row or entry (Python format fields named as the view's names)."""
 
     name: str
     job: str
-    kind: Literal["row", "count", "list", "log"]
+    kind: Literal["row", "count", "agg", "list", "log"]
     key: tuple[str, str] | None = None
     fields: tuple[tuple[str, str], ...] = ()
     values: tuple[tuple[str, str], ...] = ()
@@ -193,16 +215,21 @@ class View:
     def items_name(self) -> str:
         return self.items or self.entries
 
+    @property
+    def aggregates(self) -> tuple[tuple[str, Aggregate], ...]:
+        """(name, `spec.sql.Aggregate`) of an agg view's values, in declared order."""
+        return tuple((n, parse_aggregate(t)) for n, t in self.values)
+
 
 @dataclass(frozen=True)
 class Job:
     name: str
-    kind: Literal["interval", "asof", "join"]
-    spec: Interval | Asof | Join
+    kind: Literal["interval", "asof", "join", "select"]
+    spec: Interval | Asof | Join | Select
     views: tuple[View, ...]
 
     @property
-    def topics(self) -> tuple[str, str]:
+    def topics(self) -> tuple[str, ...]:
         return self.spec.topics
 
 
@@ -229,16 +256,19 @@ class Pipeline:
                 return f"{self.file}:{self.lines[path[:n]]}: {'.'.join(map(str, path))}"
         return f"{self.file}: {'.'.join(map(str, path))}"
 
-    def sides(self, job: str) -> tuple[Topic, Topic]:
-        a, b = self.jobs[job].topics
-        return self.topics[a], self.topics[b]
+    def sides(self, job: str) -> tuple[Topic, ...]:
+        """The topics `job` reads, in the order it declares them: two for a join kind, one for a select."""
+        return tuple(self.topics[t] for t in self.jobs[job].topics)
 
     def row_columns(self, job: str) -> list[tuple[str, str]]:
         """(name, SQL type) of the bare names a view of `job` sees (see the module docstring); every side's
         fields are also `<topic>.<field>`."""
         j = self.jobs[job]
-        first, second = self.sides(job)
+        first, *rest = self.sides(job)
         cols = [(n, SQL_TYPES[t]) for n, t in first.fields]
+        if j.kind == "select":
+            return cols
+        (second,) = rest
         if j.kind == "interval":
             return cols + [(MATCHES, "bigint")]
         taken = set(first.names)

@@ -15,8 +15,9 @@ name (`` `reflect`(...) `` is a call). The job checks the parsed expressions aga
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-__all__ = ["JAVA_FUNCTIONS", "outside_reach"]
+__all__ = ["JAVA_FUNCTIONS", "outside_reach", "AGGREGATES", "Aggregate", "parse_aggregate"]
 
 JAVA_FUNCTIONS = ("reflect", "java_method", "try_reflect")
 _CALL = re.compile(r"\b(" + "|".join(JAVA_FUNCTIONS) + r")\s*\(", re.IGNORECASE)
@@ -74,6 +75,54 @@ def _code(text: str, *, names: bool) -> str:
             out.append(c)
             i += 1
     return "".join(out)
+
+
+AGGREGATES = ("count", "sum", "min", "max", "avg")
+_AGGREGATE = re.compile(r"^\s*(" + "|".join(AGGREGATES) + r")\s*\((.*)\)\s*$", re.IGNORECASE | re.DOTALL)
+_DISTINCT = re.compile(r"^distinct\s+(.+)$", re.IGNORECASE | re.DOTALL)
+_AGGREGATE_FORMS = "an aggregate is count(*), count(EXPR), count(distinct EXPR), sum(EXPR), min(EXPR), max(EXPR) or avg(EXPR)"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One value of an `agg` view: `func` (count, sum, min, max, avg) over `expr` (Spark SQL over a row; None for
+    `count(*)`), of its distinct non-null values when `distinct` (count only)."""
+
+    func: str
+    expr: str | None
+    distinct: bool = False
+
+    @property
+    def text(self) -> str:
+        inner = "*" if self.expr is None else ("distinct " if self.distinct else "") + self.expr
+        return f"{self.func}({inner})"
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for c in _code(text, names=False):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def parse_aggregate(text: str) -> Aggregate:
+    """The aggregate `text` (`count(distinct rider_id)`) as an `Aggregate`; ValueError saying the accepted forms
+    when it is not one of them (an aggregate of an expression that is not whole, `sum(a) + sum(b)`, included)."""
+    m = _AGGREGATE.match(str(text))
+    inner = m.group(2).strip() if m else ""
+    if not m or not inner or not _balanced(inner):
+        raise ValueError(f"{_AGGREGATE_FORMS}, not {text!r}")
+    func = m.group(1).lower()
+    if inner == "*":
+        if func != "count":
+            raise ValueError(f"{func}(*) is not an aggregate: only count(*) counts rows")
+        return Aggregate(func, None)
+    d = _DISTINCT.match(inner)
+    if d and func != "count":
+        raise ValueError(f"{func}(distinct ...) is not an aggregate: only count takes distinct")
+    return Aggregate(func, d.group(1).strip() if d else inner, bool(d))
 
 
 def outside_reach(text: str) -> str | None:

@@ -158,7 +158,46 @@ BROKEN = [
         ),
         12,
         "jobs.j.views.v.log",
-        "asof jobs",
+        "asof and select jobs",
+    ),
+    (
+        "a log of a select of a table",
+        _job("  j:\n    select: {from: customers}\n    views: {v: {log: {fields: {a: tier}}}}\n"),
+        12,
+        "jobs.j.views.v.log",
+        "of an event topic",
+    ),
+    (
+        "a select of an unknown topic",
+        _job("  j:\n    select: {from: nowhere}\n    views: {v: {row: {a: tier}}}\n"),
+        11,
+        "jobs.j.select.from",
+        "unknown topic 'nowhere'",
+    ),
+    (
+        "an aggregate that is not one",
+        _job(
+            "  j:\n    select: {from: customers}\n    views: {v: {agg: {t: tier}, values: {n: median(ts)}}}\n"
+        ),
+        12,
+        "jobs.j.views.v.values.n",
+        "count(distinct EXPR)",
+    ),
+    (
+        "an agg view without values",
+        _job("  j:\n    select: {from: customers}\n    views: {v: {agg: {t: tier}}}\n"),
+        12,
+        "jobs.j.views.v.values",
+        "needs `values`",
+    ),
+    (
+        "an aggregate of a field the rows lack",
+        _job(
+            "  j:\n    select: {from: customers}\n    views: {v: {agg: {t: tier}, values: {n: max(nope)}}}\n"
+        ),
+        12,
+        "jobs.j.views.v.values.n",
+        "'nope' is not a field of customers",
     ),
     (
         "a count without values",
