@@ -1,10 +1,16 @@
 """A job's rows as the DataFrame its views' expressions are evaluated on, and the evaluation of those expressions.
 
-A join gives its rows in one layout for every kind (`joins.interval`, `joins.asof`, the table join):
-- the first topic's fields (left, stream) as columns under their own names;
-- the second topic's fields (right, table) in one struct column `_s1` (null when the row has no second side);
+A job gives its rows in one layout for every kind (`joins.interval`, `joins.asof`, the table join, `joins.select`):
+- the first topic's fields (left, stream, the selected topic) as columns under their own names;
+- the second topic's fields (right, table) in one struct column `_s1` (null when the row has no second side; none
+  for a select);
 - `_matches` (interval: the left event's matching right events so far), `_version` (asof: the version's id);
 - any other column the job needs, its name starting with `_` (`_id`: the row's identity; `_closed`, ...).
+
+A batch's *row changes* (what the views of a job that gives them consume, `views.agg`) are such rows with
+`_id` (the row's identity, unique among the job's live rows), `_sign` (1: the row was added, -1: it was removed; a
+row that changes is removed and added again under its `_id`) and `_time` (the row's event time in epoch ms: the
+event's for a select of an event topic, the left or stream event's for interval and asof; null for rows of tables).
 
 `view_rows(rows, pipeline, job)` makes of them what a view sees (`spec.model.Pipeline.row_columns`): the bare names
 (the first side's fields, then the second side's fields whose names the first does not have, then `matches` or
@@ -147,7 +153,7 @@ def select_view(frame: DataFrame, view: View, pipeline: Pipeline, *, parts=_PART
 
 def view_rows(rows: DataFrame, pipeline: Pipeline, job: str) -> DataFrame:
     """`rows` (a join's rows in the layout of the module docstring) as the columns a view of `job` sees."""
-    first, second = pipeline.sides(job)
+    first, *rest = pipeline.sides(job)
     kind = pipeline.jobs[job].kind
     cols = []
     for name, _ in pipeline.row_columns(job):
@@ -161,8 +167,8 @@ def view_rows(rows: DataFrame, pipeline: Pipeline, job: str) -> DataFrame:
             cols.append(F.col("_s1")[name].alias(name))
     bare = {n for n, _ in pipeline.row_columns(job)}
     structs = [(first.name, F.struct(*[F.col(quoted(n)) for n in first.names]))]
-    if kind != "interval" and second.name != first.name:
-        structs.append((second.name, F.col("_s1")))
+    if kind not in ("interval", "select") and rest[0].name != first.name:
+        structs.append((rest[0].name, F.col("_s1")))
     cols += [c.alias(t) for t, c in structs if t not in bare]
     cols += [F.col(quoted(c)) for c in rows.columns if c.startswith("_")]
     return rows.select(*cols)
@@ -170,22 +176,22 @@ def view_rows(rows: DataFrame, pipeline: Pipeline, job: str) -> DataFrame:
 
 def empty_rows(spark, pipeline: Pipeline, job: str) -> DataFrame:
     """An empty DataFrame of `job`'s rows (the layout of the module docstring), for analysing expressions."""
-    first, second = pipeline.sides(job)
+    first, *rest = pipeline.sides(job)
     kind = pipeline.jobs[job].kind
     cols = [(n, SQL_TYPES[t]) for n, t in first.fields]
-    if kind != "interval":
-        inner = ",".join(f"{quoted(n)}:{SQL_TYPES[t]}" for n, t in second.fields)
+    if kind in ("asof", "join"):
+        inner = ",".join(f"{quoted(n)}:{SQL_TYPES[t]}" for n, t in rest[0].fields)
         cols.append(("_s1", f"struct<{inner}>"))
-    cols.append(("_matches", "bigint") if kind == "interval" else ("_version", "string"))
-    cols.append(("_id", "string"))
+    if kind != "select":
+        cols.append(("_matches", "bigint") if kind == "interval" else ("_version", "string"))
+    cols += [("_id", "string"), ("_sign", "int"), ("_time", "bigint")]
     return empty_frame(spark, ", ".join(f"{quoted(n)} {t}" for n, t in cols))
 
 
 def _check_matches(spark, pipeline: Pipeline, job: str) -> None:
     j = pipeline.jobs[job]
-    first, second = pipeline.sides(job)
     path = ("jobs", job, j.kind, "match")
-    for i, topic in enumerate((first, second)):
+    for i, topic in enumerate(pipeline.sides(job) if j.spec.match else ()):
         if i == 1 and j.kind == "asof":
             continue  # the table side of an asof match is its key fields (checked with the file)
         exprs = [(f"_m{n}", pair[i], pair[i], (*path, pair[0])) for n, pair in enumerate(j.spec.match)]
