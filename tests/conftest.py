@@ -1,5 +1,10 @@
 """Shared fixtures: one SparkSession per test session (local[2], UI off, 2 shuffle partitions) and a real
-redis-server started on a free port for the session; each test gets an empty Redis db and its own lake dir."""
+redis-server started on a free port for the session; each test gets an empty Redis db and its own lake dir.
+
+The servers beyond Redis (`tests.devhelp`, `tests.kafkahelp`, `tests.pghelp`: HDFS, S3, Kafka, PostgreSQL, a Spark
+cluster) are one each per session too, and a test that uses one is an `e2e` test whether or not its module says
+so (`pytest_collection_modifyitems` below): `make test-fast` (-m "not slow and not e2e") starts none of them. The
+tests that run on one remote store per run say which (`tests.devhelp.one_store`) at the end of the run."""
 
 from __future__ import annotations
 
@@ -13,9 +18,32 @@ import redis
 from jobs.core.settings import Settings
 from jobs.dev.redis import scratch_redis
 from jobs.errors import JobsError
-from tests.devhelp import hdfs_server, s3_server, spark_cluster  # noqa: F401
+from tests.devhelp import SERVER_FIXTURES, hdfs_server, one_store, s3_server, spark_cluster  # noqa: F401
 from tests.kafkahelp import kafka, kafka_broker  # noqa: F401
 from tests.pghelp import pg, pg_server  # noqa: F401
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(config, items):
+    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`)."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Which remote store the `one_store` tests ran on, if any ran."""
+    ran = {
+        r.nodeid
+        for reports in terminalreporter.stats.values()
+        for r in reports
+        if getattr(r, "when", None) == "call" and "one_store" in getattr(r, "keywords", {})
+    }
+    if ran:
+        terminalreporter.write_line(
+            f"{len(ran)} one-store tests ran on {one_store()} (MVIEW_TEST_STORE=hdfs|s3; by default it alternates"
+            " by day)"
+        )
 
 
 @pytest.fixture(scope="session")

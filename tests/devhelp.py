@@ -21,6 +21,9 @@ import pytest
 from jobs.errors import JobsError
 
 __all__ = [
+    "SERVER_FIXTURES",
+    "one_store",
+    "servers_allowed",
     "hdfs_server",
     "s3_server",
     "spark_cluster",
@@ -33,12 +36,44 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The session fixtures of the servers beyond Redis: a test that uses one is `e2e` (tests/conftest.py).
+SERVER_FIXTURES = frozenset({"hdfs_server", "s3_server", "spark_cluster", "kafka_broker", "pg_server"})
+
+
+def one_store() -> str:
+    """The remote store ("hdfs" or "s3") of this run's `one_store` tests: the scenarios whose only store-specific
+    code is `changelog.storage.Lake`'s primitives and Delta's commit on that store, which tests of their own cover on
+    both stores in every run (tests/changelog/test_storage.py, tests/jobs/dev/test_hdfs.py and test_s3.py,
+    tests/jobs/core/test_logstore.py). MVIEW_TEST_STORE chooses; by default HDFS on even days (UTC) and S3 on odd
+    ones, so runs on consecutive days cover both."""
+    import datetime
+
+    store = os.environ.get("MVIEW_TEST_STORE") or (
+        "hdfs" if datetime.datetime.now(datetime.timezone.utc).toordinal() % 2 == 0 else "s3"
+    )
+    if store not in ("hdfs", "s3"):
+        raise pytest.UsageError(f"MVIEW_TEST_STORE={store!r}: write hdfs or s3")
+    return store
+
+
+def one_store_param() -> list:
+    """The parameter list of a `one_store` test: this run's store, marked (its id says which)."""
+    return [pytest.param(one_store(), marks=pytest.mark.one_store)]
+
+
+def servers_allowed(request, what: str) -> None:
+    """Fail the test asking for `what` (a server beyond Redis) in a run that deselects `e2e` (`make test-fast`): it
+    got the server by `request.getfixturevalue`, which the e2e marking by fixture name cannot see. Mark it e2e."""
+    if "not e2e" in (request.config.option.markexpr or ""):
+        pytest.fail(f"this test asks for {what} in a run without e2e tests: mark it pytest.mark.e2e")
+
 
 @pytest.fixture(scope="session")
-def hdfs_server(tmp_path_factory):
+def hdfs_server(request, tmp_path_factory):
     """The session's HDFS (`jobs.dev.hdfs.HdfsServer`: `url`, `web_url`, `stop()`, `start()`)."""
     from jobs.dev.hdfs import scratch_hdfs
 
+    servers_allowed(request, "HDFS")
     try:
         server = scratch_hdfs(tmp_path_factory.mktemp("hdfs"))
     except JobsError as e:
@@ -48,11 +83,12 @@ def hdfs_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
+def s3_server(request, tmp_path_factory):
     """The session's S3Proxy (`jobs.dev.s3.S3Server`: `endpoint`, `bucket`, `credentials`, `client()`, `env()`,
     `stop()`, `start()`)."""
     from jobs.dev.s3 import scratch_s3
 
+    servers_allowed(request, "the S3 server")
     try:
         server = scratch_s3(tmp_path_factory.mktemp("s3"))
     except JobsError as e:
@@ -62,11 +98,12 @@ def s3_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def spark_cluster(tmp_path_factory):
+def spark_cluster(request, tmp_path_factory):
     """The session's Spark standalone cluster of two workers (`jobs.dev.spark_cluster.SparkCluster`: `master`,
     `web_url`, `worker_dirs`)."""
     from jobs.dev.spark_cluster import scratch_spark_cluster
 
+    servers_allowed(request, "the Spark cluster")
     try:
         cluster = scratch_spark_cluster(tmp_path_factory.mktemp("spark-cluster"), workers=2)
     except JobsError as e:

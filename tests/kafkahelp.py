@@ -11,6 +11,7 @@ import pytest
 
 from jobs.dev.kafka import scratch_kafka, start_broker, wait_broker
 from jobs.errors import JobsError
+from tests.devhelp import servers_allowed
 
 __all__ = ["kafka_broker", "kafka", "KafkaBroker"]
 
@@ -41,7 +42,8 @@ class KafkaBroker:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory):
+def kafka_broker(request, tmp_path_factory):
+    servers_allowed(request, "the Kafka broker")
     workdir = tmp_path_factory.mktemp("kafka")
     try:
         proc, bootstrap = scratch_kafka(workdir)

@@ -11,6 +11,7 @@ import pytest
 
 from jobs.dev.postgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
+from tests.devhelp import servers_allowed
 
 __all__ = ["pg_server", "pg", "PgTable", "password_role", "log_commits", "fold"]
 
@@ -18,7 +19,8 @@ _SEQ = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def pg_server():
+def pg_server(request):
+    servers_allowed(request, "PostgreSQL")
     try:
         root, port, _took = scratch_postgres()
     except JobsError as e:
