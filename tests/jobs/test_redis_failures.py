@@ -1,7 +1,7 @@
 """Redis failures as a user meets them through the installed `mview`: a password-protected server that is
 unreachable, refuses the credentials, or is addressed with TLS on one side only. Every error is one line that
 says what is wrong and what to do, and no output or status shows the password. A deployed job that waits for
-Redis or whose credentials stop working: tests/jobs/test_deploy.py (it shares that module's deployment)."""
+Redis or whose credentials stop working: tests/jobs/ops/test_deploy.py (it shares that module's deployment)."""
 
 from __future__ import annotations
 

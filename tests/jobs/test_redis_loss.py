@@ -4,7 +4,7 @@ lake and rebuilds the views from the logs by itself, into a new generation, sayi
 Detection and `run --once`, without a deployed job: after FLUSHALL the lost pointer is named; with the pointer
 back but the meta hash gone, the meta hash is named and a later batch cannot re-create it; `run --once` rebuilds
 the exact view into generation 2 instead of writing new changes into an empty generation. A deployed job that
-meets a Redis restarted empty: tests/jobs/test_deploy.py (it shares that module's deployment).
+meets a Redis restarted empty: tests/jobs/ops/test_deploy.py (it shares that module's deployment).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from jobs.dev.redis import free_port
 from tests.browser import browser as _browser
 from tests.builtin import run_timeline
 from tests.conftest import make_settings
-from tests.jobs.test_httpd import assert_refuses_other_hosts
+from tests.jobs.ops.test_httpd import assert_refuses_other_hosts
 from timeline_demo.web import serve_in_thread
 
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of a job: what a scrape shows after a micro-batch (no Spark). A deployed job whose counters
 move by exactly the records ingested, with the operations page open in headless Chromium:
-tests/jobs/test_deploy.py (it shares that module's deployment)."""
+tests/jobs/ops/test_deploy.py (it shares that module's deployment)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The operations page with no job running: it says so, shows every job as not running, and its status endpoint
 is `mview status --json` plus the page's fields; `mview ui` answers only its own address in the Host header.
-(A running job on the page: tests/jobs/test_metrics.py.)"""
+(A running job on the page: tests/jobs/core/test_metrics.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
 from tests.jobs.opshelp import MVIEW, wait_for
-from tests.jobs.test_httpd import assert_refuses_other_hosts
+from tests.jobs.ops.test_httpd import assert_refuses_other_hosts
 
 JOBS = jobs(Settings.from_env({}))  # the built-in pipeline's jobs
 

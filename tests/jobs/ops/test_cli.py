@@ -333,7 +333,7 @@ def test_read_only_commands_never_create_a_lake(world):
         }  # fmt: skip
 
 
-SHOP = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "shop.yml"
+SHOP = Path(__file__).resolve().parents[3] / "timeline_demo" / "pipelines" / "shop.yml"
 
 
 def _installed(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ from jobs.dev.jvmcache import (
 from spec import load_pipeline
 from spec.model import Pipeline
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 JAVA = shutil.which("java")
 
