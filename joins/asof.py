@@ -44,7 +44,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from changelog.current import is_remove, quoted
-from joins.sides import identity_sql, key_text_sql
+from joins.sides import dedupe_records, identity_sql, key_text_sql
 from spec.model import Asof, Pipeline, Topic
 
 __all__ = ["AsofSides", "AsofResult", "version_rows", "with_identity", "dedupe_events", "asof_join"]
@@ -122,16 +122,8 @@ def with_identity(events: DataFrame, sides: AsofSides) -> DataFrame:
 
 
 def dedupe_events(events: DataFrame, sides: AsofSides) -> DataFrame:
-    """One row per `_id` (a record delivered twice has the effect of one; if two records share an id with
-    different content, the smallest by (time, the other fields in declared order) is kept)."""
-    s = sides.stream
-    others = [n for n in s.names if n not in s.identity and n != s.time]
-    order = [s.time, *others, *s.identity]  # the id fields last: equal in every copy of one id
-    return (
-        events.groupBy("_id")
-        .agg(F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"))
-        .select(*[F.col("e")[n].alias(n) for n in s.names], "_id")
-    )
+    """One row per `_id` of the stream's records (`joins.sides.dedupe_records`)."""
+    return dedupe_records(events, sides.stream)
 
 
 def _pin_ms(pin):

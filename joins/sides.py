@@ -31,7 +31,15 @@ from changelog.storage import Lake
 from changelog.topics import ensure_delta_table, read_stream, topic_key
 from spec.model import Topic
 
-__all__ = ["TwoTopics", "identity_sql", "key_text_sql", "topic_stream", "own_columns", "sql_type"]
+__all__ = [
+    "TwoTopics",
+    "dedupe_records",
+    "identity_sql",
+    "key_text_sql",
+    "topic_stream",
+    "own_columns",
+    "sql_type",
+]
 
 
 def identity_sql(topic: Topic) -> str:
@@ -40,6 +48,19 @@ def identity_sql(topic: Topic) -> str:
     if len(names) == 1:
         return f"CAST({quoted(names[0])} AS string)"
     return f"to_json(array({', '.join(f'CAST({quoted(n)} AS string)' for n in names)}))"
+
+
+def dedupe_records(records: DataFrame, topic: Topic) -> DataFrame:
+    """One row per `_id` of `records` (`topic`'s fields and `_id`): a record delivered twice has the effect of one;
+    of records sharing an id with different content, the smallest by (time, the other fields in declared order) is
+    kept."""
+    others = [n for n in topic.names if n not in topic.identity and n != topic.time]
+    order = [topic.time, *others, *topic.identity]  # the id fields last: equal in every copy of one id
+    return (
+        records.groupBy("_id")
+        .agg(F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"))
+        .select(*[F.col("e")[n].alias(n) for n in topic.names], "_id")
+    )
 
 
 def key_text_sql(exprs) -> str:

@@ -52,6 +52,8 @@ from spec.model import SQL_TYPES, Topic
 
 __all__ = [
     "TableJoin",
+    "replace_rows",
+    "state_columns",
     "TableState",
     "JoinStep",
     "JoinChanges",
@@ -94,7 +96,7 @@ def changes_schema(topic: Topic) -> str:
     return f"{state_schema(topic)}, {_CHANGE_FLAGS}, _old struct<{old}>"
 
 
-def _state_columns(topic: Topic) -> list[str]:
+def state_columns(topic: Topic) -> list[str]:
     return [quoted(n) for n in topic.names] + ["_upsert", "_remove"]
 
 
@@ -313,7 +315,7 @@ def side_changes(topic: Topic, before: DataFrame, batch: DataFrame) -> DataFrame
     return changes(topic, before, batch)
 
 
-def _replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: list[str]) -> DataFrame:
+def replace_rows(state: DataFrame, changed: DataFrame, keys: list[str], cols: list[str]) -> DataFrame:
     """`state` with the rows of `changed` (same keys) replaced or inserted, a plan of `spark.sql.shuffle.partitions`
     partitions: a union adds its inputs' partitions, so without the coalesce a state kept by a broadcast anti join
     would gain some in every batch."""
@@ -432,7 +434,7 @@ class JoinChanges:
 
     def side_rows(self, i: int) -> DataFrame:
         """Side `i`'s changed state rows (`state_schema`)."""
-        return self.changes[i].selectExpr(*_state_columns(self.join.topics[i]))
+        return self.changes[i].selectExpr(*state_columns(self.join.topics[i]))
 
     def settle(self) -> TableState:
         """The state after the batch, computed (the tables the batch changed, as local checkpoints, in one Spark job)
@@ -525,7 +527,7 @@ def _finish(begun: Begun, lists: tuple[ListPart, ...], posts: dict) -> JoinChang
     )
     changes = tuple(with_row_count(df, n[i]["rows"]) for i, df in enumerate(begun.changes))
     sides = tuple(
-        _replace_rows(before, changes[i], join.key_columns(i), _state_columns(join.topics[i]))
+        replace_rows(before, changes[i], join.key_columns(i), state_columns(join.topics[i]))
         if n[i]["rows"]
         else before
         for i, before in enumerate(state.sides)

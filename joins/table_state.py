@@ -17,6 +17,7 @@ list with a fan-out limit, is not stored: it is computed again from the restored
 
 from __future__ import annotations
 
+import functools
 from os import PathLike
 
 from pyspark.sql import DataFrame
@@ -36,7 +37,8 @@ _DIR_ID = r"/[bs]([0-9]+)/[^/]*$"  # the id in a file's path .../b<id>/part-... 
 class TableStore:
     """The join state of one job generation: in memory after batch `self.batch`, durable under key `key` of lake
     `root` (or in the local directory or URI `root` itself; see the module docstring). Implements
-    `joins.state.JoinState[TableState]` with `JoinChanges` as changes."""
+    `joins.state.JoinState[TableState]` with `JoinChanges` as changes. `join` is anything with the tables' `topics`
+    and `key_columns(i)`: a `TableJoin`'s two, or a select's one (`joins.select.TableSelect`)."""
 
     def __init__(
         self, spark, root: Lake | PathLike | str, join: TableJoin, *, key: str = "", snapshot_every: int = 100
@@ -71,7 +73,7 @@ class TableStore:
         state after the batch in memory (`JoinChanges.settle`). Safe before or while the batch is applied to the
         view: `restore(M)` reads only directories of batches before M."""
         changes.settle()
-        self._write(f"b{batch_id}", [changes.side_rows(i) for i in (0, 1)])
+        self._write(f"b{batch_id}", [changes.side_rows(i) for i in range(len(self.join.topics))])
 
     def advance(self, batch_id: int, changes: JoinChanges) -> None:
         """Move the state in memory past `batch_id` (once the view has the batch and `stage` is done)."""
@@ -112,7 +114,7 @@ class TableStore:
                 .localCheckpoint(eager=True)
             )
 
-        return TableState(sides=(newest(0), newest(1)))
+        return TableState(sides=tuple(newest(i) for i in range(len(self.join.topics))))
 
     def _log_rows(self, i: int, df: DataFrame) -> DataFrame:
         """Side `i`'s state rows as rows of the log's files. The batch id is not a column: a literal in the plan would
@@ -124,7 +126,7 @@ class TableStore:
         return df.selectExpr(*cols)
 
     def _write(self, name: str, sides: list[DataFrame]) -> None:
-        rows = self._log_rows(0, sides[0]).unionByName(self._log_rows(1, sides[1]))
+        rows = functools.reduce(DataFrame.unionByName, [self._log_rows(i, df) for i, df in enumerate(sides)])
         self._complete.discard(name)  # replaced: complete again only once this write has its marker
         rows.coalesce(1).write.mode("overwrite").parquet(self.lake.uri(self.key, name))
 

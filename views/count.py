@@ -42,6 +42,7 @@ from views.wire import command, forward, hash_tag_column, lit, payload_rows, vie
 __all__ = [
     "COUNT_LUA",
     "count_changes",
+    "count_delta",
     "value_types",
     "CountSink",
     "query_count",
@@ -94,6 +95,13 @@ def count_changes(
         value = f"CAST({quoted(name)} AS {t})" + (f" * CAST(({sign}) AS {t})" if sign else "")
         aggs.append(F.coalesce(F.sum(F.expr(value)), F.lit(0).cast(t)).alias(name))
     return rows.groupBy(F.col("_key").alias("key")).agg(*aggs)
+
+
+def count_delta(rows: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
+    """The changes of count view `view` from a batch's row changes (`views.frame`: each row's values times its
+    `_sign`), without the keys whose sums did not move."""
+    sums = count_changes(rows, view, pipeline, sign="_sign")
+    return sums.where(" OR ".join(f"{quoted(n)} <> 0" for n, _ in view.values))
 
 
 def value_types(changes: DataFrame, view: View) -> str:

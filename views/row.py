@@ -35,7 +35,7 @@ from views.keys import key_id, view_key, view_pattern
 from views.redis_io import current_generation, is_cluster
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
-__all__ = ["ROW_CHANGES", "row_changes", "RowSink", "query_row", "export_rows", "pick_row"]
+__all__ = ["ROW_CHANGES", "row_changes", "row_delta", "RowSink", "query_row", "export_rows", "pick_row"]
 
 ROW_CHANGES = "key string, id string, body string"
 _SCAN = 500  # keys per pipelined round trip of an export
@@ -95,6 +95,16 @@ def row_changes(
         f"named_struct('key', _ka, 'id', _id, 'body', {body}, 'on', _sa AND _ka IS NOT NULL))"
     )
     return y.selectExpr(f"inline(filter({pair}, c -> c.on))").select("key", "id", "body")
+
+
+def row_delta(rows: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
+    """The changes (`ROW_CHANGES`) of row view `view` from a batch's row changes (`views.frame`: `_sign` -1 a row
+    removed, 1 a row added): a removed row's entry is removed, an added row's set; where a row's identity is both
+    removed and added under one key (a row that changed), the added entry wins."""
+    gone = row_changes(rows.where("_sign < 0"), view, pipeline)
+    new = row_changes(rows.where("_sign > 0"), view, pipeline)
+    gone = gone.join(new.select("key", "id"), ["key", "id"], "left_anti")
+    return gone.selectExpr("key", "id", "CAST(NULL AS string) AS body").unionByName(new)
 
 
 class RowSink:

@@ -1,0 +1,115 @@
+"""A `select` job: the rows of one topic, no join (`joins.select`), publishing row, count, agg and log views.
+
+Source: the topic's log, one stream. Per micro-batch N:
+- an event topic: the batch's records, one per id, less the ids an earlier batch selected, are added rows; every
+  view gets them (`views.changes.ChangeViews`), then their ids are recorded (`joins.select.SelectedIds`, once per
+  N). A record whose id was selected before is counted as a duplicate (`duplicates` in `mview status`). Late
+  records are kept: a view without a window has no window that closed.
+- a table topic: the batch's records change the current table (state: `joins.table_state.TableStore`); the keys
+  whose row changed give removed and added rows; every view gets them, then the state is staged and advanced.
+The views are written before the state, so a crash at any point replays N with the effect of one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyspark.sql import functions as F
+
+from changelog.current import quoted
+from jobs.core.runtime import state_key
+from jobs.core.settings import Settings
+from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
+from joins.select import EventSelect, SelectedIds, TableSelect
+from joins.sides import topic_stream
+from joins.table_state import TableStore
+from spec.model import Pipeline
+from views.changes import ChangeViews
+from views.frame import check_job
+
+__all__ = ["run"]
+
+
+def _batch(topic: str, events: int, added: int, removed: int, duplicates: int) -> Batch:
+    return Batch(
+        events=events,
+        summary=f"{events:,} records -> {added:,} rows added, {removed:,} removed",
+        counters={"rows_added": added, "rows_removed": removed, "duplicates": duplicates},
+        totals={"rows_added": added, "rows_removed": removed},
+        inputs={topic: events},
+    )
+
+
+def _events(run: JobRun, select: EventSelect, views: ChangeViews):
+    key = state_key(run.job, run.generation)
+    ids = SelectedIds(
+        run.spark, run.settings.lake, f"mview-{run.job}-g{run.generation}-ids", key=f"{key}/ids"
+    )
+
+    def process(batch_df, batch_id: int) -> Batch | None:
+        candidates = select.candidates(batch_df).localCheckpoint(eager=True)
+        s = candidates.agg(
+            F.count(F.lit(1)).alias("n"), F.min("_time").alias("lo"), F.max("_time").alias("hi")
+        ).first()
+        if s["n"] == 0:
+            return None
+        seen = ids.between(s["lo"], s["hi"]) if s["lo"] is not None else None
+        rows = select.rows(candidates, seen).localCheckpoint(eager=True)
+        added = rows.count()
+        views.write(rows, batch_id)
+        ids.record(batch_id, rows)
+        return _batch(select.topic.name, batch_df.count(), added, 0, s["n"] - added)
+
+    return process
+
+
+def _table(run: JobRun, select: TableSelect, views: ChangeViews):
+    key = state_key(run.job, run.generation)
+    store = TableStore(run.spark, run.settings.lake, select, key=f"{key}/table")
+
+    def process(batch_df, batch_id: int) -> Batch | None:
+        records = batch_df.localCheckpoint(eager=True)
+        n = records.count()
+        if n == 0:
+            return None
+        changes = select.changes(store.restore(batch_id), records)
+        rows = changes.rows().localCheckpoint(eager=True)
+        signs = dict(rows.groupBy("_sign").count().collect())
+        views.write(rows, batch_id)
+        store.stage(batch_id, changes)
+        store.advance(batch_id, changes)
+        return _batch(select.topic.name, n, signs.get(1, 0), signs.get(-1, 0), 0)
+
+    return process
+
+
+def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
+    (topic,) = pipeline.sides(run.job)
+    views = ChangeViews(
+        run.spark,
+        run.settings.lake,
+        pipeline,
+        run.job,
+        redis_url=run.settings.redis_url,
+        generation=run.generation,
+        fence=run.fence,
+    )
+    run.totals.update(rows_added=0, rows_removed=0)
+    if topic.kind == "event":
+        process = _events(run, EventSelect(topic), views)
+    else:
+        process = _table(run, TableSelect(topic), views)
+    source = topic_stream(run.spark, run.settings.lake, topic)
+    return Wiring(source=source.select(*[F.col(quoted(n)) for n, _ in topic.columns()]), process=process)
+
+
+def run(
+    spark, settings: Settings, pipeline: Pipeline, job: str, *, once: bool = True, generation=None
+) -> dict:
+    """Run select job `job` of `pipeline` into `generation` (default: the serving one, rebuilt first if Redis lost
+    it or the job's definition changed). Returns this run's totals. An expression of the job that Spark cannot
+    analyse raises `views.frame.ExpressionError` before anything runs."""
+    check_job(spark, pipeline, job)
+    return run_job(
+        spark, settings, job, functools.partial(_wire, pipeline=pipeline), once=once, generation=generation
+    )

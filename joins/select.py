@@ -1,0 +1,145 @@
+"""The `select` kind: the rows of one topic, no join, as row changes (`views.frame`'s layout).
+
+An event topic (`EventSelect`): each event is a row, once. A batch's records get their identity `_id`
+(`joins.sides.identity_sql`); of records sharing an `_id` one is kept (`joins.sides.dedupe_records`: the smallest by
+time, then the other fields); a record whose `_id` an earlier batch selected is dropped. The ids selected so far
+are state (`SelectedIds`: a Delta table of `_id` and time `_t`), read only over the batch's time range (a record
+delivered again has its first delivery's time). A selected event is an added row: `_sign` 1, `_time` its time.
+Rows never leave.
+
+A table topic (`TableSelect`): the rows are the topic's current table (`changelog.current`'s rule, through
+`joins.table.side_changes`), kept as state (`joins.table_state.TableStore` with one side). A batch changes some
+keys: a key live before gives a removed row with its values before (`_sign` -1), a key live after an added row
+with its values after (`_sign` 1); a key that stays live but changes gives both. `_id` is the key's text
+(`joins.sides.key_text_sql`: values joined by `|`), `_time` null. A record delivered twice changes nothing.
+
+Per micro-batch N the job writes the views first, then the state (`SelectedIds.record(N, ...)`, or the table
+store's stage and advance), so a crash before the state is written replays N from the state before it with the
+same changes, and a replay after it finds nothing new (the views already hold N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from os import PathLike
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from changelog.current import quoted
+from changelog.storage import Lake, as_lake
+from changelog.topics import ensure_delta_table
+from joins.errors import BadJoinArgument
+from joins.sides import dedupe_records, identity_sql, key_text_sql
+from joins.table import BORN, DIED, TableState, replace_rows, side_changes, state_columns
+from spec.model import Topic
+
+__all__ = ["EventSelect", "SelectedIds", "TableSelect", "TableChanges", "ROW_CHANGE_COLUMNS"]
+
+ROW_CHANGE_COLUMNS = ("_id", "_sign", "_time")  # what a row change adds to the topic's fields (`views.frame`)
+
+
+@dataclass(frozen=True)
+class EventSelect:
+    """The select of event topic `topic` (see the module docstring)."""
+
+    topic: Topic
+
+    def __post_init__(self):
+        if self.topic.kind != "event":
+            raise BadJoinArgument("from", self.topic.name, "an event select reads an event topic")
+
+    def candidates(self, records: DataFrame) -> DataFrame:
+        """The batch's records (the topic's log columns), one per `_id`, with `_id` and `_time`."""
+        t = self.topic
+        ided = records.selectExpr(*[quoted(n) for n in t.names], f"{identity_sql(t)} AS _id")
+        return dedupe_records(ided, t).withColumn("_time", F.col(quoted(t.time)).cast("bigint"))
+
+    def rows(self, candidates: DataFrame, seen: DataFrame | None) -> DataFrame:
+        """The row changes of `candidates` (`candidates`) whose `_id` is not in `seen` (a frame of `_id`, or None)."""
+        fresh = candidates if seen is None else candidates.join(seen, "_id", "left_anti")
+        return fresh.select(*[quoted(n) for n in self.topic.names], "_id", F.lit(1).alias("_sign"), "_time")
+
+
+class SelectedIds:
+    """The ids an event select has selected, with their times: Delta table `key` of the lake `root`, appended once per
+    batch id (`txnAppId` `app_id`, `txnVersion` the batch id)."""
+
+    def __init__(self, spark, root: Lake | PathLike | str, app_id: str, *, key: str):
+        self.spark, self.app_id, self.lake = spark, app_id, as_lake(root)
+        self.path = ensure_delta_table(spark, self.lake, "_id string, _t bigint", key=key)
+
+    def between(self, lo: int, hi: int) -> DataFrame:
+        """`_id` of the selected rows whose time is in [lo, hi]."""
+        rows = self.spark.read.format("delta").load(self.path)
+        return rows.where(F.col("_t").between(lo, hi)).select("_id")
+
+    def record(self, batch_id: int, rows: DataFrame) -> None:
+        """Append the ids (and times) of `rows` (row changes), once per `batch_id`."""
+        (
+            rows.select("_id", F.col("_time").alias("_t"))
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", batch_id)
+            .save(self.path)
+        )
+
+
+@dataclass
+class TableChanges:
+    """One batch of a table select: the changed keys' state rows (`changed`: `joins.table.side_changes`) over the
+    state before (`before`); `removed`/`added` row changes; the state after, computed once by `settle`."""
+
+    select: TableSelect
+    before: TableState
+    changed: DataFrame
+    _after: TableState | None = field(default=None, repr=False)
+
+    def rows(self) -> DataFrame:
+        """Removed rows (values before) and added rows (values after) as row changes."""
+        t = self.select.topic
+        key = key_text_sql([quoted(k) for k in t.key])
+        names = [quoted(n) for n in t.names]
+        gone = (
+            self.changed.where(DIED).selectExpr("_old.*").selectExpr(*names, f"{key} AS _id", "-1 AS _sign")
+        )
+        new = self.changed.where(BORN).selectExpr(*names, f"{key} AS _id", "1 AS _sign")
+        return gone.unionByName(new).withColumn("_time", F.lit(None).cast("bigint"))
+
+    def side_rows(self, i: int) -> DataFrame:
+        """The changed state rows (`joins.table_state.TableStore.stage`)."""
+        return self.changed.selectExpr(*state_columns(self.select.topic))
+
+    def settle(self) -> TableState:
+        """The state after the batch (materialized once, the next batch's state)."""
+        if self._after is None:
+            t = self.select.topic
+            cols = state_columns(t)
+            after = replace_rows(self.before.sides[0], self.changed, list(t.key), cols)
+            self._after = TableState(sides=(after.localCheckpoint(eager=True),))
+        return self._after
+
+
+@dataclass(frozen=True)
+class TableSelect:
+    """The select of table topic `topic` (see the module docstring); `topics` and `key_columns` are what
+    `joins.table_state.TableStore` needs of it."""
+
+    topic: Topic
+
+    def __post_init__(self):
+        if self.topic.key is None:
+            raise BadJoinArgument("from", self.topic.name, "a table select reads a table topic")
+
+    @property
+    def topics(self) -> tuple[Topic]:
+        return (self.topic,)
+
+    def key_columns(self, i: int) -> list[str]:
+        return list(self.topic.key)
+
+    def changes(self, before: TableState, records: DataFrame) -> TableChanges:
+        """The batch's `records` (the topic's log columns) against the state `before`."""
+        changed = side_changes(self.topic, before.sides[0], records).localCheckpoint(eager=True)
+        return TableChanges(self, before, changed)

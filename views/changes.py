@@ -1,0 +1,96 @@
+"""Every view of a job that gives its rows as row changes (`views.frame`: rows with `_id`, `_sign`, `_time`),
+written by one call per micro-batch.
+
+`ChangeViews(...).write(rows, batch_id)`, with `rows` the batch's row changes in the job's row layout:
+- `row` views: a removed row's entry is removed, an added row's set (`views.row.row_delta`), absolute content;
+- `count` views: each key's sums move by the rows' values times their sign (`views.count.count_delta`), fenced per
+  key by the batch id, so a batch applied twice adds once;
+- `log` views: the added rows that satisfy `where` are appended to the output log once per batch id
+  (`views.log.LogSink`; a log is of a job whose rows are never removed);
+- `agg` views: `views.agg`.
+The Redis writes of the row and count views go out in one Spark job (`views.wire.forward`), each fenced by the
+writer's lease epoch (`views.fence`). When `write` returns, every view has the batch; a batch written again (Spark
+replays it after a crash) leaves the effect of one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyspark.sql import DataFrame
+
+from spec.model import Pipeline
+from views.count import COUNT_LUA, CountSink, count_delta
+from views.fence import GATE_LUA, UNFENCED, Fence
+from views.frame import empty_rows, view_rows
+from views.log import LogSink, log_key, log_rows, log_schema
+from views.redis_io import is_cluster
+from views.row import RowSink, row_delta
+from views.wire import forward, payload_rows
+
+__all__ = ["ChangeViews"]
+
+
+class ChangeViews:
+    """The views of job `job` of `pipeline` for generation `generation`: Redis at `redis_url` (writes fenced by
+    `fence`), output logs in `lake` (see the module docstring)."""
+
+    def __init__(
+        self,
+        spark,
+        lake,
+        pipeline: Pipeline,
+        job: str,
+        *,
+        redis_url: str,
+        generation: int,
+        fence: Fence = UNFENCED,
+    ):
+        self.pipeline, self.job, self.url, self.generation, self.fence = (
+            pipeline,
+            job,
+            redis_url,
+            generation,
+            fence,
+        )
+        self.views = pipeline.jobs[job].views
+        empty = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
+        self.logs = {
+            v.name: LogSink(
+                spark,
+                lake,
+                log_schema(log_rows(empty, v, pipeline)),
+                f"{job}-g{generation}-{v.name}",
+                key=log_key(v.name, generation),
+            )
+            for v in self.views
+            if v.kind == "log"
+        }
+
+    def _commands(self, frame: DataFrame, batch_id: int) -> list[DataFrame]:
+        out = []
+        for v in self.views:
+            if v.kind == "row":
+                sink = RowSink(self.url, v.name, self.generation, self.fence)
+                out.append(sink.commands(row_delta(frame, v, self.pipeline)))
+            elif v.kind == "count":
+                sink = CountSink(self.url, v, self.generation, self.fence)
+                out.append(sink.commands(count_delta(frame, v, self.pipeline), batch_id))
+        return out
+
+    def write(self, rows: DataFrame, batch_id: int) -> dict:
+        """Apply batch `batch_id`'s row changes `rows` to every view (see the module docstring). Returns {}."""
+        frame = view_rows(rows, self.pipeline, self.job)
+        commands = self._commands(frame, batch_id)
+        if commands:
+            cmds = functools.reduce(DataFrame.unionByName, commands)
+            forward(
+                payload_rows(cmds, cluster=is_cluster(self.url)),
+                self.url,
+                what=f"{self.job} views",
+                scripts=(GATE_LUA, COUNT_LUA),
+            )
+        by_name = {v.name: v for v in self.views}
+        for name, sink in self.logs.items():
+            sink.write(log_rows(frame.where("_sign > 0"), by_name[name], self.pipeline), batch_id)
+        return {}
