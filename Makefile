@@ -67,9 +67,13 @@ spark-cluster: setup ## start a Spark standalone master at the port of SPARK_MAS
 spark-cluster-stop: setup ## stop the master and workers `make spark-cluster` started
 	@$(PY) -m jobs.dev.spark_cluster stop
 
+# The suite starts one of each server it needs per run (Redis; and for the e2e tests HDFS, S3, Kafka, PostgreSQL, a
+# Spark cluster). The scenarios that run on one remote store per run take MVIEW_TEST_STORE=hdfs|s3 (by default it
+# alternates by day); the run's last lines say which, after the 15 slowest tests.
 test: setup ## run the test suite (starts its own redis-server on a free port)
 	$(PY) -m pytest -q tests
 
+# No server beyond Redis: a test that uses one is e2e (tests/conftest.py).
 test-fast: setup ## the suite without the slow and end-to-end tests: feedback in a few minutes
 	$(PY) -m pytest -q -m "not slow and not e2e" tests
 
