@@ -1,13 +1,14 @@
-"""Brute-force reference of the contract's pipeline semantics (section "Pipelines"), for ANY pipeline, in plain
-Python: what `mview export` and `mview query --json` must show after the service has processed the same records.
+"""Brute-force reference of the contract's pipeline semantics (section "Pipelines", and of "Beyond joins" the `select`
+jobs and `agg` views), for ANY pipeline, in plain Python: what `mview export` and `mview query --json` must show
+after the service has processed the same records.
 
 `brute_force(pipeline, batches, lateness_ms=...)` takes a `spec.model.Pipeline` and the records delivered to its
 topics, in arrival order, cut into batches (a batch: `{topic: [record, ...]}`; a record is a decoded JSON value or
 a raw line, `str`/`bytes`, exactly as a line of an ingested file), and returns a `BruteResult`: every view's export
 lines (`export(view)`, sorted as `mview export` sorts them: by key; a log view by the stream event's id) and any
 key's `query(view, key)`. A batch is what one micro-batch of every job sees: records ingested, then `run --once`.
-Only the interval join's late events and the asof join's held events depend on the batches; everything else is a
-function of the set of records.
+Only the interval join's late events, the asof join's held events and which copy of an event delivered twice with
+different fields wins depend on the batches; everything else is a function of the set of records.
 
 The definitions, taken from the contract's wording (and docs/architecture.md, "Pipelines as data (issue #34)", where the contract is silent):
 - Records: a record is valid when it is a JSON object (a line at most `MAX_RECORD_BYTES` bytes) whose fields
@@ -44,20 +45,32 @@ The definitions, taken from the contract's wording (and docs/architecture.md, "P
   version not (yet) seen waits until the watermark has also reached the pin's time. A pin that is not of the form
   `<key>@<ms>` is emitted at once with null fields.
 - join: the inner join of the two current tables on `match`.
-- Views (`where`: only rows for which it is true; a row, count or list view's key is its expression's value cast to
-  string; a row with a null key is left out): `row`: one line per key, the greatest fields (in declared order, null
-  smallest) win; `count`: per key the sums of `values` (bigint or double by the expression's type; null adds 0),
-  a key whose sums are all 0 is absent; `list`: per key the first `cap` entries by (`order`, entry) in the order's
-  direction, an entry (cast to string) once per key (its first place), rows with a null entry or order left out;
-  `log`: the emitted rows' fields, by the stream event's id (one id field: its text; several: a JSON array).
-- `query --json`: row: the line plus `final` (interval jobs) and `generation`; count: the line plus `generation`;
+- select (no join): of an event topic, each event once (the rule of duplicates above: the earliest batch's copy,
+  within a batch the smallest; late records are kept, nothing closes); of a table topic, its current table (with
+  `final_deletes` as above), a row's identity its key's text. The rows see the topic's fields (bare and
+  `<topic>.<field>`).
+- Views (`where`: only rows for which it is true; a row, count, agg or list view's key is its expression's value
+  cast to string; a row with a null key is left out): `row`: one line per key, the greatest fields (in declared
+  order, null smallest) win; `count`: per key the sums of `values` (bigint or double by the expression's type; null
+  adds 0), a key whose sums are all 0 is absent; `agg`: per key with at least one row, each value one aggregate
+  over the key's rows (`spec.sql.parse_aggregate`; its expression evaluated per row): `count(*)` the rows,
+  `count(EXPR)` the non-null values, `count(distinct EXPR)` the distinct non-null values, `sum`/`min`/`max` of the
+  non-null values (a sum of bigints a bigint, of doubles a double; min/max the expression's type; null when there
+  is none), `avg` their mean as a double (null when none); the line `{"<key name>": key, <value>: v, ...}` in
+  declared order, nulls kept; an interval job's left event counts in count and agg views once closed; `list`: per
+  key the first `cap` entries by (`order`, entry) in the order's direction, an entry (cast to string) once per key
+  (its first place), rows with a null entry or order left out; `log` (asof jobs and selects of an event topic):
+  the emitted (selected) rows' fields, by the stream event's id (one id field: its text; several: a JSON array).
+- `query --json`: row: the line plus `final` (interval jobs) and `generation`; count and agg: the line plus
+  `generation`;
   list: `{"<key name>": key, "generation": g, "<items>": [item, ...]}` (at most `limit`; an item is the entry's
   fields, the entry first under `_item_entry`'s name unless a field is it); a key with no entry (or none within
   `limit`) gives `{}`, in every kind.
 
 Limits: expressions are those of `timeline_demo.brute_sql` (anything else raises `ExprError` naming it);
 integers are 64-bit everywhere (Spark's 32-bit INT literals are not modelled); decimals (`1.5`) are doubles;
-double sums are summed in one order here, in another by the service (compare them with a tolerance); a list entry
+double sums (and so double avgs) are summed in one order here, in another by the service (compare them with a
+tolerance, as the contract's 1e-9 for avg); a list entry
 whose fields differ between the rows that give it keeps those of its first place; with `final_deletes`, an asof
 join still uses the versions as they are (a remove ends a version, it does not erase the key's history).
 `python -m timeline_demo.brute PIPELINE DIR --view V` prints a view's export lines for the files a generator
@@ -83,7 +96,8 @@ import orjson
 from spec.durations import parse_duration_ms
 from spec.load import load_pipeline
 from spec.model import MATCHES, SQL_TYPES, VERSION, Job, Pipeline, Topic, View
-from timeline_demo.brute_sql import Expr, ExprError, cast_string, compile_expr, order_key
+from spec.sql import Aggregate, parse_aggregate
+from timeline_demo.brute_sql import Expr, ExprError, cast_string, compile_expr, order_key, sql_compare
 
 __all__ = [
     "BruteError",
@@ -552,6 +566,19 @@ def _join(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
     return _JobOut(rows)
 
 
+def _select(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
+    """A select's rows: each event of an event topic once (the dedupe rule across and within batches), or the
+    current table of a table topic (a row's identity: its key's text)."""
+    (topic,) = pipeline.sides(job.name)
+    if topic.kind == "table":
+        table = current_table(topic, (r for b in batches for r in b.get(topic.name, ())))
+        return _JobOut([_Row(_side_row(topic, rec), _key_text(k)) for k, rec in table.items()])
+    kept: dict[tuple, dict] = {}
+    for batch in batches:
+        kept.update(_dedupe(topic, list(batch.get(topic.name, ())), kept))
+    return _JobOut([_Row(_side_row(topic, rec), _ident(topic, rec)) for rec in kept.values()])
+
+
 # --- views -----------------------------------------------------------------------------------------------------
 
 
@@ -582,7 +609,7 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
         return out
     chosen: dict[str, list] = defaultdict(list)
     for row in rows:
-        if view.kind == "count" and interval and not row.counted:
+        if view.kind in ("count", "agg") and interval and not row.counted:
             continue
         if not _true(where, row):
             continue
@@ -608,6 +635,10 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
                     sums[n] += v if v is not None else 0
             if any(v != 0 for v in sums.values()):
                 out.lines[k] = {view.key_name: k, **sums}
+    elif view.kind == "agg":
+        aggs = _aggregates(view, cols)
+        for k, group in chosen.items():
+            out.lines[k] = {view.key_name: k, **{n: _aggregate(a, e, group) for n, a, e in aggs}}
     else:
         entry = compile_expr(view.entry, cols)
         (order_text, desc), *_ = view.order
@@ -633,6 +664,61 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
                 out.lines[k] = {view.key_name: k, view.entries: ids}
                 out.items[k] = items
     return out
+
+
+def _aggregates(view: View, cols: dict[str, str]) -> list[tuple[str, Aggregate, Expr | None]]:
+    """(name, aggregate, its compiled expression or None for `count(*)`) of an agg view, in declared order."""
+    out = []
+    for name, text in view.values:
+        agg = parse_aggregate(text)
+        expr = None if agg.expr is None else compile_expr(agg.expr, cols)
+        if agg.func in ("sum", "avg") and expr.type not in ("bigint", "double"):
+            raise ExprError(f"view {view.name}: value {name} = {text!r} sums a {expr.type}, not a number")
+        out.append((name, agg, expr))
+    return out
+
+
+def _aggregate(agg: Aggregate, expr: Expr | None, rows: list[_Row]) -> Any:
+    """One aggregate over a key's rows: count(*) the rows; count(EXPR) the non-null values, count(distinct EXPR)
+    the distinct ones; sum/min/max/avg over the non-null values, null when there is none (avg: a double; a sum
+    of bigints a bigint, beyond 64 bits an error as in Spark's ANSI mode)."""
+    if expr is None:
+        return len(rows)
+    values = [v for v in (expr(row.cols) for row in rows) if v is not None]
+    if agg.func == "count":
+        return len({_Distinct(v) for v in values}) if agg.distinct else len(values)
+    if not values:
+        return None
+    if agg.func in ("min", "max"):
+        best = values[0]
+        for v in values[1:]:
+            c = sql_compare(v, best)
+            if (c < 0) if agg.func == "min" else (c > 0):
+                best = v
+        return best
+    total = sum(values)
+    if agg.func == "avg":
+        return float(total) / len(values)
+    if expr.type == "bigint" and not _LONG[0] <= total <= _LONG[1]:
+        raise ExprError(f"sum({expr.text}) overflows a bigint (Spark's ANSI mode fails the query)")
+    return float(total) if expr.type == "double" else total
+
+
+class _Distinct:
+    """A non-null SQL value as a member of a set: equal when `sql_compare` says so (one expression: one type)."""
+
+    __slots__ = ("v", "h")
+
+    def __init__(self, v: Any):
+        self.v = v
+        nan = isinstance(v, float) and v != v
+        self.h = hash("NaN" if nan else 0.0 if isinstance(v, float) and v == 0 else v)
+
+    def __eq__(self, other) -> bool:
+        return sql_compare(self.v, other.v) == 0
+
+    def __hash__(self) -> int:
+        return self.h
 
 
 def _item_entry(view: View) -> str | None:
@@ -754,6 +840,8 @@ def brute_force(
         elif job.kind == "asof":
             got = _asof(pipeline, job, valid, lateness)
             held[job.name], late_kept[job.name] = got.held, got.late
+        elif job.kind == "select":
+            got = _select(pipeline, job, valid)
         else:
             got = _join(pipeline, job, valid)
         cols = _columns(pipeline, job)

@@ -540,6 +540,159 @@ def test_list_query_gives_the_fields_and_an_empty_key_nothing():
     assert got.query("rows", "o1") == {"oid": "o1", "tier": "gold", "amt": 1.0, "cts": 0, "generation": 1}
 
 
+# --- select and agg ---------------------------------------------------------------------------------------------
+
+SELECT = """
+topics:
+  ride:
+    fields: {rid: id, city: string, rider: id, fare: double, stops: long, rating: long, ts: timestamp}
+    optional: [rating]
+    id: rid
+    time: ts
+  dock:
+    fields: {did: id, zone: string, bikes: long, ts: timestamp}
+    key: did
+    time: ts
+    op: {upsert: set, remove: gone}
+  badge:
+    fields: {bid: id, holder: string, ts: timestamp}
+    key: bid
+    time: ts
+    op: {upsert: issue, remove: revoke}
+    final_deletes: true
+jobs:
+  rides:
+    select: {from: ride}
+    views:
+      ride_row: {row: {rid: rid}, fields: {city: city, fare: fare}}
+      ride_log: {log: {fields: {rid: rid, fare: fare, rating: rating}}, where: "fare > 0"}
+      by_city:
+        agg: {city: city}
+        values: {rides: "count(*)", riders: "count(distinct rider)", rated: "count(rating)", fare: "sum(fare)",
+                 low: "min(fare)", high: "max(stops)", mean: "avg(rating)", cheap: "sum(if(fare < 10, 1, 0))",
+                 late_riders: "count(distinct if(ts > 100, rider, null))"}
+        where: "city != 'nowhere'"
+  docks:
+    select: {from: dock}
+    views:
+      by_zone: {agg: {zone: zone}, values: {docks: "count(*)", bikes: "sum(bikes)", most: "max(bikes)",
+                                           least: "min(bikes)"}}
+      zone_count: {count: {zone: zone}, values: {docks: 1, bikes: bikes}}
+  badges:
+    select: {from: badge}
+    views:
+      holders: {row: {holder: holder}, fields: {bid: bid, ts: ts}}
+"""
+
+
+def RIDE(rid, ts, city="oslo", rider="u1", fare=5.0, stops=1, rating=None):
+    rec = {"rid": rid, "city": city, "rider": rider, "fare": fare, "stops": stops, "ts": ts}
+    return ("ride", rec if rating is None else {**rec, "rating": rating})
+
+
+def DOCK(did, ts, zone="z1", bikes=3):
+    return ("dock", {"op": "set", "did": did, "zone": zone, "bikes": bikes, "ts": ts})
+
+
+def GONE(did, ts):
+    return ("dock", {"op": "gone", "did": did, "ts": ts})
+
+
+def select_pipeline():
+    return pipeline(SELECT)
+
+
+def test_a_select_of_events_gives_each_id_once_the_earliest_batchs_copy_then_the_smallest():
+    p = select_pipeline()
+    arrivals = [RIDE("r1", 10, fare=7.0), RIDE("r1", 10, fare=3.0), RIDE("r2", 5), RIDE("r1", 1, fare=1.0)]
+    one = brute_force(p, batches_of(arrivals))  # one batch: the smallest by (time, other fields) of all three
+    assert one.export("ride_row") == [
+        {"rid": "r1", "city": "oslo", "fare": 1.0},
+        {"rid": "r2", "city": "oslo", "fare": 5.0},
+    ]
+    two = brute_force(p, batches_of(arrivals, [3]))  # the first batch's smallest copy, the later one ignored
+    assert two.export("ride_row")[0] == {"rid": "r1", "city": "oslo", "fare": 3.0}
+    # late records are kept (nothing closes in a select), the log holds the selected events by id
+    late = brute_force(p, batches_of([RIDE("r9", 10**9, rating=4), RIDE("r0", 0, fare=2.0)], [1]))
+    assert late.export("ride_log") == [
+        {"rid": "r0", "fare": 2.0, "rating": None},
+        {"rid": "r9", "fare": 5.0, "rating": 4},
+    ]
+
+
+def test_agg_of_an_event_select_every_form_nulls_kept_and_where():
+    p = select_pipeline()
+    arrivals = [
+        RIDE("a", 50, rider="u1", fare=12.5, stops=2, rating=5),
+        RIDE("b", 150, rider="u1", fare=4.0, stops=7),
+        RIDE("c", 200, rider="u2", fare=8.25, stops=1, rating=2),
+        RIDE("c", 200, rider="u2", fare=8.25, stops=1, rating=2),  # delivered twice: one effect
+        RIDE("d", 10, city="rome", rider="u3", fare=3.0, stops=4),
+        RIDE("e", 10, city="nowhere"),
+    ]
+    got = brute_force(p, batches_of(arrivals, [2, 4]))
+    assert got.export("by_city") == [
+        {"city": "oslo", "rides": 3, "riders": 2, "rated": 2, "fare": 24.75, "low": 4.0, "high": 7,
+         "mean": 3.5, "cheap": 2, "late_riders": 2},
+        {"city": "rome", "rides": 1, "riders": 1, "rated": 0, "fare": 3.0, "low": 3.0, "high": 4,
+         "mean": None, "cheap": 1, "late_riders": 0},
+    ]  # fmt: skip
+    assert got.query("by_city", "rome", generation=3) == {**got.export("by_city")[1], "generation": 3}
+    assert got.query("by_city", "nowhere") == {}  # `where` left its only row out: absent
+    assert isinstance(got.export("by_city")[0]["mean"], float)
+
+
+def test_agg_of_a_table_select_follows_updates_moves_and_removes():
+    p = select_pipeline()
+    arrivals = [
+        DOCK("d1", 1, bikes=9),
+        DOCK("d2", 1, bikes=4),
+        DOCK("d3", 1, zone="z2", bikes=0),
+        DOCK("d1", 5, zone="z2", bikes=9),  # moves d1 to z2: z1's max is the next greatest
+        GONE("d2", 0),  # an older remove changes nothing
+        DOCK("d3", 7, zone="z2", bikes=2),
+        GONE("d3", 7),  # a remove at an upsert's time wins
+        DOCK("d4", 2, zone="z3", bikes=1),
+        GONE("d4", 8),  # the zone's only row leaves: absent
+    ]
+    for cuts in ([], [3, 6]):  # a table's rows never depend on the batches
+        got = brute_force(p, batches_of(arrivals, cuts))
+        assert got.export("by_zone") == [
+            {"zone": "z1", "docks": 1, "bikes": 4, "most": 4, "least": 4},
+            {"zone": "z2", "docks": 1, "bikes": 9, "most": 9, "least": 9},
+        ]
+        assert got.export("zone_count") == [
+            {"zone": "z1", "docks": 1, "bikes": 4},
+            {"zone": "z2", "docks": 1, "bikes": 9},
+        ]
+
+
+def test_a_select_of_a_final_deletes_table_keeps_no_removed_key():
+    p = select_pipeline()
+    up = [("badge", {"op": "issue", "bid": b, "holder": h, "ts": t}) for b, h, t in
+          [("b1", "ann", 5), ("b2", "ann", 9), ("b3", "bob", 1)]]  # fmt: skip
+    got = brute_force(p, batches_of([*up, ("badge", {"op": "revoke", "bid": "b2", "ts": 1})]))
+    assert got.export("holders") == [  # b2's remove is older, yet final: ann's greatest row is b1
+        {"holder": "ann", "bid": "b1", "ts": 5},
+        {"holder": "bob", "bid": "b3", "ts": 1},
+    ]
+
+
+def test_agg_values_refused_or_typed_by_the_brute_force():
+    p = pipeline(SELECT.replace('least: "min(bikes)"', 'least: "sum(zone)"'))
+    with pytest.raises(ExprError, match="sums a string"):
+        brute_force(p, batches_of([DOCK("d1", 1)]))
+    p = pipeline(SELECT.replace('least: "min(bikes)"', 'least: "min(zone)"'))
+    docks = [DOCK("d1", 1, zone="b"), DOCK("d2", 1, zone="b"), DOCK("d3", 2, zone="a", bikes=-1)]
+    got = brute_force(p, batches_of(docks))
+    assert got.export("by_zone") == [
+        {"zone": "a", "docks": 1, "bikes": -1, "most": -1, "least": "a"},
+        {"zone": "b", "docks": 2, "bikes": 6, "most": 3, "least": "b"},
+    ]
+    with pytest.raises(ExprError, match="overflows a bigint"):
+        brute_force(p, batches_of([DOCK("d1", 1, bikes=2**62), DOCK("d2", 1, bikes=2**62)]))
+
+
 # --- views: keys, where, errors ----------------------------------------------------------------------------------
 
 
