@@ -40,10 +40,12 @@ from jobs.core.generations import (
     definition_changed,
     drop_generation,
     lake_generation,
+    last_committed_batch,
+    replay_in_progress,
     serving_copy_lost,
 )
 from jobs.core.lease import Lease
-from jobs.core.progress import processed_versions
+from jobs.core.progress import lag_versions, processed_versions
 from jobs.core.registry import job_spec
 from jobs.core.runtime import (
     checkpoint_key,
@@ -63,6 +65,7 @@ __all__ = [
     "rebuild",
     "rebuild_reason",
     "serving_or_rebuild",
+    "caught_up",
     "lag_of",
     "built_status",
     "replay_lease",
@@ -256,6 +259,24 @@ def rebuild_reason(settings: Settings, client, spec) -> str | None:
     """Why `spec`'s serving generation must be rebuilt before the job writes again, or None: Redis lost it
     (`serving_copy_lost`), or the job's definition changed (`definition_changed`)."""
     return serving_copy_lost(settings, client, spec) or definition_changed(settings, client, spec)
+
+
+def caught_up(settings: Settings, job: str) -> bool:
+    """Whether a `--once` run of pipeline job `job` would find nothing to do, told without Spark: its serving
+    generation has published, Redis holds all of it and it was built from the pipeline's definition
+    (`rebuild_reason`), no replay is under way, and its checkpoint has every version of its logs (`lag_versions`
+    0). An interval job with an idle timeout is never caught up (its watermark moves with the clock)."""
+    spec = job_spec(settings, job)
+    if spec.source or (spec.kind == "interval" and settings.idle_timeout_ms is not None):
+        return False
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
+    pointer = client.get(gen_key(job))
+    if pointer is None or replay_in_progress(settings, job) is not None:
+        return False
+    serving = int(pointer)
+    if last_committed_batch(settings, job, serving) is None:
+        return False
+    return rebuild_reason(settings, client, spec) is None and lag_versions(settings, job, serving) == 0
 
 
 def serving_or_rebuild(spark, settings: Settings, job: str) -> int:

@@ -203,6 +203,7 @@ def _published(result, as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     from jobs.core.registry import job_spec
+    from jobs.core.replay import caught_up
     from jobs.ops.service import once_lease
 
     settings = _settings()
@@ -224,8 +225,11 @@ def cmd_run(args) -> int:
 
             return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
         _redis(settings)
-        with once_lease(settings, spec.name):
-            totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
+        if caught_up(settings, spec.name):  # nothing new in its logs: no Spark to start
+            totals = {"batches": 0, "events": 0, "seconds": 0.0}
+        else:
+            with once_lease(settings, spec.name):
+                totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
     if args.json:  # a source job's summary is its own (kafka: per topic, accepted and rejected)
         print(json.dumps(totals if spec.source else {"job": spec.name, **totals}))
     else:
