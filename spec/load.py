@@ -465,6 +465,23 @@ def _join(name: str, j: _Job, topics: dict[str, Topic], out: _Problems):
     return kind, Join(left.name, right.name, match)
 
 
+def _numeric_order(expr: str, known: Mapping[str, Topic] | None, path: tuple, out: _Problems) -> None:
+    """A list's order that is a plain field name must be a number or a timestamp (other expressions are Spark's to
+    type when the job starts, `views.frame.check_job`)."""
+    m = _IDENT.match(expr.strip())
+    if not m or known is None:
+        return
+    a, b = m.groups()
+    topics = [known[a]] if b is not None and a in known else list(known.values())
+    name = a if b is None else b
+    kind = next((t.type_of(name) for t in topics if name in t.names), None)
+    if kind in ("id", "string", "boolean"):
+        out.add(
+            path,
+            f"a list's order is a number or a timestamp; {expr!r} is {'an' if kind == 'id' else 'a'} {kind}",
+        )
+
+
 def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic]:
     """What a view's names may be, by topic: the sides' topics (interval: the left side only) and the job's own
     name (`matches`, `version`) as a topic of one field."""
@@ -597,6 +614,8 @@ def _view(
                 expr, d = m.group(1).strip(), (m.group(2) or "asc").lower()
                 parsed.append((expr, d == "desc"))
                 _field_expr(expr, seen, (*path, "order", i), out)
+            if parsed:
+                _numeric_order(parsed[0][0], seen, (*path, "order", 0), out)
             if not 1 <= len(parsed) <= 2:
                 out.add(
                     (*path, "order"),

@@ -168,6 +168,16 @@ BROKEN = [
         "of an event topic",
     ),
     (
+        "a list ordered by a string",
+        _job(
+            "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n"
+            "    views: {v: {list: {c: customer_id}, entry: order_id, order: tier desc, cap: 3}}\n"
+        ),
+        12,
+        "jobs.j.views.v.order.0",
+        "a number or a timestamp; 'tier' is a string",
+    ),
+    (
         "a select of an unknown topic",
         _job("  j:\n    select: {from: nowhere}\n    views: {v: {row: {a: tier}}}\n"),
         11,
