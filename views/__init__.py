@@ -1,5 +1,5 @@
-"""Views: one module per view kind (`row`, `count`, `list`, `log`) that turns a job's rows into the kind's changes
-(through `frame`: what a view's expressions see), applies them with a sink (`sink.Sink`: `write(changes,
+"""Views: one module per view kind (`row`, `count`, `agg`, `list`, `log`) that turns a job's rows into the kind's
+changes (through `frame`: what a view's expressions see), applies them with a sink (`sink.Sink`: `write(changes,
 batch_id)`) and reads them back; the key layout (`keys`), Redis I/O (`redis_io`, `wire`), the read side of every
 view by its kind (`read`), errors (`errors`)."""
 
@@ -8,6 +8,7 @@ __all__ = [
     "frame",
     "row",
     "count",
+    "agg",
     "list",
     "log",
     "keys",

@@ -246,12 +246,17 @@ def _refuse_outside_reach(spark, pipeline: Pipeline, job: str) -> None:
 def check_job(spark, pipeline: Pipeline, job: str) -> None:
     """Analyse every expression of `job` (its match expressions, each view's key, where, fields, values, entry and
     order) on empty frames; raises `ExpressionError` for the first one that calls Java or holds a subquery
-    (`spec.sql`; checked on Spark's parse), that Spark cannot use, or a count value that is not a number. Runs no
-    Spark job."""
+    (`spec.sql`; checked on Spark's parse), that Spark cannot use, a count value that is not a number, or an agg
+    view's aggregate that `views.agg.check_agg` refuses. Runs no Spark job."""
     _refuse_outside_reach(spark, pipeline, job)
     _check_matches(spark, pipeline, job)
     frame = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
     for view in pipeline.jobs[job].views:
+        if view.kind == "agg":
+            from views.agg import check_agg  # views.agg evaluates with this module
+
+            check_agg(frame, view, pipeline)
+            continue
         out = select_view(frame, view, pipeline)
         for name, expr in view.values:
             kind = out.schema[name].dataType

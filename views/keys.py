@@ -10,6 +10,7 @@ first `{` and the next `}`), and `key_id` reads it back unchanged.
 | `mv:gen:<job>` | string | the job's current generation (readers follow it) |
 | `mv:meta:<job>:<g>` | hash | last applied batch id, batch time, counters of the generation |
 | `mv:<view>:<g>:{<key>}` | sorted set | a list view's key: member the entry id, score the order value; the first `cap` |
+| `mv:<view>:<g>:{<key>}` | string | an agg view's key: its export line (JSON), absent when the key has no live row |
 | `mv:<view>.entry:<g>:{<entry>}` | string | JSON of a list view's `fields` of a live entry |
 | `mv:<view>.heavy:<g>:{<value>}` | sorted set | a heavy match value's (fan-out limit) first `cap` entries: member the entry id, score the order value |
 | `mv:<view>.reads:<g>:{<key>}` | set | the heavy match values a list key reads (their entries are merged in at read time) |

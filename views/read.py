@@ -2,7 +2,7 @@
 
 A view is looked up in the pipeline (`spec.builtin.default_pipeline`: `MVIEW_PIPELINE` or the built-in one, unless
 the caller passes one) and read by its kind, never by its name:
-- `row` (`views.row`), `count` (`views.count`): from Redis, without Spark;
+- `row` (`views.row`), `count` (`views.count`), `agg` (`views.agg`): from Redis, without Spark;
 - `list` (`views.list`): from Redis, without Spark;
 - `log` (`views.log`): an output log in the lake, exported with Spark; it has no query.
 Readers resolve the job's serving generation first, so a replay that switches generations is seen atomically.
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from spec.builtin import default_pipeline
 from spec.model import Pipeline, View
+from views.agg import export_aggs, query_agg
 from views.count import export_counts, query_count
 from views.errors import UnknownView, ViewError, WrongJob, WrongViewKind
 from views.list import export_list, query_list
@@ -57,6 +58,8 @@ def query_view(
         return query_row(client, v, key)
     if v.kind == "count":
         return query_count(client, v, key)
+    if v.kind == "agg":
+        return query_agg(client, v, key)
     if v.kind == "list":
         return query_list(client, v, key, limit)
     raise ViewError(f"{v.name} is an output log, not a Redis view: use `mview export {v.name}`")
@@ -80,6 +83,8 @@ def export_view(
         return export_rows(client, v)
     if v.kind == "count":
         return export_counts(client, v)
+    if v.kind == "agg":
+        return export_aggs(client, v)
     if v.kind == "list":
         return export_list(client, v)
     where = lake if lake is not None else lake_dir
