@@ -375,7 +375,8 @@ class AggView:
     def step(self, changes: DataFrame, batch_id: int) -> AggStep:
         """Batch `batch_id`'s state rows, the state after it and its keys' lines (`AggStep`), from `changes` (the
         batch's row changes, `views.frame.view_rows`) and the state before it (`restore`); when an earlier attempt
-        of the batch staged `b<batch_id>` whole, from that instead (see the module docstring). Two Spark jobs."""
+        of the batch staged `b<batch_id>` whole, from that instead (see the module docstring). Materializes both (in
+        memory); the lines are computed when `publish` reads them."""
         state, staged = self._before(batch_id)
         if staged is not None:
             log = self._files([staged]).localCheckpoint(eager=True)
