@@ -16,8 +16,8 @@ from jobs.ops.deploy import settings_env
 from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
-from tests.jobs.opshelp import MVIEW, wait_for
 from tests.jobs.ops.test_httpd import assert_refuses_other_hosts
+from tests.jobs.opshelp import MVIEW, wait_for
 
 JOBS = jobs(Settings.from_env({}))  # the built-in pipeline's jobs
 
