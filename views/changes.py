@@ -7,7 +7,8 @@ written by one call per micro-batch.
   key by the batch id, so a batch applied twice adds once;
 - `log` views: the added rows that satisfy `where` are appended to the output log once per batch id
   (`views.log.LogSink`; a log is of a job whose rows are never removed);
-- `agg` views: `views.agg`.
+- `agg` views: each key the batch touches is recomputed from the view's state and written whole (`views.agg.AggView`,
+  its state under `<state_key>/views/<view>`; `append_only`: the job never removes a row).
 The Redis writes of the row and count views go out in one Spark job (`views.wire.forward`), each fenced by the
 writer's lease epoch (`views.fence`). When `write` returns, every view has the batch; a batch written again (Spark
 replays it after a crash) leaves the effect of one.
@@ -20,6 +21,7 @@ import functools
 from pyspark.sql import DataFrame
 
 from spec.model import Pipeline
+from views.agg import AggView
 from views.count import COUNT_LUA, CountSink, count_delta
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import empty_rows, view_rows
@@ -33,7 +35,7 @@ __all__ = ["ChangeViews"]
 
 class ChangeViews:
     """The views of job `job` of `pipeline` for generation `generation`: Redis at `redis_url` (writes fenced by
-    `fence`), output logs in `lake` (see the module docstring)."""
+    `fence`), output logs in `lake`, the views' own state under `state_key` of `lake` (see the module docstring)."""
 
     def __init__(
         self,
@@ -44,6 +46,8 @@ class ChangeViews:
         *,
         redis_url: str,
         generation: int,
+        state_key: str,
+        append_only: bool,
         fence: Fence = UNFENCED,
     ):
         self.pipeline, self.job, self.url, self.generation, self.fence = (
@@ -66,6 +70,21 @@ class ChangeViews:
             for v in self.views
             if v.kind == "log"
         }
+        self.aggs = [
+            AggView(
+                spark,
+                lake,
+                v,
+                pipeline,
+                f"{state_key}/views/{v.name}",
+                append_only=append_only,
+                redis_url=redis_url,
+                generation=generation,
+                fence=fence,
+            )
+            for v in self.views
+            if v.kind == "agg"
+        ]
 
     def _commands(self, frame: DataFrame, batch_id: int) -> list[DataFrame]:
         out = []
@@ -90,6 +109,8 @@ class ChangeViews:
                 what=f"{self.job} views",
                 scripts=(GATE_LUA, COUNT_LUA),
             )
+        for agg in self.aggs:
+            agg.write(frame, batch_id)
         by_name = {v.name: v for v in self.views}
         for name, sink in self.logs.items():
             sink.write(log_rows(frame.where("_sign > 0"), by_name[name], self.pipeline), batch_id)

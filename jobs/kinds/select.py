@@ -92,6 +92,8 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
         run.job,
         redis_url=run.settings.redis_url,
         generation=run.generation,
+        state_key=state_key(run.job, run.generation),
+        append_only=topic.kind == "event",
         fence=run.fence,
     )
     run.totals.update(rows_added=0, rows_removed=0)
