@@ -63,7 +63,7 @@ from views.keys import key_id, view_key, view_pattern
 from views.redis_io import Forwarder, current_generation, is_cluster, pack, sink_client
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
-__all__ = ["AggView", "AggStep", "check_agg", "query_agg", "export_aggs"]
+__all__ = ["AggView", "AggStep", "agg_views", "check_agg", "query_agg", "export_aggs"]
 
 _LIVE = "_sign > 0 AND _where AND _key IS NOT NULL"
 _DIR_ID = r"/[bs]([0-9]+)/[^/]*$"  # the id in a file's path .../b<id>/part-... or .../s<id>/part-...
@@ -447,6 +447,36 @@ class AggView:
             staged.result()
         self.advance(step)
         return {"keys": n}
+
+
+def agg_views(
+    spark,
+    lake: Lake | str,
+    pipeline: Pipeline,
+    job: str,
+    state_key: str,
+    *,
+    append_only: bool,
+    redis_url: str,
+    generation: int,
+    fence: Fence = UNFENCED,
+) -> list[AggView]:
+    """An `AggView` for each agg view of `job`, its state under `<state_key>/views/<view>` of `lake`."""
+    return [
+        AggView(
+            spark,
+            lake,
+            v,
+            pipeline,
+            f"{state_key}/views/{v.name}",
+            append_only=append_only,
+            redis_url=redis_url,
+            generation=generation,
+            fence=fence,
+        )
+        for v in pipeline.jobs[job].views
+        if v.kind == "agg"
+    ]
 
 
 def _loads(raw):

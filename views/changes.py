@@ -21,7 +21,7 @@ import functools
 from pyspark.sql import DataFrame
 
 from spec.model import Pipeline
-from views.agg import AggView
+from views.agg import agg_views
 from views.count import COUNT_LUA, CountSink, count_delta
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import empty_rows, view_rows
@@ -70,21 +70,17 @@ class ChangeViews:
             for v in self.views
             if v.kind == "log"
         }
-        self.aggs = [
-            AggView(
-                spark,
-                lake,
-                v,
-                pipeline,
-                f"{state_key}/views/{v.name}",
-                append_only=append_only,
-                redis_url=redis_url,
-                generation=generation,
-                fence=fence,
-            )
-            for v in self.views
-            if v.kind == "agg"
-        ]
+        self.aggs = agg_views(
+            spark,
+            lake,
+            pipeline,
+            job,
+            state_key,
+            append_only=append_only,
+            redis_url=redis_url,
+            generation=generation,
+            fence=fence,
+        )
 
     def _commands(self, frame: DataFrame, batch_id: int) -> list[DataFrame]:
         out = []

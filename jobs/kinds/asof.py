@@ -1,5 +1,5 @@
 """An `asof` job: each event of a stream topic joined with the version of its key in a table topic in force at the
-event's time, or the one it pins (`joins.asof`), publishing row, count and log views.
+event's time, or the one it pins (`joins.asof`), publishing row, count, agg and log views.
 
 Sources: the stream topic and the table topic (the raw changelog, every change in arrival order), in one streaming
 query. The versioned copy is built from that log, the one record of the table: a change that arrives after a newer
@@ -42,6 +42,7 @@ from joins.asof import AsofResult, AsofSides, asof_join, dedupe_events, with_ide
 from joins.asof_state import AsofProgress, AsofSnapshot, AsofState
 from joins.sides import TwoTopics
 from spec.model import Pipeline
+from views.agg import agg_views
 from views.count import COUNT_LUA, CountSink, count_changes, value_types
 from views.fence import GATE_LUA
 from views.frame import check_job, empty_rows, view_rows
@@ -120,6 +121,17 @@ class _Views:
             for v in self.views
             if v.kind == "log"
         }
+        self.aggs = agg_views(
+            run.spark,
+            settings.lake,
+            pipeline,
+            job,
+            state_key(job, gen),
+            append_only=True,
+            redis_url=settings.redis_url,
+            generation=gen,
+            fence=run.fence,
+        )
         whole = next((v for v in self.views if v.kind == "log" and v.where is None), None)
         self.whole, self.whole_time = whole, whole and time_field(whole, sides.stream.time)
 
@@ -188,6 +200,11 @@ class _Views:
                 what=f"{self.run.job} views",
                 scripts=scripts,
             )
+        if self.aggs:
+            t = quoted(self.sides.stream.time)
+            rows = frame.selectExpr("*", "1 AS _sign", f"CAST({t} AS bigint) AS _time")
+            for agg in self.aggs:
+                agg.write(rows, batch_id)
         for name, sink in self.logs.items():
             sink.write(log_rows(frame, by_name[name], self.pipeline), batch_id)
 

@@ -1,4 +1,4 @@
-"""An `interval` job: two event topics joined within a time interval (`joins.interval`), publishing row and count
+"""An `interval` job: two event topics joined within a time interval (`joins.interval`), publishing row, count and agg
 views.
 
 A right event r matches a left event l when every `match` pair is equal and `lower <= r.time - l.time <= upper`
@@ -31,6 +31,7 @@ import time
 
 import orjson
 
+from changelog.current import quoted
 from jobs.core.fencing import writer_fence
 from jobs.core.generations import record_batch
 from jobs.core.phases import Phases
@@ -42,6 +43,7 @@ from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
+from views.agg import agg_views
 from views.count import COUNT_LUA, CountSink, count_changes
 from views.fence import GATE_LUA
 from views.frame import check_job, mentions, view_rows
@@ -88,18 +90,48 @@ def _view_commands(
     return RowSink(settings.redis_url, view.name, gen, epoch).commands(changes)
 
 
-def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int):
-    """`publish(left, fence)` of `IntervalStore.step`: every view's write of one step, in one Spark job."""
+def _aggs(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int, epoch) -> list:
+    """The job's agg views (a left event is a row once its window closed: rows are never removed)."""
+    return agg_views(
+        spark,
+        settings.lake,
+        pipeline,
+        job,
+        state_key(job, gen),
+        append_only=True,
+        redis_url=settings.redis_url,
+        generation=gen,
+        fence=epoch,
+    )
+
+
+def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs: list | None = None):
+    """`publish(left, fence)` of `IntervalStore.step`: every view's write of one step, the row and count views' in
+    one Spark job, then each agg view's (`aggs`: made here when None), its batch id the step's fence."""
     j, url = pipeline.jobs[job], settings.redis_url
     unmatched = "true" if j.spec.unmatched else "false"
     scripts = (GATE_LUA, COUNT_LUA) if any(v.kind == "count" for v in j.views) else (GATE_LUA,)
     epoch = writer_fence(job)  # the lease this process holds for the job: its writes' fence
+    time_sql = quoted(pipeline.sides(job)[0].time)
 
     def publish(left, fence: int) -> None:
         frame = view_rows(left.where("_changed OR _closed"), pipeline, job)
-        parts = [_view_commands(frame, v, pipeline, settings, gen, fence, unmatched, epoch) for v in j.views]
-        commands = functools.reduce(lambda a, b: a.unionByName(b), parts)
-        forward(payload_rows(commands, cluster=is_cluster(url)), url, what=f"{job} views", scripts=scripts)
+        parts = [
+            _view_commands(frame, v, pipeline, settings, gen, fence, unmatched, epoch)
+            for v in j.views
+            if v.kind in ("row", "count")
+        ]
+        if parts:
+            commands = functools.reduce(lambda a, b: a.unionByName(b), parts)
+            forward(
+                payload_rows(commands, cluster=is_cluster(url)), url, what=f"{job} views", scripts=scripts
+            )
+        views = aggs if aggs is not None else _aggs(left.sparkSession, settings, pipeline, job, gen, epoch)
+        if views:
+            closed = frame.where(f"_closed AND (_matches > 0 OR {unmatched})")
+            rows = closed.selectExpr("*", "1 AS _sign", f"CAST({time_sql} AS bigint) AS _time")
+            for agg in views:
+                agg.write(rows, fence)
 
     return publish
 
@@ -133,9 +165,11 @@ def _status(settings: Settings, sides: IntervalSides, p: IntervalProgress) -> di
     }
 
 
-def _process(run: JobRun, pipeline: Pipeline, store: IntervalStore, batch_df, batch_id: int) -> Batch | None:
+def _process(
+    run: JobRun, pipeline: Pipeline, store: IntervalStore, aggs: list, batch_df, batch_id: int
+) -> Batch | None:
     phases, sides = Phases(batch_df.sparkSession), store.sides
-    publish = phases.after("join+publish", _publisher(run.settings, pipeline, run.job, run.generation))
+    publish = phases.after("join+publish", _publisher(run.settings, pipeline, run.job, run.generation, aggs))
     on_late = functools.partial(_log_late, run, sides, batch_id)
     step = store.batch_step(batch_id * FENCE_STEP, batch_df, publish, on_late, phases.mark)
     if step is None:
@@ -172,9 +206,11 @@ def _wire(run: JobRun, pipeline: Pipeline, max_files: int | None) -> Wiring:
     seconds = run.totals.pop("seconds")  # keys in the order `mview run <job> --once` prints them
     run.totals.update(late=0, duplicates=0, closed=0, provisional=0, seconds=seconds, state_rows=[])
 
+    aggs = _aggs(run.spark, settings, pipeline, run.job, run.generation, run.fence)
+
     def process(batch_df, batch_id: int) -> Batch | None:
         with store.exclusive():
-            return _process(run, pipeline, store, batch_df, batch_id)
+            return _process(run, pipeline, store, aggs, batch_df, batch_id)
 
     def idle() -> None:
         now = int(time.time() * 1000)

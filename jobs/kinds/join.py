@@ -1,5 +1,5 @@
-"""A `join` job: the inner join of two table topics, maintained incrementally (`joins.table`), publishing list, row
-and count views (`views.list`, `views.row`, `views.count`).
+"""A `join` job: the inner join of two table topics, maintained incrementally (`joins.table`), publishing list, row,
+count and agg views (`views.list`, `views.row`, `views.count`, `views.agg`).
 
 Source: both topics' logs, one stream. Per micro-batch N: the join's state before N is restored (from memory, or
 from its durable log after a restart or when Spark replays N: `joins.table_state.TableStore`); the batch is joined
@@ -14,6 +14,7 @@ fenced by N; nothing is lost or doubled.
 - A row view: a removed row's entry is removed, an added row's entry set (a moved row: both; per key and row the
   added one wins).
 - A count view: the values of added rows are added and those of removed rows subtracted, per key, fenced by N.
+- An agg view: the removed and added rows are its row changes (`views.agg.AggView`, its state beside the join's).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from jobs.errors import LakeUnusable
 from joins.table import JoinChanges, TableJoin, begin_join
 from joins.table_state import TableStore
 from spec.model import Pipeline
+from views.agg import agg_views
 from views.count import CountSink, count_changes
 from views.frame import check_job, view_rows
 from views.list import ListView, ListViewSink
@@ -82,6 +84,17 @@ class _Views:
         }
         self.rows = [(v, RowSink(url, v.name, gen, run.fence)) for v in job.views if v.kind == "row"]
         self.counts = [(v, CountSink(url, v, gen, run.fence)) for v in job.views if v.kind == "count"]
+        self.aggs = agg_views(
+            run.spark,
+            run.settings.lake,
+            pipeline,
+            run.job,
+            state_key(run.job, gen),
+            append_only=False,
+            redis_url=url,
+            generation=gen,
+            fence=run.fence,
+        )
         self.parts = [p for lv in self.lists for p in lv.parts]
         # posts first: one list of the timeline's shape with a fan-out limit, in a batch of its entries only
         limited = [lv for lv in self.lists if lv.shape is not None and lv.view.fanout_limit is not None]
@@ -94,10 +107,17 @@ class _Views:
 
     def delta_ops(self, changes: JoinChanges, join: TableJoin, batch_id: int) -> None:
         """Apply the row and count views' changes of the batch's delta (removed, added rows)."""
-        if not (self.rows or self.counts):
+        if not (self.rows or self.counts or self.aggs):
             return
         removed = view_rows(join.frame_rows(changes.removed), self.pipeline, self.job)
         added = view_rows(join.frame_rows(changes.added), self.pipeline, self.job)
+        if self.aggs:
+            signed = [
+                df.selectExpr("*", f"{sign} AS _sign", "CAST(NULL AS bigint) AS _time")
+                for df, sign in ((removed, -1), (added, 1))
+            ]
+            for agg in self.aggs:
+                agg.write(signed[0].unionByName(signed[1]), batch_id)
         for view, sink in self.rows:
             gone = row_changes(removed, view, self.pipeline).selectExpr(
                 "key", "id", "CAST(NULL AS string) AS body"

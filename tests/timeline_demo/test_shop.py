@@ -1,4 +1,4 @@
-"""The shop pipeline file and its seeded generator (`timeline_demo.shop`): the file loads with its three jobs, the
+"""The shop pipeline file and its seeded generator (`timeline_demo.shop`): the file loads with its four jobs, the
 generator is deterministic and makes every case the views must handle (deletes, ties, pins, wrong and late
 payments, closes, Debezium events), and its views, through the brute force, agree with what they mean."""
 
@@ -31,21 +31,26 @@ def plain(feed, topic):
     ]
 
 
-def test_the_file_loads_with_its_three_jobs():
+def test_the_file_loads_with_its_four_jobs():
     p = load_pipeline(PIPELINE)
     assert {j.name: j.kind for j in p.jobs.values()} == {
         "paid": "interval",
         "orders_enriched": "asof",
         "customer_orders": "join",
+        "order_totals": "select",
     }
     assert {v.name: v.kind for v in p.views.values()} == {
         "order_status": "row",
         "unpaid_orders": "row",
         "payment_outcomes": "count",
+        "order_sizes": "agg",
         "order_tiers": "log",
         "orders_by_tier": "count",
+        "tier_stats": "agg",
         "newest_orders": "list",
         "open_by_tier": "count",
+        "open_by_country": "agg",
+        "by_currency": "agg",
     }
     customers = p.topics["customers"]
     assert customers.capture.postgres == "public.customers" and customers.capture.column("ts") == "updated_at"

@@ -7,8 +7,10 @@ the contract's definitions (`timeline_demo.brute`) for the same records cut into
    lines the brute force rejects); then `mview run cdc --once` twice around inserts, updates (with and without
    `updated_at`), a delete, a re-insert and two changes of a row in one transaction: the records the log gains are
    exactly the committed changes (one per key and transaction, the time `updated_at` or the commit time); then
-   `mview run JOB --once --json` of each job, `mview export` of every view, `mview query --json` of a sample of
-   keys and `mview status --json`, all equal to the brute force fed the files' records and the captured ones;
+   `mview run JOB --once --json` of each job (the first through the installed command, the others through
+   `jobs.ops.cli.main` in this process, on the tests' Spark session: no JVM of their own), `mview export` of
+   every view, `mview query --json` of a sample of keys and `mview status --json`, all equal to the brute force
+   fed the files' records and the captured ones;
 2. chunked: the same kind of workload cut into batches at random points (the late records in the last batch, so
    `paid` drops them as late and `orders_enriched` keeps them, counted as `late_events_kept`), each batch ingested and every job run once, in this process on the tests' Spark
    session (the commands' own code paths: `ingest`, `job_spec(...).run(once=True)`, `export_view`); then a
@@ -32,6 +34,7 @@ from jobs.core.registry import job_spec
 from jobs.core.runtime import read_status
 from jobs.ops.status import job_status
 from spec.load import load_pipeline
+from tests.jobs.opshelp import mview_here
 from tests.pghelp import log_commits
 from tests.timeline_demo.e2ehelp import (
     Readers,
@@ -53,7 +56,7 @@ from views.redis_io import connect, current_generation
 
 pytestmark = pytest.mark.slow
 
-JOBS = ("paid", "orders_enriched", "customer_orders")
+JOBS = ("paid", "orders_enriched", "customer_orders", "order_totals")
 H = 3_600_000
 
 
@@ -107,7 +110,9 @@ def _capture(settings, pg, table: str) -> tuple[list, list]:
     return snapshot, stream
 
 
-def test_whole_through_the_installed_cli_with_customers_captured_from_postgres(tmp_path, redis_url, pg):
+def test_whole_through_the_installed_cli_with_customers_captured_from_postgres(
+    spark, tmp_path, redis_url, pg
+):
     table = f"shop_{pg.slot}"
     shop = tmp_path / "shop.yml"
     shop.write_text(PIPELINE.read_text().replace("public.customers", f"public.{table}"))
@@ -142,9 +147,11 @@ def test_whole_through_the_installed_cli_with_customers_captured_from_postgres(t
     want = brute_force(pipeline, [{**batch, "customers": batch["customers"] + captured}])
     assert any(want.export(v) != from_files.export(v) for v in pipeline.views)  # the captured changes count
 
-    for job in JOBS:
-        totals = last_json(cli(settings, "run", job, "--once", "--json"))
-        assert totals["job"] == job and totals["batches"] == 1, totals
+    for i, job in enumerate(JOBS):  # the first through the installed command, the others on the session's JVM
+        args = ("run", job, "--once", "--json")
+        run = cli(settings, *args) if i == 0 else mview_here(settings, *args)
+        totals = last_json(run)
+        assert run.returncode == 0 and totals["job"] == job and totals["batches"] == 1, (run.stderr, totals)
     assert want.late == {"paid": 0}  # one batch: nothing is late
     assert want.held == {
         "orders_enriched": 0
