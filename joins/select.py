@@ -3,8 +3,8 @@
 An event topic (`EventSelect`): each event is a row, once. A batch's records get their identity `_id`
 (`joins.sides.identity_sql`); of records sharing an `_id` one is kept (`joins.sides.dedupe_records`: the smallest by
 time, then the other fields); a record whose `_id` an earlier batch selected is dropped. The ids selected so far
-are state (`SelectedIds`: a Delta table of `_id` and time `_t`), read only over the batch's time range (a record
-delivered again has its first delivery's time). A selected event is an added row: `_sign` 1, `_time` its time.
+are state (`SelectedIds`: a Delta table of `_id` and time `_t`), looked up by the batch's ids (a copy delivered
+again may carry another time). A selected event is an added row: `_sign` 1, `_time` its time.
 Rows never leave.
 
 A table topic (`TableSelect`): the rows are the topic's current table (`changelog.current`'s rule, through
@@ -69,10 +69,11 @@ class SelectedIds:
         self.spark, self.app_id, self.lake = spark, app_id, as_lake(root)
         self.path = ensure_delta_table(spark, self.lake, "_id string, _t bigint", key=key)
 
-    def between(self, lo: int, hi: int) -> DataFrame:
-        """`_id` of the selected rows whose time is in [lo, hi]."""
-        rows = self.spark.read.format("delta").load(self.path)
-        return rows.where(F.col("_t").between(lo, hi)).select("_id")
+    def among(self, candidates: DataFrame) -> DataFrame:
+        """`_id` of the selected rows among `candidates`' `_id` (whatever their time: a copy delivered again may
+        carry another one). The ids are read whole (one column); the batch's, broadcast, pick the few that match."""
+        rows = self.spark.read.format("delta").load(self.path).select("_id")
+        return rows.join(F.broadcast(candidates.select("_id")), "_id", "left_semi")
 
     def record(self, batch_id: int, rows: DataFrame) -> None:
         """Append the ids (and times) of `rows` (row changes), once per `batch_id`."""

@@ -48,17 +48,14 @@ def _events(run: JobRun, select: EventSelect, views: ChangeViews):
 
     def process(batch_df, batch_id: int) -> Batch | None:
         candidates = select.candidates(batch_df).localCheckpoint(eager=True)
-        s = candidates.agg(
-            F.count(F.lit(1)).alias("n"), F.min("_time").alias("lo"), F.max("_time").alias("hi")
-        ).first()
-        if s["n"] == 0:
+        n = candidates.count()
+        if n == 0:
             return None
-        seen = ids.between(s["lo"], s["hi"]) if s["lo"] is not None else None
-        rows = select.rows(candidates, seen).localCheckpoint(eager=True)
+        rows = select.rows(candidates, ids.among(candidates)).localCheckpoint(eager=True)
         added = rows.count()
         views.write(rows, batch_id)
         ids.record(batch_id, rows)
-        return _batch(select.topic.name, batch_df.count(), added, 0, s["n"] - added)
+        return _batch(select.topic.name, batch_df.count(), added, 0, n - added)
 
     return process
 
