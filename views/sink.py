@@ -13,9 +13,10 @@ Contract:
 - The sink does not keep the DataFrame: the caller may release it once `write` returns.
 
 Implementations, one per view kind: the Redis sinks `views.row.RowSink` (from the executors),
-`views.count.CountSink` (fenced; from the executors, or from the driver for rows already collected there) and the
-list kind's; the Delta output log `views.log.LogSink`; `ListSink` keeps the rows in memory, for tests of the
-transforms that make the changes.
+`views.count.CountSink` (fenced; from the executors, or from the driver for rows already collected there),
+`views.agg.AggView` (its own state on the lake; the touched keys' whole lines) and the list kind's; the Delta output
+log `views.log.LogSink`; `views.changes.ChangeViews` applies a batch's row changes to every view of a job;
+`ListSink` keeps the rows in memory, for tests of the transforms that make the changes.
 """
 
 from __future__ import annotations
