@@ -1,4 +1,4 @@
-"""Many writers of one topic on a lake on HDFS and on S3 (the session's real servers), with no lock anywhere: four
+"""Many writers of one topic on a lake on HDFS or S3 (the session's real servers), with no lock anywhere: four
 `mview ingest` processes at a time and a deployed `kafka` job (delta-rs commits) append to `follows` while `mview
 maintain --once` (Spark: the compaction to the deciding record per key, then OPTIMIZE) rewrites it.
 
@@ -22,6 +22,7 @@ import pytest
 from changelog.topics import topic_key
 from jobs.ops.deploy import deploy, stop
 from tests.conftest import make_settings, write_jsonl
+from tests.devhelp import one_store_param
 from tests.jobs.opshelp import mview, status_of, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -65,9 +66,9 @@ def _deciding(rows) -> set[tuple]:
     return set(best.values())
 
 
-@pytest.fixture(params=["hdfs", "s3"])
+@pytest.fixture(params=one_store_param())
 def store_settings(request, tmp_path, redis_url, kafka):
-    """Settings of a fresh lake on the session's HDFS or S3 server, the session's Kafka broker."""
+    """Settings of a fresh lake on the session's HDFS or S3 server (this run's), the session's Kafka broker."""
     name = f"race-{uuid.uuid4().hex[:8]}"
     if request.param == "hdfs":
         lake, env = f"{request.getfixturevalue('hdfs_server').url}/{name}", {}

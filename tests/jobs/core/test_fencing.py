@@ -6,9 +6,13 @@ first continues (SIGCONT). Its stale writes change nothing (refused by the job's
 it exits 1 saying it lost the lease, and the timelines equal their definition. Without the fence the rest of its
 stale batch lands and some timelines lose the unfollowed author's entries for good.
 
-On a local lake, on HDFS and on S3 (the session's `tests.devhelp.hdfs_server` and `s3_server`, each case its own
-path or prefix): the lease, the checkpoint and the tables are in that store, and the test reads the checkpoint
-through it (`changelog.storage.Lake`)."""
+On a local lake and on a remote one, HDFS or S3 (the session's `tests.devhelp.hdfs_server` or `s3_server`, each
+case its own path or prefix): the lease, the checkpoint and the tables are in that store, and the test reads the
+checkpoint through it (`changelog.storage.Lake`). One remote store per run (`tests.devhelp.one_store`:
+MVIEW_TEST_STORE, by default HDFS and S3 on alternate days): above `changelog.storage.Lake` the take-over is the
+same code on both (the lease's create, the fence in Redis); the stores' own primitives (of racing creators exactly
+one wins, an object is replaced whole, a store that does not answer is one error) are held on both stores in every
+run by tests/changelog/test_storage.py, and the lease on HDFS by tests/jobs/core/test_lease.py."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import redis
 from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
-from tests.devhelp import ingest_cli
+from tests.devhelp import ingest_cli, one_store_param
 from tests.jobs.opshelp import batch_in_flight, wait_for
 from timeline_demo.reference import expected_timelines
 from timeline_demo.timeline_view import export_timeline
@@ -100,9 +104,10 @@ def _pause_at_first_list_rewrite(redis_url: str, pid: int) -> threading.Event:
     return paused
 
 
-@pytest.fixture(params=["local", "hdfs", "s3"])
+@pytest.fixture(params=["local", *one_store_param()])
 def lake(request, tmp_path) -> tuple[str, str, dict[str, str]]:
-    """The store of a case (local, the session's HDFS or S3 server, started here at its first use), its LAKE_DIR
+    """The store of a case (local, or this run's remote store: the session's HDFS or S3 server, started here at its
+    first use), its LAKE_DIR
     (its own path on HDFS, its own prefix in the bucket) and its environment (S3: its endpoint and credentials;
     `get_spark` adds S3A for them)."""
     store = request.param
