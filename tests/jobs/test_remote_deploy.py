@@ -1,11 +1,20 @@
-"""A deployed job on a lake on HDFS (the session's `hdfs_server`), driven through the installed `mview` from two
-places of one machine, each with its own working directory and HOME, as a user on another machine would: deploy
-from the first, kill -9 its driver mid-stream, deploy from the second (no pid file, no local file of the first):
-the new driver takes the job's lease over (`jobs.core.lease`: the old driver's process is gone) and continues from
-the checkpoint in the lake; the timelines are exactly the reference's. From the second place `mview status` sees
-the driver (its lease), a second deploy says it runs, and `mview stop` stops it. HDFS, and the S3 server of a lake
-on S3, stopped under the running job for longer than the lease's validity: the job waits, takes its lease back,
-and continues exactly."""
+"""A deployed job on a lake on HDFS or S3 (the session's `hdfs_server` or `s3_server`), driven through the installed
+`mview` from two places of one machine, each with its own working directory and HOME, as a user on another machine
+would. One deployment lives through both failures, one after the other:
+
+- the store (the NameNode, or the S3 server) stopped under the running job for longer than the lease's validity:
+  the job stops its query and waits (one log line, which `mview status` shows beside its one-line error about the
+  lake, from this machine's files), takes its lease back once the store answers again, and continues: new input is
+  processed exactly, by the same driver;
+- then kill -9 of that driver mid-stream, and a deploy from the second place (no pid file, no local file of the
+  first): the new driver takes the job's lease over (`jobs.core.lease`: the old driver's process is gone) and
+  continues from the checkpoint in the lake; the timelines are exactly the reference's. From the second place
+  `mview status` sees the driver (its lease), a second deploy says it runs, and `mview stop` stops it.
+
+One store per run (`tests.devhelp.one_store`: MVIEW_TEST_STORE, by default HDFS and S3 on alternate days): above
+`changelog.storage.Lake` the wait, the lease's renewal and take-over and the checkpoint are the same code on both;
+the stores' own primitives, a store that does not answer included, are held on both in every run by
+tests/changelog/test_storage.py."""
 
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import pytest
 
 from jobs.ops.deploy import settings_env
 from tests.conftest import make_settings
+from tests.devhelp import one_store_param
 from tests.jobs.opshelp import MVIEW, status_of, wait_for, write_jsonl
 from timeline_demo.reference import expected_timelines
 from timeline_demo.timeline_view import export_timeline
@@ -30,7 +40,7 @@ JOB, CAP = "timeline", 10
 
 
 class _Place:
-    """A lake on the session's HDFS (or `server`'s S3 bucket), the workload in two slices, and `mview` run from
+    """A lake on the session's HDFS (or `server`'s S3 bucket), the workload in three slices, and `mview` run from
     named places (each its own working directory and HOME)."""
 
     def __init__(self, server, redis_url: str, tmp_path, *, s3: bool = False):
@@ -51,7 +61,8 @@ class _Place:
             k: v for k, v in {**os.environ, **settings_env(self.settings)}.items() if k != "XDG_STATE_HOME"
         }
         wl = generate(seed=5, users=20, celebrities=1, follows=90, tweets=90)
-        self.tw, self.fo = [wl.tweets[:45], wl.tweets[45:]], [wl.follows[:45], wl.follows[45:]]
+        self.tw = [wl.tweets[:30], wl.tweets[30:60], wl.tweets[60:]]
+        self.fo = [wl.follows[:30], wl.follows[30:60], wl.follows[60:]]
 
     def cli(self, place: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         home, cwd = self.tmp / place / "home", self.tmp / place / "work"
@@ -92,42 +103,26 @@ class _Place:
         return found[0].read_text(errors="replace") if found else ""
 
 
-def test_kill9_then_deploy_from_another_directory_and_home_continues_exactly(
-    hdfs_server, redis_url, tmp_path
+@pytest.fixture(params=one_store_param())
+def store(request):
+    """This run's remote store: ("hdfs" or "s3", the session's server of it)."""
+    return request.param, request.getfixturevalue(f"{request.param}_server")
+
+
+def test_an_outage_then_a_kill9_and_a_deploy_from_another_place_leave_the_timelines_exact(
+    store, redis_url, tmp_path
 ):
-    p = _Place(hdfs_server, redis_url, tmp_path)
+    kind, server = store
+    p = _Place(server, redis_url, tmp_path, s3=kind == "s3")
     settings, cli, feed, caught_up, timelines = p.settings, p.cli, p.feed, p.caught_up, p.timelines
     truth = feed(0)
     cli("first", "deploy", JOB)
-    wait_for(lambda: caught_up(truth), "the job deployed from the first place to catch up", timeout_s=600)
-    pid = status_of(settings, JOB)["pid"]  # from its lease: this process has no pid file of it
-    assert isinstance(pid, int)
-    os.kill(pid, signal.SIGKILL)
-    truth = feed(1)
-    wait_for(lambda: not status_of(settings, JOB)["running"], "the killed driver to be gone")
-
-    assert "deployed" in cli("second", "deploy", JOB).stdout
-    wait_for(lambda: caught_up(truth), "the driver deployed from the second place to catch up", timeout_s=600)
-    assert status_of(settings, JOB)["pid"] not in (None, pid)
-    assert "already running" in cli("second", "deploy", JOB).stdout
-    assert '"running": true' in cli("second", "status", "--json").stdout
-    cli("second", "stop", JOB)
-    assert not status_of(settings, JOB)["running"] and status_of(settings, JOB)["state"] == "stopped"
-    assert timelines() == truth
-
-
-@pytest.mark.parametrize("store", ["hdfs", "s3"])
-def test_the_store_stopped_under_a_deployed_job_is_waited_for(store, request, redis_url, tmp_path):
-    """The NameNode (or the S3 server) stopped under the running job for longer than the lease's validity: the job
-    stops its query and waits (one log line, which `mview status` shows beside its one-line error about the lake,
-    from this machine's files), takes its lease back once the store answers again, and continues:
-    new input is processed exactly."""
-    server = request.getfixturevalue(f"{store}_server")
-    p = _Place(server, redis_url, tmp_path, s3=store == "s3")
-    truth = p.feed(0)
-    p.cli("first", "deploy", JOB)
     try:
-        wait_for(lambda: p.caught_up(truth), "the job to catch up", timeout_s=600)
+        wait_for(lambda: caught_up(truth), "the job deployed from the first place to catch up", timeout_s=600)
+        pid = status_of(settings, JOB)["pid"]  # from its lease: this process has no pid file of it
+        assert isinstance(pid, int)
+
+        # The store stopped for longer than the lease's validity: the job waits, and says so.
         server.stop()
         try:
             wait_for(
@@ -136,14 +131,29 @@ def test_the_store_stopped_under_a_deployed_job_is_waited_for(store, request, re
                 timeout_s=180,
                 every_s=1.0,
             )
-            st = p.cli("first", "status", check=False)  # the lake does not answer: what this machine knows
+            st = cli("first", "status", check=False)  # the lake does not answer: what this machine knows
             assert st.returncode == 1 and "LAKE_DIR" in st.stderr and len(st.stderr.strip().splitlines()) == 1
             assert f"{JOB}: running here (pid " in st.stdout and "lake does not answer): waiting" in st.stdout
         finally:
             server.start()
         wait_for(lambda: "the job's lease is renewed" in p.log("first"), "the lease back", timeout_s=180)
-        truth = p.feed(1)
-        wait_for(lambda: p.caught_up(truth), "the job to continue after the outage", timeout_s=600)
-        assert status_of(p.settings, JOB)["pid"] is not None  # the same driver: it never exited
+        truth = feed(1)
+        wait_for(lambda: caught_up(truth), "the job to continue after the outage", timeout_s=600)
+        assert status_of(settings, JOB)["pid"] == pid  # the same driver: it never exited
+
+        # kill -9 of that driver, more input, and a deploy from a place with nothing of the first.
+        os.kill(pid, signal.SIGKILL)
+        truth = feed(2)
+        wait_for(lambda: not status_of(settings, JOB)["running"], "the killed driver to be gone")
+        assert "deployed" in cli("second", "deploy", JOB).stdout
+        wait_for(
+            lambda: caught_up(truth), "the driver deployed from the second place to catch up", timeout_s=600
+        )
+        assert status_of(settings, JOB)["pid"] not in (None, pid)
+        assert "already running" in cli("second", "deploy", JOB).stdout
+        assert '"running": true' in cli("second", "status", "--json").stdout
+        cli("second", "stop", JOB)
+        assert not status_of(settings, JOB)["running"] and status_of(settings, JOB)["state"] == "stopped"
+        assert timelines() == truth
     finally:
-        p.cli("first", "stop", JOB)
+        cli("second", "stop", JOB, check=False)
