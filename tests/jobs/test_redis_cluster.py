@@ -106,6 +106,7 @@ def test_clicks_and_enrichment_on_a_cluster_equal_their_definitions(spark, tmp_p
     assert counts == expected_by_country(truth)
 
 
+@pytest.mark.slow  # a deployed driver (a JVM of its own) and a cluster of its own
 def test_a_deployed_job_waits_for_a_killed_master_and_converges_with_nothing_lost(spark, tmp_path):
     workdir = tmp_path / "cluster"
     workdir.mkdir()

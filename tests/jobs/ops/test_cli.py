@@ -269,6 +269,7 @@ def test_export_every_view(world):
     cli.error("export", "nope", says="unknown view 'nope'")
 
 
+@pytest.mark.slow  # three deployed drivers and a replay of its own: JVMs that run tens of seconds
 def test_status_deploy_stop_and_replay(world):
     cli, here = world["cli"], world["here"]
     status = cli.json_line("status")

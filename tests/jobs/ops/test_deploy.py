@@ -80,6 +80,9 @@ from views.redis_io import connect
 JOB, CAP, SECRET = "timeline", 20, "pw-S3cret"
 _PARTS = 6
 
+# Deployed drivers, each a JVM of its own that runs tens of seconds: `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 def _parts(records, n):
     size = -(-len(records) // n)

@@ -115,6 +115,7 @@ def deployment(tmp_path_factory):
             p.wait(10)
 
 
+@pytest.mark.slow  # the module's deployed driver: a JVM of its own
 def test_a_master_restarted_without_its_data_while_idle_is_rebuilt(deployment):
     d = deployment
     before = d.up()
@@ -134,6 +135,7 @@ def test_a_master_restarted_without_its_data_while_idle_is_rebuilt(deployment):
     wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to go on in the new generation", timeout_s=600)
 
 
+@pytest.mark.slow
 def test_replay_while_deployed_moves_the_job_to_the_new_generation(spark, deployment):
     d = deployment
     gen = d.up()["generation"]
