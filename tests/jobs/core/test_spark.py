@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from jobs.core.runtime import read_status
 from jobs.ops.deploy import settings_env
 from joins.sparkapi import driver_jvm
@@ -256,6 +258,7 @@ def _job_env(tmp_path: Path, redis_url: str):
     return settings, env
 
 
+@pytest.mark.slow  # a continuous job in a JVM of its own
 def test_a_job_run_through_mview_listens_on_loopback_only(tmp_path, redis_url):
     """Before: the RPC endpoint and the block manager listened on the machine's external address (its name
     resolves to 127.0.0.1 here, so Spark took the first other interface's) and the web UI on every interface."""
@@ -263,6 +266,7 @@ def test_a_job_run_through_mview_listens_on_loopback_only(tmp_path, redis_url):
     _job_listens_on_loopback_only([MVIEW, "run", "timeline"], env, settings, tmp_path)
 
 
+@pytest.mark.slow  # a continuous job in a JVM of its own
 def test_a_job_under_spark_submit_listens_on_loopback_only(tmp_path, redis_url):
     from jobs.core.submit import submit_command
 
