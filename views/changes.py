@@ -8,7 +8,10 @@ written by one call per micro-batch.
 - `log` views: the added rows that satisfy `where` are appended to the output log once per batch id
   (`views.log.LogSink`; a log is of a job whose rows are never removed);
 - `agg` views: each key the batch touches is recomputed from the view's state and written whole (`views.agg.AggView`,
-  its state under `<state_key>/views/<view>`; `append_only`: the job never removes a row).
+  its state under `<state_key>/views/<view>`; `append_only`: the job never removes a row);
+- `list` views: likewise, each touched key's list and the bodies of its entries (`views.toplist.TopList`).
+`state_views` makes the agg and list views of a job that keep their own state (interval and asof jobs call them
+with their rows too).
 The Redis writes of the row and count views go out in one Spark job (`views.wire.forward`), each fenced by the
 writer's lease epoch (`views.fence`). When `write` returns, every view has the batch; a batch written again (Spark
 replays it after a crash) leaves the effect of one.
@@ -24,13 +27,23 @@ from spec.model import Pipeline
 from views.agg import agg_views
 from views.count import COUNT_LUA, CountSink, count_delta
 from views.fence import GATE_LUA, UNFENCED, Fence
-from views.frame import empty_rows, view_rows
-from views.log import LogSink, log_key, log_rows, log_schema
+from views.frame import view_rows
+from views.log import log_rows, log_sinks
 from views.redis_io import is_cluster
 from views.row import RowSink, row_delta
+from views.toplist import list_views
 from views.wire import forward, payload_rows
 
-__all__ = ["ChangeViews"]
+__all__ = ["ChangeViews", "state_views"]
+
+
+def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list:
+    """The views of `job` that keep their own state under `<state_key>/views/<view>` of `lake` and take its row
+    changes by `write(rows, batch_id)`: `views.agg.agg_views` then `views.toplist.list_views` (keyword arguments
+    `append_only`, `redis_url`, `generation`, `fence`: theirs)."""
+    return agg_views(spark, lake, pipeline, job, state_key, **kw) + list_views(
+        spark, lake, pipeline, job, state_key, **kw
+    )
 
 
 class ChangeViews:
@@ -58,19 +71,8 @@ class ChangeViews:
             fence,
         )
         self.views = pipeline.jobs[job].views
-        empty = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
-        self.logs = {
-            v.name: LogSink(
-                spark,
-                lake,
-                log_schema(log_rows(empty, v, pipeline)),
-                f"{job}-g{generation}-{v.name}",
-                key=log_key(v.name, generation),
-            )
-            for v in self.views
-            if v.kind == "log"
-        }
-        self.aggs = agg_views(
+        self.logs = log_sinks(spark, lake, pipeline, job, generation)
+        self.aggs = state_views(
             spark,
             lake,
             pipeline,

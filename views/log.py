@@ -24,9 +24,18 @@ from changelog.current import quoted
 from changelog.storage import Lake, as_lake
 from changelog.topics import ensure_delta_table, table_version
 from spec.model import Pipeline, View
-from views.frame import select_view
+from views.frame import empty_rows, select_view, view_rows
 
-__all__ = ["log_key", "log_path", "log_rows", "log_schema", "time_field", "LogSink", "export_log"]
+__all__ = [
+    "log_key",
+    "log_path",
+    "log_rows",
+    "log_schema",
+    "time_field",
+    "LogSink",
+    "log_sinks",
+    "export_log",
+]
 
 
 def log_key(view: str, generation: int) -> str:
@@ -86,6 +95,23 @@ class LogSink:
         if time is not None:
             log = log.where(F.col(quoted(time)).between(lo, hi))
         return log.select("_id")
+
+
+def log_sinks(spark, lake: Lake | PathLike | str, pipeline: Pipeline, job: str, generation: int) -> dict:
+    """view name -> a `LogSink` for each log view of `job` in `generation` (its output log at `log_key`)."""
+
+    empty = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
+    return {
+        v.name: LogSink(
+            spark,
+            lake,
+            log_schema(log_rows(empty, v, pipeline)),
+            f"{job}-g{generation}-{v.name}",
+            key=log_key(v.name, generation),
+        )
+        for v in pipeline.jobs[job].views
+        if v.kind == "log"
+    }
 
 
 def export_log(spark, lake: Lake | PathLike | str, view: View, generation: int) -> Iterator[dict]:

@@ -1,5 +1,5 @@
 """An `asof` job: each event of a stream topic joined with the version of its key in a table topic in force at the
-event's time, or the one it pins (`joins.asof`), publishing row, count, agg and log views.
+event's time, or the one it pins (`joins.asof`), publishing row, count, agg, list and log views.
 
 Sources: the stream topic and the table topic (the raw changelog, every change in arrival order), in one streaming
 query. The versioned copy is built from that log, the one record of the table: a change that arrives after a newer
@@ -42,11 +42,11 @@ from joins.asof import AsofResult, AsofSides, asof_join, dedupe_events, with_ide
 from joins.asof_state import AsofProgress, AsofSnapshot, AsofState
 from joins.sides import TwoTopics
 from spec.model import Pipeline
-from views.agg import agg_views
+from views.changes import state_views
 from views.count import COUNT_LUA, CountSink, count_changes, value_types
 from views.fence import GATE_LUA
-from views.frame import check_job, empty_rows, view_rows
-from views.log import LogSink, log_key, log_rows, log_schema, time_field
+from views.frame import check_job, view_rows
+from views.log import log_rows, log_sinks, time_field
 from views.redis_io import is_cluster
 from views.row import RowSink, row_changes
 from views.wire import forward, payload_rows
@@ -109,19 +109,8 @@ class _Views:
         self.run, self.pipeline, self.sides = run, pipeline, sides
         settings, gen, job = run.settings, run.generation, run.job
         self.views = pipeline.jobs[job].views
-        empty = view_rows(empty_rows(run.spark, pipeline, job), pipeline, job)
-        self.logs = {
-            v.name: LogSink(
-                run.spark,
-                settings.lake,
-                log_schema(log_rows(empty, v, pipeline)),
-                f"{job}-g{gen}-{v.name}",
-                key=log_key(v.name, gen),
-            )
-            for v in self.views
-            if v.kind == "log"
-        }
-        self.aggs = agg_views(
+        self.logs = log_sinks(run.spark, settings.lake, pipeline, job, gen)
+        self.aggs = state_views(
             run.spark,
             settings.lake,
             pipeline,
