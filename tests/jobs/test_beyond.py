@@ -3,7 +3,11 @@ cluster of two workers, each in its own working directory (`tests.devhelp.spark_
 the installed CLI (`mview ingest`, LAKE_DIR a URI); every job runs by `spark-submit` (`python -m jobs.core.submit
 run <job> --once`) from a driver with its own working directory and HOME, so the driver, the executors and the
 CLI share the lake only through HDFS. Timeline, clicks and enrichment equal their definitions (the workloads'
-brute-force references)."""
+brute-force references), and the timeline's whole Redis content (every view and extra key) is exactly what the same
+records give in local mode (the tests' `local[2]` session, a local lake).
+
+(This test holds what tests/jobs/test_cluster.py held on a standalone master and worker of its own: the session's
+cluster serves both, one cluster per test session.)"""
 
 from __future__ import annotations
 
@@ -12,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_settings
+from changelog.ingest import ingest
+from tests.builtin import run_timeline
+from tests.conftest import make_settings, write_jsonl
 from tests.devhelp import ingest_cli, job_once
+from tests.jobs.opshelp import redis_content
 from timeline_demo.clicks_workload import expected_clicks, generate_clicks
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
 from timeline_demo.reference import expected_timelines
@@ -28,7 +35,7 @@ M = 60_000
 
 
 def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
-    hdfs_server, spark_cluster, tmp_path, redis_url, rclient
+    spark, hdfs_server, spark_cluster, tmp_path, redis_url, rclient
 ):
     run = uuid.uuid4().hex[:8]
     common = {
@@ -57,6 +64,7 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
     ingest_cli(enrich, tmp_path, "profiles", en.profiles)
     ingest_cli(enrich, tmp_path, "activity", en.activity)
 
+    apps_before = {a for d in spark_cluster.worker_dirs for a in (Path(d) / "work").glob("app-*")}
     driver = tmp_path / "driver"  # nothing of the CLI's working directory: the lake is on HDFS only
     for settings, job in ((main, "timeline"), (main, "clicks"), (enrich, "enrichment")):
         home = driver / job / "home"  # nothing of the CLI's HOME either
@@ -65,8 +73,8 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
             settings, job, driver / job, submit=True, HOME=str(home), SPARK_LOCAL_IP="127.0.0.1"
         )
         assert totals["job"] == job and totals["events"] > 0
-    assert all(list((Path(d) / "work").glob("app-*")) for d in spark_cluster.worker_dirs), (
-        "both workers ran executors"
+    assert all(set((Path(d) / "work").glob("app-*")) - apps_before for d in spark_cluster.worker_dirs), (
+        "both workers ran executors of these jobs"
     )
 
     client = connect(redis_url)
@@ -74,6 +82,13 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
     assert sum(len(v) for v in want.values()) > 300
     got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline")}
     assert got == want
+    local = make_settings(tmp_path / "lake_local", redis_url.rsplit("/", 1)[0] + "/2", TIMELINE_CAP=CAP)
+    for topic, records in (("tweets", tl.tweets), ("follows", tl.follows)):  # one commit each, as the CLI's
+        ingest(spark, local.lake_dir, topic, [write_jsonl(tmp_path / f"local-{topic}.jsonl", records)])
+    run_timeline(spark, local, once=True)
+    on_cluster = redis_content(client, "timeline", 1)
+    assert len(on_cluster) > 50
+    assert on_cluster == redis_content(connect(local.redis_url), "timeline", 1)
     want_sc, want_ctr = expected_clicks(cl.searches, cl.clicks, 10 * M)
     assert (
         sum(r["clicked"] for r in want_sc.values()) > 5
