@@ -31,6 +31,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.hookimpl(trylast=True)  # after the slowest tests
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Which remote store the `one_store` tests ran on, if any ran."""
     ran = {
