@@ -1,17 +1,19 @@
 """`jobs.kinds.select` end to end on a pipeline nobody here wrote (`tests.tickethelp`: gate scans, a seat map and
 season passes, three select jobs with row, count, log and agg views), against the brute force of the contract's
 definitions (`timeline_demo.brute`), compared exactly (an avg with the contract's relative tolerance of 1e-9):
-random workloads in shuffled arrival orders cut into 1, 3 and 7 batches, a batch Spark replays after a crash, and
-an event delivered again in a later batch."""
+random workloads in shuffled arrival orders cut into 1, 3 and 7 batches, a batch Spark replays after a crash, an
+event delivered again in a later batch, and ingested files with bad lines."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import orjson
 import pytest
 
+from changelog.ingest import ingest
 from jobs.kinds.select import run
 from spec import load_pipeline
 from tests.conftest import make_settings
@@ -115,7 +117,8 @@ def _workload_covers(pipeline, arrivals) -> None:
     assert all(one.export(v) for v in pipeline.views)
 
 
-@pytest.mark.parametrize("chunks, seed", [(1, 11), (3, 12), (7, 13)])
+# seven batches: `make test` (the longest case, about a minute and a half on a loaded machine)
+@pytest.mark.parametrize("chunks, seed", [(1, 11), (3, 12), pytest.param(7, 13, marks=pytest.mark.slow)])
 def test_views_equal_the_brute_force_for_any_chunking_and_arrival_order(
     spark, tmp_path, redis_url, tickets, chunks, seed
 ):
@@ -258,3 +261,60 @@ def test_aggregates_of_a_table_select_follow_moves_removals_and_re_adds(spark, t
         "avg_price": 21.25, "front": 1, "top_row": 5, "avg_row": 3.0, "generation": 1,
     }  # fmt: skip
     assert final.query("section_stats", "box")["seats"] == 1  # A1 moved in, B1 left (its release ties a hold)
+
+
+def test_ingested_files_with_bad_lines_reach_the_views_as_the_brute_force_says(
+    spark, tmp_path, redis_url, tickets
+):
+    """Through `mview ingest` of JSON-lines files (ISO times with zones, extra fields, a remove with its key and time
+    only): a line that is not a valid record is dead-lettered and never reaches a view, the next lines go on."""
+    good = [json.dumps({"scan_id": f"i{i}", "ticket_id": f"t{i % 3}", "gate": "east", "fee": i / 4, "bags": i % 2,
+                        "ts": f"2026-03-01T1{8 + i % 2}:0{i % 6}:00+01:00", "extra": [i]}) for i in range(12)]  # fmt: skip
+    scans = [
+        [
+            *good[:6],
+            "{not json",
+            '["a list"]',
+            json.dumps({"scan_id": "bad1", "ticket_id": "t1", "gate": "east", "fee": "free", "ts": T0}),
+        ],  # fmt: skip
+        [
+            good[3],
+            *good[6:],
+            json.dumps({"scan_id": " ", "ticket_id": "t", "gate": "e", "fee": 1, "ts": T0}),
+            json.dumps({"scan_id": "bad3", "ticket_id": "t", "gate": "e", "fee": 1, "ts": "yesterday"}),
+        ],  # fmt: skip
+    ]
+    seats = [
+        [
+            json.dumps(HOLD("A1", T0, "floor", "h1", 10.0, 1)),
+            json.dumps(HOLD("A2", T0, "box", None, 20.0, 2)),
+            json.dumps({**HOLD("A3", T0, "box", "h2", 5.0, 3), "op": "reserve"}),
+        ],  # fmt: skip
+        [
+            json.dumps({"op": "release", "venue": "arena", "seat": "A1", "ts": "2026-03-01T19:00:00Z"}),
+            json.dumps({"op": "hold", "venue": "arena", "seat": "A4", "ts": T0}),
+        ],  # fmt: skip
+    ]
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=tickets.file)
+    batches, got = [], {"scans": [0, 0], "seats": [0, 0]}
+    for i, lines in enumerate(zip(scans, seats, strict=True)):
+        batch = dict(zip(("scans", "seats"), lines, strict=True))
+        batches.append(batch)
+        for topic, topic_lines in batch.items():
+            path = tmp_path / f"{topic}-{i}.jsonl"
+            path.write_text("".join(x + "\n" for x in topic_lines))
+            result = ingest(None, settings.lake_dir, tickets.topic(topic), [str(path)])
+            got[topic][0] += result.accepted
+            got[topic][1] += result.rejected
+        _run_all(spark, settings, tickets, ("gate_flow", "seat_map"))
+    want = _brute(tickets, batches)
+    assert (
+        got
+        == {t: [want.accepted[t], want.rejected[t]] for t in ("scans", "seats")}
+        == {
+            "scans": [13, 5],
+            "seats": [3, 2],
+        }
+    )
+    assert [r["seat"] for r in want.export("seat_row")] == ["arena/A2"]
+    _assert_views(spark, settings, tickets, want, jobs=("gate_flow", "seat_map"), what="ingested files")
