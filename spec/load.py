@@ -546,8 +546,12 @@ def _view(
         out.add(
             (*path, "log"), "a log view of a select is of an event topic (a table's rows change and leave)"
         )
-    if vk == "list" and kind not in ("join", None):
-        out.add((*path, "list"), "a list view is for join jobs (its entries come and go with the two tables)")
+    if vk == "list" and v.fanout_limit is not None and kind not in ("join", None):
+        out.add(
+            (*path, "fanout_limit"),
+            "`fanout_limit` is for a list view of a join job (a heavy match value's entries are merged at read "
+            f"time); a {kind} job's list has none: remove it",
+        )
     key = None
     fields = tuple(
         (str(n), _expr(e)) for n, e in (v.log.get("fields", {}) if vk == "log" else v.fields).items()

@@ -57,7 +57,8 @@ The definitions, taken from the contract's wording (and docs/architecture.md, "P
   `count(EXPR)` the non-null values, `count(distinct EXPR)` the distinct non-null values, `sum`/`min`/`max` of the
   non-null values (a sum of bigints a bigint, of doubles a double; min/max the expression's type; null when there
   is none), `avg` their mean as a double (null when none); the line `{"<key name>": key, <value>: v, ...}` in
-  declared order, nulls kept; an interval job's left event counts in count and agg views once closed; `list`: per
+  declared order, nulls kept; an interval job's left event is a row of count, agg and list views once
+  closed; `list`: per
   key the first `cap` entries by (`order`, entry) in the order's direction, an entry (cast to string) once per key
   (its first place), rows with a null entry or order left out; `log` (asof jobs and selects of an event topic):
   the emitted (selected) rows' fields, by the stream event's id (one id field: its text; several: a JSON array).
@@ -609,7 +610,7 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
         return out
     chosen: dict[str, list] = defaultdict(list)
     for row in rows:
-        if view.kind in ("count", "agg") and interval and not row.counted:
+        if view.kind in ("count", "agg", "list") and interval and not row.counted:
             continue
         if not _true(where, row):
             continue

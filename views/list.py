@@ -43,6 +43,7 @@ before, leaves exactly the content of one application.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 
@@ -364,21 +365,38 @@ class ListViewSink:
         """`write` of one phase expected to be small whose size is not known: its first `DRIVER_ROWS` + 1 operations
         are collected (one Spark job); when that is all of them they are applied from the driver, else the phase is
         applied from the executors (computed again)."""
-        wire = self._wire(ops_df)
-        # Planned without whole-stage code generation: Spark names a limit's counter in the generated code from a
-        # process-wide sequence, so a stage holding a limit is compiled anew in every batch, where each operator's
-        # own code (a few rows go through it) is compiled once and cached.
-        conf = wire.sparkSession.conf
-        whole_stage = conf.get("spark.sql.codegen.wholeStage")
-        conf.set("spark.sql.codegen.wholeStage", "false")
-        try:
-            rows = wire.limit(self.DRIVER_ROWS + 1).collect()
-        finally:
-            conf.set("spark.sql.codegen.wholeStage", whole_stage)
+        rows = _few(self._wire(ops_df), self.DRIVER_ROWS + 1)
         if len(rows) > self.DRIVER_ROWS:
             return self.write((ops_df, None), batch_id)
         done = _forward(rows, self.url)
         return {"lists": done[0], "entries": done[1]}
+
+    def write_phases(self, phases: list[DataFrame], batch_id: int) -> dict:
+        """`write` of write phases (`phases`, applied one after the other) expected to be small whose sizes are not
+        known: the first `DRIVER_ROWS` + 1 operations of all of them are collected in one Spark job; when that is all
+        of them they are applied from the driver, phase after phase, else `write` applies them (computed again)."""
+        wires = [self._wire(df).withColumn("_phase", F.lit(i)) for i, df in enumerate(phases)]
+        rows = _few(functools.reduce(DataFrame.unionByName, wires), self.DRIVER_ROWS + 1)
+        if len(rows) > self.DRIVER_ROWS:
+            return self.write([(df, None) for df in phases], batch_id)
+        written = [0, 0]
+        for i in range(len(phases)):
+            done = _forward([r[:-1] for r in rows if r[-1] == i], self.url)
+            written = [written[0] + done[0], written[1] + done[1]]
+        return {"lists": written[0], "entries": written[1]}
+
+
+def _few(wire: DataFrame, n: int) -> list:
+    """The first `n` rows of `wire` (one Spark job), planned without whole-stage code generation: Spark names a
+    limit's counter in the generated code from a process-wide sequence, so a stage holding a limit is compiled anew
+    in every batch, where each operator's own code (a few rows go through it) is compiled once and cached."""
+    conf = wire.sparkSession.conf
+    whole_stage = conf.get("spark.sql.codegen.wholeStage")
+    conf.set("spark.sql.codegen.wholeStage", "false")
+    try:
+        return wire.limit(n).collect()
+    finally:
+        conf.set("spark.sql.codegen.wholeStage", whole_stage)
 
 
 # --- the read side ---

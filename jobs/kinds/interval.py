@@ -1,5 +1,5 @@
-"""An `interval` job: two event topics joined within a time interval (`joins.interval`), publishing row, count and agg
-views.
+"""An `interval` job: two event topics joined within a time interval (`joins.interval`), publishing row, count, agg
+and list views (an agg or list view takes a left event once its window closed).
 
 A right event r matches a left event l when every `match` pair is equal and `lower <= r.time - l.time <= upper`
 (`within`). The join runs over its state (`joins.interval_state`); per micro-batch, with W0 = the job's watermark
@@ -43,7 +43,7 @@ from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from jobs.errors import LakeUnusable
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
-from views.agg import agg_views
+from views.changes import state_views
 from views.count import COUNT_LUA, CountSink, count_changes
 from views.fence import GATE_LUA
 from views.frame import check_job, mentions, view_rows
@@ -91,8 +91,8 @@ def _view_commands(
 
 
 def _aggs(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int, epoch) -> list:
-    """The job's agg views (a left event is a row once its window closed: rows are never removed)."""
-    return agg_views(
+    """The job's agg and list views (a left event is a row once its window closed: rows are never removed)."""
+    return state_views(
         spark,
         settings.lake,
         pipeline,
@@ -107,7 +107,7 @@ def _aggs(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int, epo
 
 def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs: list | None = None):
     """`publish(left, fence)` of `IntervalStore.step`: every view's write of one step, the row and count views' in
-    one Spark job, then each agg view's (`aggs`: made here when None), its batch id the step's fence."""
+    one Spark job, then each agg and list view's (`aggs`: made here when None), its batch id the step's fence."""
     j, url = pipeline.jobs[job], settings.redis_url
     unmatched = "true" if j.spec.unmatched else "false"
     scripts = (GATE_LUA, COUNT_LUA) if any(v.kind == "count" for v in j.views) else (GATE_LUA,)

@@ -1,4 +1,4 @@
-"""A `select` job: the rows of one topic, no join (`joins.select`), publishing row, count, agg and log views.
+"""A `select` job: the rows of one topic, no join (`joins.select`), publishing row, count, agg, list and log views.
 
 Source: the topic's log, one stream. Per micro-batch N:
 - an event topic: the batch's records, one per id, less the ids an earlier batch selected, are added rows; every

@@ -145,11 +145,14 @@ BROKEN = [
         "needs `cap`",
     ),
     (
-        "a list of an interval job",
-        _job(PAID + "    views: {v: {list: {c: customer_id}, entry: order_id, order: ts desc, cap: 3}}\n"),
+        "a fan-out limit on a list of an interval job",
+        _job(
+            PAID
+            + "    views: {v: {list: {c: customer_id}, entry: order_id, order: ts desc, cap: 3, fanout_limit: 5}}\n"
+        ),
         12,
-        "jobs.paid.views.v.list",
-        "join jobs",
+        "jobs.paid.views.v.fanout_limit",
+        "is for a list view of a join job",
     ),
     (
         "a log of a join job",
@@ -390,6 +393,23 @@ def test_a_hostile_file_is_one_line_at_once(case, text, says):
 def test_aliases_within_bounds_still_load():
     text = BASE.replace("  payments: {", "  payments: &p {") + "  payments2: *p\n"
     assert list(parse_pipeline(text, "shop.yml", {}).topics)[-1] == "payments2"
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        PAID,
+        "  enriched:\n    asof: {stream: orders, table: customers, match: {customer_id: customer_id}}\n",
+        "  sel:\n    select: {from: orders}\n",
+        "  sel:\n    select: {from: open_orders}\n",
+        "  j:\n    join: {left: open_orders, right: customers, match: {customer_id: customer_id}}\n",
+    ],
+    ids=["interval", "asof", "select of events", "select of a table", "join"],
+)
+def test_a_list_view_is_accepted_on_every_job_kind(job):
+    text = _job(job + "    views: {v: {list: {c: customer_id}, entry: order_id, order: ts desc, cap: 3}}\n")
+    view = parse_pipeline(text, "shop.yml", {}).views["v"]
+    assert (view.kind, view.cap, view.order, view.fanout_limit) == ("list", 3, (("ts", True),), None)
 
 
 _ROW_VIEW = "    views: {v: {row: {k: order_id}, fields: {x: X}}}\n"
