@@ -44,13 +44,16 @@ def test_the_file_loads_with_its_four_jobs():
         "unpaid_orders": "row",
         "payment_outcomes": "count",
         "order_sizes": "agg",
+        "settled_orders": "list",
         "order_tiers": "log",
         "orders_by_tier": "count",
         "tier_stats": "agg",
+        "big_by_tier": "list",
         "newest_orders": "list",
         "open_by_tier": "count",
         "open_by_country": "agg",
         "by_currency": "agg",
+        "leaderboard": "list",
     }
     customers = p.topics["customers"]
     assert customers.capture.postgres == "public.customers" and customers.capture.column("ts") == "updated_at"
@@ -106,6 +109,15 @@ def test_the_views_mean_what_they_say(feed, result):
     assert by_tier["none"] == sum(
         1 for r in tiers if r["tier"] is None and orders[r["order_id"]]["amount"] > 0
     )
+    board = {r["currency"]: r["order_ids_by_amount"] for r in result.export("leaderboard")}
+    by_currency: dict = {}
+    for r in orders.values():
+        by_currency.setdefault(r["currency"], []).append((r["amount"], r["order_id"]))
+    assert board == {c: [i for _, i in sorted(x, reverse=True)[:4]] for c, x in by_currency.items()}
+    settled = {r["customer_id"]: r["entries"] for r in result.export("settled_orders")}
+    assert sum(len(x) for x in settled.values()) == sum(
+        min(3, n) for n in _per(orders, "customer_id").values()
+    )
     for r in tiers:
         pin = orders[r["order_id"]].get("customer_version")
         if pin:
@@ -114,6 +126,14 @@ def test_the_views_mean_what_they_say(feed, result):
             assert r["customer_version"] == f"{r['customer_id']}@{r['customer_ts']}"
         else:
             assert r["customer_version"] is None
+
+
+def _per(rows: dict, field: str) -> dict:
+    """{value of `field`: how many of `rows` have it}."""
+    out: dict = {}
+    for r in rows.values():
+        out[r[field]] = out.get(r[field], 0) + 1
+    return out
 
 
 def latest(records, key, remove):
