@@ -3,7 +3,8 @@ venue (an event topic: duplicates within and across batches, copies that differ,
 optional fields), the seat map (a table topic keyed by (venue, seat): holds, releases, a seat that changes section
 or holder, equal-time ties) and season passes (a table topic with `final_deletes`).
 
-`TICKETS` is the file's text (`AGG_VIEWS`: the agg views, added by `ticket_text(agg=True)`); `workload(seed)` a
+`TICKETS` is the file's text (`AGG_VIEWS`: the agg views, added by `ticket_text(agg=True)`; `LIST_VIEWS`: the list
+views, added by `ticket_text(lists=True)`); `workload(seed)` a
 random workload as (topic, record) pairs in a shuffled arrival order, records valid and normalized (times in epoch
 ms, doubles as floats) so that they can be appended as they are (`tests.shophelp.write_chunk`) and given to the
 brute force (`timeline_demo.brute`) alike.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["TICKETS", "AGG_VIEWS", "JOBS", "TOPICS", "T0", "MIN", "ticket_text", "workload"]
+__all__ = ["TICKETS", "AGG_VIEWS", "LIST_VIEWS", "JOBS", "TOPICS", "T0", "MIN", "ticket_text", "workload"]
 
 T0 = 1_772_388_000_000  # 2026-03-01T18:00:00Z
 MIN = 60_000
@@ -110,11 +111,50 @@ AGG_VIEWS = {
 }
 
 
-def ticket_text(*, agg: bool = False) -> str:
-    """The pipeline file's text, with the agg views when `agg`."""
+# The list views: over the event select, one entry per row (a scan) and one per ticket (a ticket scanned several
+# times is listed once, at its first scan); over the table select, one entry per seat (a seat that changes section
+# or leaves is refilled) and one per holder (who holds several seats). An entry's fields are the same in every row
+# that gives it.
+LIST_VIEWS = {
+    "gate_flow": """\
+      top_fees:
+        list: {gate: gate}
+        entry: scan_id
+        order: [fee desc, scan_id desc]
+        cap: 4
+        fields: {ticket_id: ticket_id, fee: fee, ts: ts}
+        entries: scans
+        where: "gate != 'staff'"
+      first_in:
+        list: {zone: zone}
+        entry: ticket_id
+        order: ts asc
+        cap: 5
+        fields: {ticket: "upper(ticket_id)"}
+""",
+    "seat_map": """\
+      top_seats:
+        list: {section: section}
+        entry: "concat(venue, '/', seat)"
+        order: price desc
+        cap: 3
+        fields: {holder: holder, price: price, row_no: row_no}
+        items: seats
+      front_holders:
+        list: {venue: venue}
+        entry: holder
+        order: row_no asc
+        cap: 3
+        fields: {holder: holder, loud: "upper(holder)"}
+""",
+}
+
+
+def ticket_text(*, agg: bool = False, lists: bool = False) -> str:
+    """The pipeline file's text, with the agg views when `agg` and the list views when `lists`."""
     text = TICKETS
-    if agg:
-        for job, views in AGG_VIEWS.items():
+    for wanted, extra in ((agg, AGG_VIEWS), (lists, LIST_VIEWS)):
+        for job, views in extra.items() if wanted else ():
             head = f"  {job}:\n    select: {{from: {JOBS[job]}}}\n    views:\n"
             text = text.replace(head, head + views)
     return text

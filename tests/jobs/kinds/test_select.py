@@ -1,5 +1,5 @@
 """`jobs.kinds.select` end to end on a pipeline nobody here wrote (`tests.tickethelp`: gate scans, a seat map and
-season passes, three select jobs with row, count, log and agg views), against the brute force of the contract's
+season passes, three select jobs with row, count, log, agg and list views), against the brute force of the contract's
 definitions (`timeline_demo.brute`), compared exactly (an avg with the contract's relative tolerance of 1e-9):
 random workloads in shuffled arrival orders cut into 1, 3 and 7 batches, a batch Spark replays after a crash, an
 event delivered again in a later batch, and ingested files with bad lines."""
@@ -25,12 +25,13 @@ from views.read import export_view, query_view
 from views.redis_io import connect
 
 AGG = True  # the agg views (`tests.tickethelp.AGG_VIEWS`)
+LISTS = True  # the list views (`tests.tickethelp.LIST_VIEWS`)
 
 
 @pytest.fixture(scope="module")
 def tickets(tmp_path_factory):
     path = tmp_path_factory.mktemp("tickets") / "tickets.yml"
-    path.write_text(ticket_text(agg=AGG))
+    path.write_text(ticket_text(agg=AGG, lists=LISTS))
     return load_pipeline(path, {})
 
 
@@ -154,8 +155,8 @@ def _crash(spark, settings, pipeline, job: str, *, within_aggs: bool) -> int:
     """The lake as a crash during the last batch N left it: the job's streaming checkpoint without N's commit
     (Spark runs N again on restart) and the job's own state without what N records (an event select's ids table
     without N's append; a table select's batch directory incomplete). The views were written: all of them, or
-    (`within_aggs`) the row and count views only, the agg views' batch directories being incomplete and the output
-    logs without N. Returns N."""
+    (`within_aggs`) the row and count views only, the agg and list views' batch directories being incomplete and the
+    output logs without N. Returns N."""
     lake = Path(settings.lake_dir)
     commits = lake / "checkpoints" / job / "g1" / "commits"
     last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
@@ -167,7 +168,7 @@ def _crash(spark, settings, pipeline, job: str, *, within_aggs: bool) -> int:
     else:
         (state / "table" / f"b{last}" / "_SUCCESS").unlink()
     if within_aggs:
-        aggs = [v.name for v in pipeline.jobs[job].views if v.kind == "agg"]
+        aggs = [v.name for v in pipeline.jobs[job].views if v.kind in ("agg", "list")]  # their own state
         done = list((state / "views").glob(f"*/*/b{last}/_SUCCESS"))
         assert sorted(p.parts[-4] for p in done) == sorted(aggs)
         for marker in done:
@@ -193,7 +194,7 @@ def test_a_batch_replayed_after_a_crash_has_the_effect_of_one(spark, tmp_path, r
     run(spark, settings, tickets, job, once=True)  # the batch again, nothing new
     assert (commits / str(last)).exists()  # Spark did run it again
     _assert_views(spark, settings, tickets, want, jobs=(job,), what="the batch replayed")
-    _crash(spark, settings, tickets, job, within_aggs=AGG)
+    _crash(spark, settings, tickets, job, within_aggs=AGG or LISTS)
     _append(spark, settings, tickets, second)
     run(spark, settings, tickets, job, once=True)  # the batch again, then the next
     assert (commits / str(last + 1)).exists()
