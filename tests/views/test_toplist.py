@@ -192,9 +192,9 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lists(
 ):
     job = MODES[append_only]
     client = connect(redis_url)
-    ops = _ops(random.Random(11), 30, append_only)
+    ops = _ops(random.Random(11), 24, append_only)
     seen = []
-    for size in (30, 7, 3):
+    for size in (24, 7, 4):
         client.flushdb()
         set_generation(client, job, 1)
         views = _lists(spark, tmp_path / str(size), pipeline, redis_url, append_only)
