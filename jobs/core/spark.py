@@ -238,6 +238,11 @@ def _config(settings: Settings, driver_opts: str) -> dict[str, str]:
         # off for speed; SPARK_UI=true turns it on (its URL is in the job's status: `spark_ui_url`)
         "spark.ui.enabled": "true" if settings.spark_ui else "false",
         "spark.ui.showConsoleProgress": "false",
+        # the status store keeps finished jobs, stages and SQL executions (their plans) even with the UI off: a job
+        # that runs many Spark jobs per micro-batch for days would hold the last thousand of each on the driver
+        "spark.sql.ui.retainedExecutions": "50",
+        "spark.ui.retainedJobs": "100",
+        "spark.ui.retainedStages": "100",
         # no Python call site recorded per DataFrame call: the jobs build their plans anew in every micro-batch
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
