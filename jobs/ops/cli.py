@@ -225,10 +225,10 @@ def cmd_run(args) -> int:
 
             return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
         _redis(settings)
-        if caught_up(settings, spec.name):  # nothing new in its logs: no Spark to start
-            totals = {"batches": 0, "events": 0, "seconds": 0.0}
-        else:
-            with once_lease(settings, spec.name):
+        with once_lease(settings, spec.name):  # refused while another driver runs the job
+            if caught_up(settings, spec.name):  # nothing new in its logs: no Spark to start
+                totals = {"batches": 0, "events": 0, "seconds": 0.0}
+            else:
                 totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
     if args.json:  # a source job's summary is its own (kafka: per topic, accepted and rejected)
         print(json.dumps(totals if spec.source else {"job": spec.name, **totals}))
