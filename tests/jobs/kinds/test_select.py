@@ -1,8 +1,8 @@
 """`jobs.kinds.select` end to end on a pipeline nobody here wrote (`tests.tickethelp`: gate scans, a seat map and
 season passes, three select jobs with row, count, log, agg and list views), against the brute force of the contract's
 definitions (`timeline_demo.brute`), compared exactly (an avg with the contract's relative tolerance of 1e-9):
-random workloads in shuffled arrival orders cut into 1, 3 and 7 batches, a batch Spark replays after a crash, an
-event delivered again in a later batch, and ingested files with bad lines."""
+random workloads in shuffled arrival orders cut into 1 and 3 batches (and the table select into 5), a batch Spark
+replays after a crash, an event delivered again in a later batch, and ingested files with bad lines."""
 
 from __future__ import annotations
 
@@ -118,8 +118,8 @@ def _workload_covers(pipeline, arrivals) -> None:
     assert all(one.export(v) for v in pipeline.views)
 
 
-# seven batches: `make test` (the longest case, about a minute and a half on a loaded machine)
-@pytest.mark.parametrize("chunks, seed", [(1, 11), (3, 12), pytest.param(7, 13, marks=pytest.mark.slow)])
+# five batches of the table select, where removals and moves are (`make test`)
+@pytest.mark.parametrize("chunks, seed", [(1, 11), (3, 12), pytest.param(5, 13, marks=pytest.mark.slow)])
 def test_views_equal_the_brute_force_for_any_chunking_and_arrival_order(
     spark, tmp_path, redis_url, tickets, chunks, seed
 ):
@@ -127,11 +127,11 @@ def test_views_equal_the_brute_force_for_any_chunking_and_arrival_order(
     _workload_covers(tickets, arrivals)
     pieces = _pieces(arrivals, chunks, random.Random(seed))
     settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=tickets.file)
-    jobs = tuple(JOBS) if chunks < 7 else ("gate_flow", "seat_map")  # final deletes: in two chunkings
+    jobs = tuple(JOBS) if chunks < 5 else ("seat_map",)
     for i, piece in enumerate(pieces):
         _append(spark, settings, tickets, piece)
         _run_all(spark, settings, tickets, jobs)
-        if chunks < 7 or i == chunks - 1:  # after every batch (a stale max or distinct count shows there)
+        if chunks < 5 or i == chunks - 1:  # after every batch (a stale max or distinct count shows there)
             want = _brute(tickets, pieces[: i + 1])
             _assert_views(spark, settings, tickets, want, jobs, what=f"{chunks} batches, after {i + 1}")
 
