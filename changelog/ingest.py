@@ -542,28 +542,10 @@ def ingest(
     Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
     change."""
     spec = declared(topic)
-    topic = spec.name
     lake = as_lake(lake_dir)
-    result = IngestResult(topic)
-    try:
-        with _rust_report_hidden(quiet):
-            _uri, table = open_topic(lake, spec)
-    except TopicChanged:
-        raise
-    except BaseException as e:
-        if not _failure(e) or not sources:
-            raise
-        name = "<stdin>" if sources[0] == "-" else str(sources[0])
-        raise IngestFailed(
-            topic,
-            name,
-            f"preparing the topic's log failed ({_cause(e)})",
-            resumable=sources[0] != "-",
-            not_read=len(sources) - 1,
-            lake_dir=lake.uri(),
-        ) from None
+    table = _open_log(lake, spec, sources, quiet)
     ctx = _Context(
-        topic,
+        spec.name,
         spec,
         line_parser(spec),
         lake,
@@ -574,25 +556,56 @@ def ingest(
         progress,
         quiet,
     )
+    result = IngestResult(spec.name)
     for i, source in enumerate(sources):
-        started = time.monotonic()
-        f = _File(ctx, source, not_read=len(sources) - i - 1)
-        try:
-            f.ingest()
-        except (IngestFailed, NotStored) as e:
-            e.result = result  # the files before it, ingested whole
-            raise
-        result.accepted += f.accepted
-        result.rejected += f.rejected
-        result.already_committed += f.already
-        entry = {
-            "file": f.name,
-            "accepted": f.accepted,
-            "rejected": f.rejected,
-            "commits": f.commits,
-            "seconds": round(time.monotonic() - started, 3),
-        }
-        if f.already:
-            entry["already_committed"] = f.already
-        result.files.append(entry)
+        _ingest_file(ctx, source, not_read=len(sources) - i - 1, result=result)
     return result
+
+
+def _open_log(lake: Lake, spec: Topic, sources: list[str], quiet: bool):
+    """The loaded Delta table of the log of `spec` (created if missing). `TopicChanged` is raised as is; a
+    failure to prepare the log raises `IngestFailed` for the first source (resumable unless stdin), the others
+    not read."""
+    try:
+        with _rust_report_hidden(quiet):
+            _uri, table = open_topic(lake, spec)
+    except TopicChanged:
+        raise
+    except BaseException as e:
+        if not _failure(e) or not sources:
+            raise
+        name = "<stdin>" if sources[0] == "-" else str(sources[0])
+        raise IngestFailed(
+            spec.name,
+            name,
+            f"preparing the topic's log failed ({_cause(e)})",
+            resumable=sources[0] != "-",
+            not_read=len(sources) - 1,
+            lake_dir=lake.uri(),
+        ) from None
+    return table
+
+
+def _ingest_file(ctx: _Context, source: str, *, not_read: int, result: IngestResult) -> None:
+    """Ingest the file `source` (`not_read`: the sources after it) and add its counts and its entry to `result`.
+    A failure raises with `result` attached: the files before it, ingested whole."""
+    started = time.monotonic()
+    f = _File(ctx, source, not_read=not_read)
+    try:
+        f.ingest()
+    except (IngestFailed, NotStored) as e:
+        e.result = result
+        raise
+    result.accepted += f.accepted
+    result.rejected += f.rejected
+    result.already_committed += f.already
+    entry = {
+        "file": f.name,
+        "accepted": f.accepted,
+        "rejected": f.rejected,
+        "commits": f.commits,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if f.already:
+        entry["already_committed"] = f.already
+    result.files.append(entry)

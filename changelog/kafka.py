@@ -336,58 +336,80 @@ def _interrupt_stops(stop: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def publish(
-    bootstrap: str, prefix: str, topic: Topic | str, sources: list[str], *, timeout: float = 10.0
-) -> ProduceResult:
-    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (a `Topic`, or a name
-    of the pipeline of the environment; created if missing) and report exactly what the broker acknowledged
-    (module docstring). Raises `NotProduced`, its `result` the report, when a line was not acknowledged;
-    `KafkaUnavailable` when no broker answers at the start.
-    """
-    from confluent_kafka import KafkaError, KafkaException, Producer
+def _on_failure(failed: list[tuple[int, int]], stop: list[str]) -> Callable:
+    """The delivery callback of a message, given its source index << 40 | line first: a failed message's
+    (source index, line) goes to `failed`, the first failure's cause to `stop`. It holds only those two lists
+    (not the producer: nothing cyclic while the message is in flight)."""
 
-    from changelog.ingest import _rest_of_line
-
-    topic = declared(topic)
-    name = kafka_topic(prefix, topic)
-    ensure_kafka_topics(bootstrap, [name], timeout=timeout)
-    result = ProduceResult(name)
-    failed: list[tuple[int, int]] = []  # (source index, line) of each message the broker did not acknowledge
-    stop: list[str] = []  # why no further line is sent: the first failure, or Ctrl-C
-
-    def delivered(where: int, err, _msg) -> None:  # where: source index << 40 | line
+    def delivered(where: int, err, _msg) -> None:
         if err is not None:
             failed.append((where >> 40, where & _LINE_MASK))
             if not stop:
                 stop.append(err.str())
 
-    producer = Producer(
-        _config(
-            bootstrap,
-            **{
-                "enable.idempotence": True,
-                "linger.ms": 20,
-                "compression.type": "lz4",
-                "message.max.bytes": MAX_MESSAGE_BYTES + 4096,
-                "message.timeout.ms": int(max(timeout, 30) * 1000),
-                # a message's callback runs only when it fails (and is dropped unrun when it is acknowledged):
-                # acknowledged = handed to the client - failed, once every verdict is in
-                "delivery.report.only.error": True,
-            },
-        )
-    )
-    names = ["<stdin>" if s == "-" else str(s) for s in sources]
-    handed = 0  # messages the client took: each gets exactly one verdict
+    return delivered
 
-    def send_source(i: int, fh) -> int | None:
-        """Send the lines of source `i`; the line from which nothing was sent (after a failure), or None."""
-        nonlocal handed
+
+class _Sender:
+    """The producer of one `publish` call and what it knows of its messages: each message the client took
+    (`handed`) gets exactly one verdict; `failed` holds the (source index, line) of each one the broker did not
+    acknowledge, `stop` why no further line is sent (the first failure, or Ctrl-C)."""
+
+    def __init__(self, bootstrap: str, name: str, topic: Topic, names: list[str], timeout: float) -> None:
+        from confluent_kafka import KafkaError, KafkaException, Producer
+
+        self.name, self.topic, self.names = name, topic, names
+        self._refused, self._too_large = KafkaException, KafkaError.MSG_SIZE_TOO_LARGE
+        self.result = ProduceResult(name)
+        self.failed: list[tuple[int, int]] = []
+        self.stop: list[str] = []
+        self.handed = 0
+        self._delivered = _on_failure(self.failed, self.stop)
+        self.producer = Producer(
+            _config(
+                bootstrap,
+                **{
+                    "enable.idempotence": True,
+                    "linger.ms": 20,
+                    "compression.type": "lz4",
+                    "message.max.bytes": MAX_MESSAGE_BYTES + 4096,
+                    "message.timeout.ms": int(max(timeout, 30) * 1000),
+                    # a message's callback runs only when it fails (and is dropped unrun when it is
+                    # acknowledged): acknowledged = handed to the client - failed, once every verdict is in
+                    "delivery.report.only.error": True,
+                },
+            )
+        )
+
+    def send_all(self, sources: list[str]) -> tuple[int, int] | None:
+        """Send the lines of every source in order, then wait for every verdict (each comes within
+        message.timeout.ms); the (source index, line) from which nothing was sent, or None."""
+        unsent = None
+        for i, source in enumerate(sources):
+            fh = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115 - closed below
+            try:
+                stopped = self.send_source(i, fh)
+            finally:
+                if fh is not sys.stdin.buffer:
+                    fh.close()
+            if stopped is not None:
+                unsent = (i, stopped)
+                break
+        while self.producer.flush(1.0) > 0:
+            pass
+        return unsent
+
+    def send_source(self, i: int, fh) -> int | None:
+        """Send the lines of source `i`; the line from which nothing was sent (after a failure), or None. A line
+        over MAX_MESSAGE_BYTES, or one the client refuses as too large, is skipped; blank lines are not sent."""
+        from changelog.ingest import _rest_of_line
+
         readline, limit = fh.readline, MAX_MESSAGE_BYTES + 2  # a line at the maximum and its "\r\n"
         first = readline(limit + len(_BOM))
         if first.startswith(_BOM):
             first = first[len(_BOM) :]
         lines = itertools.chain((first,) if first else (), iter(functools.partial(readline, limit), b""))
-        produce_one, poll, base = producer.produce, producer.poll, i << 40
+        stop, skipped, topic, base = self.stop, self.result.skipped, self.topic, i << 40
         for lineno, line in enumerate(lines, start=1):
             if stop:
                 return lineno
@@ -397,58 +419,79 @@ def publish(
             else:  # the last line, without a terminator, or a line over the maximum (its rest is dropped)
                 size, _consumed = _rest_of_line(fh, line, limit)
             if size > MAX_MESSAGE_BYTES:  # never a record: skipped, and the lines after it are sent
-                result.skipped.append((names[i], lineno, size))
+                skipped.append((self.names[i], lineno, size))
                 continue
             if not line.strip():
                 continue
             key = kafka_key(topic, line) if size <= MAX_RECORD_BYTES else None
-            try:
-                while True:
-                    try:
-                        produce_one(name, line, key, on_delivery=functools.partial(delivered, base | lineno))
-                        break
-                    except BufferError:  # the local queue is full: let deliveries drain it
-                        poll(0.1)
-            except KafkaException as e:
-                if e.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:  # refused before sending it
-                    result.skipped.append((names[i], lineno, size))
-                    continue
-                stop.append(e.args[0].str())  # not taken: it and the lines after it are not sent
+            taken = self._hand(line, key, base | lineno)
+            if taken is False:  # refused before sending it
+                skipped.append((self.names[i], lineno, size))
+            elif taken is None:  # not taken: it and the lines after it are not sent
                 return lineno
-            handed += 1
-            if handed % 10_000 == 0:
-                poll(0)
         return None
 
-    unsent: tuple[int, int] | None = None  # (source index, line): from there on nothing was sent
-    with _interrupt_stops(stop), _no_gc():  # a callback per message, held until its verdict: nothing cyclic
-        for i, source in enumerate(sources):
-            fh = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115 - closed below
-            try:
-                stopped = send_source(i, fh)
-            finally:
-                if fh is not sys.stdin.buffer:
-                    fh.close()
-            if stopped is not None:
-                unsent = (i, stopped)
-                break
-        while producer.flush(1.0) > 0:  # every message gets its verdict within message.timeout.ms
-            pass
-    result.cause = stop[0] if stop else None
-    acked = handed - len(failed)
-    result.produced = acked
-    per_source: dict[int, list] = {}
-    for i, line in failed:
-        per_source.setdefault(i, []).append(line)
-    ranges: dict[int, list] = {i: _ranges(lines) for i, lines in per_source.items()}
-    if unsent is not None:
-        i, line = unsent
-        ranges.setdefault(i, []).append((line, None))
-        for later in range(i + 1, len(sources)):
-            ranges[later] = [(1, None)]
-    result.not_acknowledged = [(names[i], ranges[i]) for i in sorted(ranges)]
+    def _hand(self, line: bytes, key: bytes | None, where: int) -> bool | None:
+        """Hand one message to the client, waiting while its local queue is full: True when taken, False when
+        refused as too large, None when refused otherwise (the cause is then in `stop`)."""
+        producer = self.producer
+        try:
+            while True:
+                try:
+                    producer.produce(
+                        self.name, line, key, on_delivery=functools.partial(self._delivered, where)
+                    )
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    producer.poll(0.1)
+        except self._refused as e:
+            if e.args[0].code() == self._too_large:
+                return False
+            self.stop.append(e.args[0].str())
+            return None
+        self.handed += 1
+        if self.handed % 10_000 == 0:
+            producer.poll(0)
+        return True
+
+    def report(self, unsent: tuple[int, int] | None) -> ProduceResult:
+        """The result once every verdict is in: acknowledged = handed - failed; per source, the line ranges not
+        acknowledged (those that failed, and from `unsent` on, every line not sent)."""
+        result = self.result
+        result.cause = self.stop[0] if self.stop else None
+        result.produced = self.handed - len(self.failed)
+        per_source: dict[int, list] = {}
+        for i, line in self.failed:
+            per_source.setdefault(i, []).append(line)
+        ranges: dict[int, list] = {i: _ranges(lines) for i, lines in per_source.items()}
+        if unsent is not None:
+            i, line = unsent
+            ranges.setdefault(i, []).append((line, None))
+            for later in range(i + 1, len(self.names)):
+                ranges[later] = [(1, None)]
+        result.not_acknowledged = [(self.names[i], ranges[i]) for i in sorted(ranges)]
+        return result
+
+
+def publish(
+    bootstrap: str, prefix: str, topic: Topic | str, sources: list[str], *, timeout: float = 10.0
+) -> ProduceResult:
+    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (a `Topic`, or a name
+    of the pipeline of the environment; created if missing) and report exactly what the broker acknowledged
+    (module docstring). Raises `NotProduced`, its `result` the report, when a line was not acknowledged;
+    `KafkaUnavailable` when no broker answers at the start.
+    """
+    topic = declared(topic)
+    name = kafka_topic(prefix, topic)
+    ensure_kafka_topics(bootstrap, [name], timeout=timeout)
+    names = ["<stdin>" if s == "-" else str(s) for s in sources]
+    sender = _Sender(bootstrap, name, topic, names, timeout)
+    # a first Ctrl-C stops before the next line; a callback per message, held until its verdict: nothing cyclic
+    with _interrupt_stops(sender.stop), _no_gc():
+        unsent = sender.send_all(sources)
+    result = sender.report(unsent)
     if result.not_acknowledged:
-        err = NotProduced(name, acked, result.cause or "not acknowledged", result.not_acknowledged)
+        err = NotProduced(name, result.produced, result.cause or "not acknowledged", result.not_acknowledged)
         err.result = result
         raise err
     return result
