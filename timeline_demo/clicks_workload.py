@@ -54,6 +54,19 @@ class ClicksWorkload:
         return len(self.arrivals)
 
 
+def _click_time(rng: random.Random, t: int) -> int:
+    """The time of a click on the search at `t`: 60% inside its window, 10% on a bound (both inclusive), 15%
+    after the window, 15% before the search."""
+    kind = rng.random()
+    if kind < 0.6:
+        return t + rng.randrange(WINDOW_MS + 1)
+    if kind < 0.7:
+        return t + rng.choice((0, WINDOW_MS))
+    if kind < 0.85:
+        return t + WINDOW_MS + 1 + rng.randrange(WINDOW_MS)
+    return t - 1 - rng.randrange(WINDOW_MS)
+
+
 def generate_clicks(
     *,
     seed: int,
@@ -90,15 +103,7 @@ def generate_clicks(
                 )
             )
             for _ in range(rng.randint(*clicks_per_search)):
-                kind = rng.random()
-                if kind < 0.6:
-                    c = t + rng.randrange(WINDOW_MS + 1)  # inside
-                elif kind < 0.7:
-                    c = t + rng.choice((0, WINDOW_MS))  # on a bound (both inclusive)
-                elif kind < 0.85:
-                    c = t + WINDOW_MS + 1 + rng.randrange(WINDOW_MS)  # after the window
-                else:
-                    c = t - 1 - rng.randrange(WINDOW_MS)  # before the search
+                c = _click_time(rng, t)
                 n_click += 1
                 rec = {
                     "click_id": f"c{seed}_{n_click}",
@@ -179,15 +184,39 @@ def write_clicks_topics(
     Same shape as `generate_clicks` (about 6.6 events per session; sessions spread over `sessions / 2000` hours).
     Returns `{"events", "searches", "clicks", "span_ms"}`.
     """
-    from pyspark.sql import functions as F
-
-    from changelog.topics import ensure_topic, topic_path
-
     sessions = max(1, int(events / 6.6))
     span = max(6, sessions // 2_000) * 3_600_000
+    h = _hasher(seed)
+    searches, clicks = _clicks_frames(spark, h, seed=seed, sessions=sessions, span=span)
+    counts = {}
+    for topic, df, id_col in (
+        ("searches", searches.drop("s", "j"), "search_id"),
+        ("clicks", clicks, "click_id"),
+    ):
+        rows = _with_arrival_chunk(df, h, id_col, chunks=chunks, span=span, disorder_ms=disorder_ms)
+        counts[topic] = _append_in_chunks(spark, lake_dir, topic, rows, chunks=chunks)
+    return {
+        "events": counts["searches"] + counts["clicks"],
+        "searches": counts["searches"],
+        "clicks": counts["clicks"],
+        "span_ms": span,
+    }
+
+
+def _hasher(seed: int):
+    """`h(*cols, k=, mod=)`: a column's deterministic draw in [0, mod) from `cols`, one stream per `k`."""
+    from pyspark.sql import functions as F
 
     def h(*cols, k: int, mod: int):
         return F.pmod(F.xxhash64(F.lit(seed), F.lit(k), *cols), F.lit(mod))
+
+    return h
+
+
+def _clicks_frames(spark, h, *, seed: int, sessions: int, span: int):
+    """(searches, clicks) DataFrames in the topics' fields, drawn by `h`: 1-4 searches per session (each keeps
+    its session's `s` and its own `j`), 0-3 clicks per search placed as `generate_clicks` places them."""
+    from pyspark.sql import functions as F
 
     sess = spark.range(sessions).select(
         F.col("id").alias("s"),
@@ -229,38 +258,43 @@ def write_clicks_topics(
             .alias("search_id"),
         )
     )
-    counts = {}
-    for topic, df, id_col in (
-        ("searches", searches.drop("s", "j"), "search_id"),
-        ("clicks", clicks, "click_id"),
-    ):
-        copies = F.when(h(id_col, k=10, mod=100) < 3, F.array(F.lit(0), F.lit(1))).otherwise(
-            F.array(F.lit(0))
+    return searches, clicks
+
+
+def _with_arrival_chunk(df, h, id_col: str, *, chunks: int, span: int, disorder_ms: int):
+    """The rows of a topic's DataFrame, 3% delivered twice, each with `chunk`: the piece of the arrival order
+    (event time + a delay of at most `disorder_ms`) it arrives in."""
+    from pyspark.sql import functions as F
+
+    copies = F.when(h(id_col, k=10, mod=100) < 3, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))
+    rows = df.select("*", F.explode(copies).alias("copy"))
+    arrival = F.col("ts") + h(id_col, "copy", k=11, mod=disorder_ms + 1)
+    return rows.withColumn(
+        "chunk",
+        F.least(
+            F.lit(chunks - 1),
+            F.greatest(
+                F.lit(0),
+                F.floor((arrival - F.lit(T0)) * chunks / F.lit(span + 4 * WINDOW_MS + disorder_ms)),
+            ),
+        ).cast("int"),
+    ).drop("copy")
+
+
+def _append_in_chunks(spark, lake_dir, topic: str, rows, *, chunks: int) -> int:
+    """Append `rows` (without their `chunk`) to the log of `topic`, one Delta commit per chunk in order; how many
+    rows."""
+    from pyspark.sql import functions as F
+
+    from changelog.topics import ensure_topic, topic_path
+
+    path = ensure_topic(spark, lake_dir, topic)
+    cols = [f.name for f in spark.read.format("delta").load(path).schema.fields]
+    staged = rows.select(*cols, "chunk").repartition(chunks, "chunk").persist()
+    count = staged.count()
+    for i in range(chunks):
+        staged.where(F.col("chunk") == i).drop("chunk").coalesce(1).write.format("delta").mode("append").save(
+            str(topic_path(lake_dir, topic))
         )
-        rows = df.select("*", F.explode(copies).alias("copy"))
-        arrival = F.col("ts") + h(id_col, "copy", k=11, mod=disorder_ms + 1)
-        rows = rows.withColumn(
-            "chunk",
-            F.least(
-                F.lit(chunks - 1),
-                F.greatest(
-                    F.lit(0),
-                    F.floor((arrival - F.lit(T0)) * chunks / F.lit(span + 4 * WINDOW_MS + disorder_ms)),
-                ),
-            ).cast("int"),
-        ).drop("copy")
-        path = ensure_topic(spark, lake_dir, topic)
-        cols = [f.name for f in spark.read.format("delta").load(path).schema.fields]
-        staged = rows.select(*cols, "chunk").repartition(chunks, "chunk").persist()
-        counts[topic] = staged.count()
-        for i in range(chunks):
-            staged.where(F.col("chunk") == i).drop("chunk").coalesce(1).write.format("delta").mode(
-                "append"
-            ).save(str(topic_path(lake_dir, topic)))
-        staged.unpersist()
-    return {
-        "events": counts["searches"] + counts["clicks"],
-        "searches": counts["searches"],
-        "clicks": counts["clicks"],
-        "span_ms": span,
-    }
+    staged.unpersist()
+    return count

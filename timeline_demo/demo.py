@@ -127,10 +127,9 @@ def _show(client, users: list[str], n: int) -> None:
 
 
 def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, every: float = 3.0) -> int:
-    """The whole demo in an existing Spark session; returns the exit code (0 only if every timeline matches)."""
-    from changelog.ingest import ingest
+    """The whole demo in an existing Spark session; returns the exit code (0 only if every timeline matches,
+    2 if the timeline job failed)."""
     from changelog.topics import ensure_topic
-    from timeline_demo.verify import verify_timelines
     from timeline_demo.workload import SIZES, sized, write_chunks
     from views.redis_io import connect, redact_url
 
@@ -148,6 +147,26 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
     )
     for topic in ("tweets", "follows"):  # before the job starts, so the job and ingest never race to create
         ensure_topic(spark, settings.lake_dir, topic)
+    if not _ingest_beside_the_job(spark, settings, files, every):
+        return 2
+    _say(f"ingested and processed in {time.monotonic() - started:.0f}s")
+
+    # A few users: the one with the most followees, and two more with non-empty timelines.
+    followers: dict[str, int] = {}
+    for r in wl.follows:
+        followers[r["follower_id"]] = followers.get(r["follower_id"], 0) + 1
+    users = sorted(followers, key=lambda u: (-followers[u], u))[:show]
+    _show(client, users, 5)
+    ok = _verify(spark, settings)
+    _say(f"demo finished in {time.monotonic() - started:.0f}s")
+    return 0 if ok else 1
+
+
+def _ingest_beside_the_job(spark, settings, files: list, every: float) -> bool:
+    """Ingest the chunk files (tweets, follows) while the timeline job runs continuously, with a progress line
+    every `every` seconds, until the job has caught up; then stop it. False (said) if the job failed."""
+    from changelog.ingest import ingest
+
     _say("starting the timeline job (continuous) and ingesting...")
     errors: list = []
     job = threading.Thread(target=_run_job, args=(spark, settings, errors), name="timeline-job", daemon=True)
@@ -169,16 +188,14 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
         progress.stop()
     if errors:
         _say(f"the timeline job failed: {errors[0]}")
-        return 2
+        return False
     _say(progress.line())
-    _say(f"ingested and processed in {time.monotonic() - started:.0f}s")
+    return True
 
-    # A few users: the one with the most followees, and two more with non-empty timelines.
-    followers: dict[str, int] = {}
-    for r in wl.follows:
-        followers[r["follower_id"]] = followers.get(r["follower_id"], 0) + 1
-    users = sorted(followers, key=lambda u: (-followers[u], u))[:show]
-    _show(client, users, 5)
+
+def _verify(spark, settings) -> bool:
+    """Verify every timeline against the SQL definition and say the result and each mismatch."""
+    from timeline_demo.verify import verify_timelines
 
     _say("\nverifying every timeline against the SQL definition (Spark SQL over the Delta logs)...")
     v = verify_timelines(spark, settings)
@@ -187,8 +204,7 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
         _say(f"  mismatch {m['user_id']}: expected {m['expected']} got {m['got']}")
     if not v.ok:
         _say("  (if Redis and LAKE_DIR come from different runs: `make clean`, flush Redis, run again)")
-    _say(f"demo finished in {time.monotonic() - started:.0f}s")
-    return 0 if v.ok else 1
+    return v.ok
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,9 @@ def generate_enrichment(
     clock_after_ms: int = 24 * 3_600_000,
     iso_ratio: float = 0.3,
 ) -> EnrichmentWorkload:
+    """A random workload (module docstring): `users` users with 1 to `changes_per_user` profile changes each,
+    `events` activity events (by them and by `ghost_users` users never in `profiles`), `duplicate_ratio` of both
+    delivered twice, shuffled by at most `disorder_ms`, then the clock change."""
     rng = random.Random(seed)
 
     def ts_value(ms: int):
@@ -65,24 +68,9 @@ def generate_enrichment(
 
     uids = [f"u{i}" for i in range(users)]
     timed: list[tuple[int, str, dict]] = []  # (event time, topic, record)
-    versions: dict[str, list[int]] = defaultdict(list)
-    for u in uids:
-        n = rng.randint(1, changes_per_user)
-        stamps = sorted(rng.sample(range(span_ms), n))
-        for i, off in enumerate(stamps):
-            t = T0 + off
-            if i > 0 and rng.random() < 0.25:
-                rec = {"op": "delete", "user_id": u, "ts": ts_value(t)}
-            else:  # the first change, an update, or a re-create after a delete
-                rec = {
-                    "op": "upsert",
-                    "user_id": u,
-                    "name": f"{u}-v{i}",
-                    "country": rng.choice(COUNTRIES),
-                    "ts": ts_value(t),
-                }
-            versions[u].append(t)
-            timed.append((t, "profiles", rec))
+    versions = _profile_changes(
+        rng, uids, timed, ts_value, changes_per_user=changes_per_user, span_ms=span_ms
+    )
     everyone = uids + [f"ghost{i}" for i in range(ghost_users)]
     for i in range(events):
         u = rng.choice(everyone)
@@ -104,19 +92,36 @@ def generate_enrichment(
     keyed = [(t + rng.randrange(disorder_ms + 1), i, topic, r) for i, (t, topic, r) in enumerate(timed)]
     keyed.sort(key=lambda x: (x[0], x[1]))
     records = [(topic, r) for _, _, topic, r in keyed]
-    records.append(
-        (
-            "profiles",
-            {
-                "op": "upsert",
-                "user_id": CLOCK_USER,
-                "name": "clock",
-                "country": "ZZ",
-                "ts": T0 + span_ms + clock_after_ms,
-            },
-        )
-    )
+    clock = {"op": "upsert", "user_id": CLOCK_USER, "name": "clock", "country": "ZZ"}
+    records.append(("profiles", {**clock, "ts": T0 + span_ms + clock_after_ms}))
     return EnrichmentWorkload(records=records)
+
+
+def _profile_changes(
+    rng: random.Random, uids: list[str], timed: list, ts_value, *, changes_per_user: int, span_ms: int
+) -> dict[str, list[int]]:
+    """Append each user's profile changes to `timed` as (event time, "profiles", record): the first an upsert,
+    each later one a delete (25%) or an upsert (an update, or a re-create after a delete); {user: the times of
+    its versions}."""
+    versions: dict[str, list[int]] = defaultdict(list)
+    for u in uids:
+        n = rng.randint(1, changes_per_user)
+        stamps = sorted(rng.sample(range(span_ms), n))
+        for i, off in enumerate(stamps):
+            t = T0 + off
+            if i > 0 and rng.random() < 0.25:
+                rec = {"op": "delete", "user_id": u, "ts": ts_value(t)}
+            else:
+                rec = {
+                    "op": "upsert",
+                    "user_id": u,
+                    "name": f"{u}-v{i}",
+                    "country": rng.choice(COUNTRIES),
+                    "ts": ts_value(t),
+                }
+            versions[u].append(t)
+            timed.append((t, "profiles", rec))
+    return versions
 
 
 _REF = re.compile(r"^(.*)@(-?\d{1,18})$")

@@ -64,11 +64,32 @@ def generate(
     def at() -> int:
         return T0 + rng.randrange(span_ms)
 
+    def popular() -> str:
+        return rng.choices(uids, cum_weights=cum)[0]
+
+    tw = _tweet_events(rng, uids, popular, at, ts_value, tweets, popular_author_ratio, delete_ratio)
+    fo = _follow_events(rng, uids, popular, at, ts_value, follows, unfollow_ratio, span_ms)
+    for recs in (tw, fo):
+        for _ in range(int(len(recs) * duplicate_ratio)):
+            recs.append(rng.choice(recs))
+
+    def arrival(recs):
+        keyed = [(t + rng.randrange(disorder_ms + 1), i, r) for i, (t, r) in enumerate(recs)]
+        keyed.sort(key=lambda x: (x[0], x[1]))
+        return [r for _, _, r in keyed]
+
+    return Workload(tweets=arrival(tw), follows=arrival(fo))
+
+
+def _tweet_events(
+    rng, uids, popular, at, ts_value, tweets: int, popular_author_ratio: float, delete_ratio: float
+) -> list[tuple[int, dict]]:
+    """`tweets` posts as (event time, record), each by a `popular()` author with probability
+    `popular_author_ratio`, else any user; a post is deleted with probability `delete_ratio`, its delete's time
+    within an hour after it or up to a minute before it (order must not matter)."""
     tw: list[tuple[int, dict]] = []
     for i in range(tweets):
-        author = (
-            rng.choices(uids, cum_weights=cum)[0] if rng.random() < popular_author_ratio else rng.choice(uids)
-        )
+        author = popular() if rng.random() < popular_author_ratio else rng.choice(uids)
         t = at()
         tid = f"t{i:07d}"
         tw.append(
@@ -84,12 +105,21 @@ def generate(
             )
         )
         if rng.random() < delete_ratio:
-            td = t + rng.randrange(-60_000, 3_600_000)  # sometimes "before" the post: order must not matter
+            td = t + rng.randrange(-60_000, 3_600_000)
             tw.append((td, {"op": "delete", "tweet_id": tid, "user_id": author, "ts": ts_value(td)}))
+    return tw
+
+
+def _follow_events(
+    rng, uids, popular, at, ts_value, follows: int, unfollow_ratio: float, span_ms: int
+) -> list[tuple[int, dict]]:
+    """Up to `follows` follows as (event time, record), of any user to a `popular()` one (none of oneself); a
+    follow is undone with probability `unfollow_ratio` within a quarter of the span, and 40% of those are
+    followed again within another quarter."""
     fo: list[tuple[int, dict]] = []
     for _ in range(follows):
         a = rng.choice(uids)
-        b = rng.choices(uids, cum_weights=cum)[0]
+        b = popular()
         if a == b:
             continue
         t = at()
@@ -97,19 +127,10 @@ def generate(
         if rng.random() < unfollow_ratio:
             tu = t + rng.randrange(1, span_ms // 4)
             fo.append((tu, {"op": "unfollow", "follower_id": a, "followee_id": b, "ts": ts_value(tu)}))
-            if rng.random() < 0.4:  # re-follow
+            if rng.random() < 0.4:
                 tr = tu + rng.randrange(1, span_ms // 4)
                 fo.append((tr, {"op": "follow", "follower_id": a, "followee_id": b, "ts": ts_value(tr)}))
-    for recs in (tw, fo):
-        for _ in range(int(len(recs) * duplicate_ratio)):
-            recs.append(rng.choice(recs))
-
-    def arrival(recs):
-        keyed = [(t + rng.randrange(disorder_ms + 1), i, r) for i, (t, r) in enumerate(recs)]
-        keyed.sort(key=lambda x: (x[0], x[1]))
-        return [r for _, _, r in keyed]
-
-    return Workload(tweets=arrival(tw), follows=arrival(fo))
+    return fo
 
 
 # Named sizes, from a handful of events to millions (events ~= tweets * 1.1 + follows * 1.2).
