@@ -13,7 +13,7 @@ from spec import Pipeline
 from spec.builtin import BUILTIN_FILE, pipeline_at
 from spec.durations import parse_duration_ms
 
-__all__ = ["Settings", "parse_duration_ms"]
+__all__ = ["Settings", "lake_location", "parse_duration_ms"]
 
 
 _DURATIONS = (
@@ -47,12 +47,16 @@ def _flag(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _local_lake(text: str) -> Path | None:
-    """LAKE_DIR's local directory (resolved), or None when it is a URI of another store."""
-    text = text.strip() or "./lake"
+def lake_location(env: Mapping[str, str] | None = None) -> tuple[Path | None, str]:
+    """LAKE_DIR of `env` (default: the process's environment), the one place it is read and normalized: (its
+    local directory, resolved, or None when it is the URI of another store; the URI the service addresses the
+    lake by: that directory's path, or the URI as given, stripped). Unset or blank is `./lake`; `file://` and `~`
+    are a local path."""
+    text = (os.environ if env is None else env).get("LAKE_DIR", "").strip() or "./lake"
     if "://" in text and not text.lower().startswith("file://"):
-        return None
-    return Path(text.removeprefix("file://")).expanduser().resolve()
+        return None, text
+    local = Path(text.removeprefix("file://")).expanduser().resolve()
+    return local, str(local)
 
 
 def _pipeline_file(text: str) -> Path:
@@ -161,9 +165,10 @@ class Settings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         e = os.environ if env is None else env
+        lake_dir, lake_uri = lake_location(e)
         s = cls(
-            lake_dir=_local_lake(e.get("LAKE_DIR", "./lake")),
-            lake_uri=e.get("LAKE_DIR", "").strip(),
+            lake_dir=lake_dir,
+            lake_uri=lake_uri,
             redis_url=e.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
             spark_master=e.get("SPARK_MASTER", "local[*]"),
             allowed_lateness=e.get("ALLOWED_LATENESS", "10 minutes"),

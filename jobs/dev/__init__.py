@@ -57,11 +57,11 @@ class DevServerFailed(JobsError):
 def dev_dir(name: str, env: dict[str, str] | None = None) -> Path:
     """The directory where `make <name>` keeps its server's files: `LAKE_DIR/<name>` when LAKE_DIR is a local
     path (default `./lake`), else (LAKE_DIR a URI such as `hdfs://...`, which may live on that very server)
-    `./lake/<name>`. Absolute."""
-    lake = (os.environ if env is None else env).get("LAKE_DIR", "./lake")
-    if "://" in lake:
-        lake = "./lake"
-    return (Path(lake) / name).resolve()
+    `./lake/<name>`. Absolute. LAKE_DIR is read as the settings read it (`jobs.core.settings.lake_location`)."""
+    from jobs.core.settings import lake_location
+
+    local, _uri = lake_location(env)
+    return ((local or Path("./lake")) / name).resolve()
 
 
 def free_port() -> int:

@@ -368,18 +368,16 @@ def _changed_topics(pipeline) -> list[str]:
     """One line per topic of `pipeline` whose log holds records its declaration no longer fits
     (`changelog.topics.check_topic`), where LAKE_DIR exists (a local directory, or a store that answers; one that
     does not is left to the command). Reads only: creates and writes nothing."""
-    from pathlib import Path
-
     from changelog.errors import TopicChanged
     from changelog.storage import StorageError, open_lake
     from changelog.topics import check_topic
+    from jobs.core.settings import lake_location
 
-    text = os.environ.get("LAKE_DIR", "").strip() or "./lake"
-    local = "://" not in text or text.lower().startswith("file://")
+    local, uri = lake_location()
     problems = []
-    if not local or Path(text.removeprefix("file://")).expanduser().is_dir():
+    if local is None or local.is_dir():
         try:
-            lake = open_lake(text)
+            lake = open_lake(uri)
             for name, topic in pipeline.topics.items():
                 try:
                     check_topic(lake, topic, where=pipeline.where("topics", name, "fields"))

@@ -1,12 +1,15 @@
-"""Durations in settings: units, plurals, and "ms" as milliseconds (not minutes); a bad duration says what to write."""
+"""Durations in settings: units, plurals, and "ms" as milliseconds (not minutes); a bad duration says what to write.
+LAKE_DIR is read in one place, `lake_location`, which the settings, `mview check` and the development servers share."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from jobs.core.settings import Settings, parse_duration_ms
+from jobs.core.settings import Settings, lake_location, parse_duration_ms
+from jobs.dev import dev_dir
 
 
 @pytest.mark.parametrize(
@@ -62,3 +65,24 @@ def test_a_copy_with_another_duration_parses_it_again():
 def test_redis_cluster_is_a_flag():
     assert Settings.from_env({"REDIS_CLUSTER": "true"}).redis_cluster is True
     assert Settings.from_env({"REDIS_CLUSTER": "false"}).redis_cluster is False
+
+
+@pytest.mark.parametrize(
+    "value, local, uri",
+    [
+        (None, "lake", None),
+        ("  ", "lake", None),
+        ("other", "other", None),
+        ("file://{tmp}/x", "x", None),
+        (" hdfs://127.0.0.1:9000/lake ", None, "hdfs://127.0.0.1:9000/lake"),
+        ("s3a://bucket/path", None, "s3a://bucket/path"),
+    ],
+)
+def test_lake_dir_is_read_in_one_place(value, local, uri, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {} if value is None else {"LAKE_DIR": value.format(tmp=tmp_path)}
+    want = None if local is None else (tmp_path / local).resolve()
+    assert lake_location(env) == (want, uri or str(want))
+    s = Settings.from_env(env)
+    assert (s.lake_dir, s.lake_uri) == lake_location(env)
+    assert dev_dir("kafka", env) == (want or Path("lake").resolve()) / "kafka"
