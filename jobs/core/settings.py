@@ -52,7 +52,8 @@ def lake_location(env: Mapping[str, str] | None = None) -> tuple[Path | None, st
     local directory, resolved, or None when it is the URI of another store; the URI the service addresses the
     lake by: that directory's path, or the URI as given, stripped). Unset or blank is `./lake`; `file://` and `~`
     are a local path."""
-    text = (os.environ if env is None else env).get("LAKE_DIR", "").strip() or "./lake"
+    e = os.environ if env is None else env
+    text = e.get("LAKE_DIR", "").strip() or "./lake"
     if "://" in text and not text.lower().startswith("file://"):
         return None, text
     local = Path(text.removeprefix("file://")).expanduser().resolve()
