@@ -180,6 +180,16 @@ def _with_kafka(settings, bootstrap: str):
 
 
 def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port: int, broker=None) -> None:
+    """The wanted parts over the timeline job, in this order: those on this run's lake (throughput, replay,
+    incrementality, freshness), then those that run it elsewhere or compare it (hdfs, baseline, metrics,
+    fanout, kafka)."""
+    _timeline_lake_parts(res, want, args, spark, settings, tmp, port)
+    _timeline_compared_parts(res, want, args, spark, settings, tmp, port, broker)
+
+
+def _timeline_lake_parts(res: dict, want: set, args, spark, settings, tmp: Path, port: int) -> None:
+    """throughput (or, for freshness, metrics or kafka alone, only the workload ingested for the job to catch up),
+    replay, incrementality, freshness."""
     from bench.freshness import bench_freshness
     from bench.timeline import (
         bench_incrementality,
@@ -208,6 +218,14 @@ def _timeline_parts(res: dict, want: set, args, spark, settings, tmp: Path, port
     if "freshness" in want:
         follows = throughput_workload(args.scale).follows
         _part(res, "freshness", bench_freshness, spark, settings, tmp, follows, args.freshness_seconds, 2.0)
+
+
+def _timeline_compared_parts(
+    res: dict, want: set, args, spark, settings, tmp: Path, port: int, broker=None
+) -> None:
+    """hdfs, baseline, metrics, fanout, kafka (on `broker`, then stopped)."""
+    from bench.timeline import throughput_workload
+
     if "hdfs" in want:
         from bench.hdfs import bench_hdfs
 

@@ -202,11 +202,14 @@ def _verify(spark, settings, client, generation: int) -> dict:
 
 
 def _rows(
-    events: int, chunks: int, n: int, batches: int, rate, seen, once_seen, latency_timeout_s
+    events: int, chunks: int, n: int, batches: int, rate, once_lat, cont_lat, latency_timeout_s
 ) -> list[dict]:
     """The two rows of the bench table: throughput per core against Nexmark q8, and the append latency.
-    `rate` is (events/s per core, seconds of batches, CPU seconds)."""
+    `rate` is (events/s per core, seconds of batches, CPU seconds); `once_lat`, `cont_lat` the latencies
+    (None: not seen) after `run --once` and in the continuous query."""
     eps_core, batch_s, cpu_s = rate
+    seen = [x for x in cont_lat if x is not None]
+    once_seen = [x for x in once_lat if x is not None]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     command = f"python -m bench.clicks --events {events} --chunks {chunks}"
     workload = f"{n:,} events (searches + clicks, 3% duplicates), {batches} micro-batches"
@@ -238,6 +241,44 @@ def _rows(
     ]
 
 
+def _rate_figures(n: int, cores: int, batch_s: float, run_s: float, cpu_s: float) -> dict:
+    """Events per second (of micro-batches, per core, per core of the whole run, per CPU second) and the ratio
+    to Nexmark q8 per core; 0 where a time is 0."""
+    eps_core = n / batch_s / cores if batch_s else 0.0
+    return {
+        "events_per_s": round(n / batch_s) if batch_s else 0,
+        "events_per_s_per_core": round(eps_core),
+        "events_per_s_per_core_run": round(n / run_s / cores) if run_s else 0,
+        "events_per_cpu_s": round(n / cpu_s) if cpu_s else 0,
+        "nexmark_q8_per_core": NEXMARK_Q8_PER_CORE,
+        "ratio_to_nexmark_q8": round(eps_core / NEXMARK_Q8_PER_CORE, 3),
+    }
+
+
+def _latency_figures(once_lat: list, cont_lat: list, timeout_s: float) -> dict:
+    """The latencies after `run --once` and in the continuous query (None: not seen) and their medians over
+    those seen; a note when the continuous query published none."""
+    seen = [x for x in cont_lat if x is not None]
+    once_seen = [x for x in once_lat if x is not None]
+    return {
+        "latency_once_s": [round(x, 3) if x is not None else None for x in once_lat],
+        "latency_once_median_s": round(statistics.median(once_seen), 3) if once_seen else None,
+        "latency_append_to_redis_s": [round(x, 3) if x is not None else None for x in cont_lat],
+        "latency_median_s": round(statistics.median(seen), 3) if seen else None,
+        "latency_note": None
+        if seen
+        else f"the continuous query did not publish an appended click within {timeout_s:.0f} s",
+    }
+
+
+def _run_once(spark, settings, generation: int) -> tuple[dict, float, float]:
+    """Run the clicks job once over its topics, one file per micro-batch, into `generation`: its totals, the
+    wall seconds and the Spark CPU seconds it took."""
+    cpu0, t1 = cpu_seconds(spark), time.monotonic()
+    totals = run_clicks(spark, settings, once=True, generation=generation, max_files_per_trigger=1)
+    return totals, time.monotonic() - t1, cpu_seconds(spark) - cpu0
+
+
 def run(
     events: int = 1_000_000,
     *,
@@ -248,7 +289,6 @@ def run(
     verify: bool = True,
 ) -> dict:
     """Measure the clicks job on about `events` events (see the module docstring). Returns the figures."""
-
     from jobs.core.runtime import read_status
     from jobs.core.spark import get_spark
     from timeline_demo.clicks_workload import write_clicks_topics
@@ -267,9 +307,7 @@ def run(
     wl = write_clicks_topics(spark, lake, events=events, chunks=chunks)
     write_s = time.monotonic() - t0
     try:
-        cpu0, t1 = cpu_seconds(spark), time.monotonic()
-        totals = run_clicks(spark, settings, once=True, generation=generation, max_files_per_trigger=1)
-        run_s, cpu_s = time.monotonic() - t1, cpu_seconds(spark) - cpu0
+        totals, run_s, cpu_s = _run_once(spark, settings, generation)
         status = read_status(settings, "clicks")
         n, batch_s = totals["events"], totals["seconds"]
         verified = _verify(spark, settings, client, generation) if verify else None
@@ -277,11 +315,8 @@ def run(
     finally:
         _cleanup(client, generation)
     eps_core = n / batch_s / cores if batch_s else 0.0
-    seen = [x for x in cont_lat if x is not None]
-    once_seen = [x for x in once_lat if x is not None]
-    rows = _rows(
-        events, chunks, n, totals["batches"], (eps_core, batch_s, cpu_s), seen, once_seen, latency_timeout_s
-    )
+    rate = (eps_core, batch_s, cpu_s)
+    rows = _rows(events, chunks, n, totals["batches"], rate, once_lat, cont_lat, latency_timeout_s)
     return {
         "rows": rows,
         "events": n,
@@ -295,24 +330,13 @@ def run(
         "run_seconds": round(run_s, 2),
         "batch_seconds": round(batch_s, 2),
         "cpu_seconds": round(cpu_s, 1),
-        "events_per_s": round(n / batch_s) if batch_s else 0,
-        "events_per_s_per_core": round(eps_core),
-        "events_per_s_per_core_run": round(n / run_s / cores) if run_s else 0,
-        "events_per_cpu_s": round(n / cpu_s) if cpu_s else 0,
-        "nexmark_q8_per_core": NEXMARK_Q8_PER_CORE,
-        "ratio_to_nexmark_q8": round(eps_core / NEXMARK_Q8_PER_CORE, 3),
+        **_rate_figures(n, cores, batch_s, run_s, cpu_s),
         "late": status.get("late"),
         "duplicates": status.get("duplicates"),
         "searches_final": status.get("closed"),
         "state_rows_after_each_batch": totals["state_rows"],
         "verified": verified,
-        "latency_once_s": [round(x, 3) if x is not None else None for x in once_lat],
-        "latency_once_median_s": round(statistics.median(once_seen), 3) if once_seen else None,
-        "latency_append_to_redis_s": [round(x, 3) if x is not None else None for x in cont_lat],
-        "latency_median_s": round(statistics.median(seen), 3) if seen else None,
-        "latency_note": None
-        if seen
-        else f"the continuous query did not publish an appended click within {latency_timeout_s:.0f} s",
+        **_latency_figures(once_lat, cont_lat, latency_timeout_s),
         "trigger_interval": settings.trigger_interval,
     }
 

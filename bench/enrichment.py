@@ -222,6 +222,20 @@ def _rows(events: int, profiles: int, per_core: float, batch_s: float, cpu_s, la
     ]
 
 
+def _bench_settings(settings: Settings, lake: Path) -> Settings:
+    """The settings of the measured job: `settings`' Redis, Spark master, shuffle partitions and allowed
+    lateness, on the lake `lake`, with a trigger interval of 200 ms."""
+    env = {
+        "LAKE_DIR": str(lake),
+        "REDIS_URL": settings.redis_url,
+        "SPARK_MASTER": settings.spark_master,
+        "SHUFFLE_PARTITIONS": str(settings.shuffle_partitions),
+        "ALLOWED_LATENESS": settings.allowed_lateness,
+        "TRIGGER_INTERVAL": "200 ms",
+    }
+    return Settings.from_env(env)
+
+
 def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings) -> dict:
     """Measure the enrichment job; returns a dict of figures (see the module docstring)."""
 
@@ -236,15 +250,7 @@ def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings)
         )
     )
     lake = work / "lake"
-    env = {
-        "LAKE_DIR": str(lake),
-        "REDIS_URL": settings.redis_url,
-        "SPARK_MASTER": settings.spark_master,
-        "SHUFFLE_PARTITIONS": str(settings.shuffle_partitions),
-        "ALLOWED_LATENESS": settings.allowed_lateness,
-        "TRIGGER_INTERVAL": "200 ms",
-    }
-    bench_settings = Settings.from_env(env)
+    bench_settings = _bench_settings(settings, lake)
     _clear_views(connect(settings.redis_url))
     try:
         t = time.monotonic()

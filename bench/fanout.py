@@ -101,6 +101,34 @@ def _all_hold(client, hybrid: bool, followers: int, tid: str) -> bool:
     return sum(pipe.execute()) == 0
 
 
+def _time_one_tweet(
+    settings, tmp: Path, client, tid: str, sample: list[str], hybrid: bool, followers: int
+) -> dict:
+    """Append the celebrity tweet `tid` and time it: the append, then until every user of `sample` sees it, then
+    until every follower does (each check of all of them timed, repeated until one holds)."""
+    t0 = time.monotonic()
+    ingest_records(None, settings, "tweets", [_tweet(tid, _CELEB)], tmp / f"{tid}.jsonl")
+    t_app = time.monotonic()
+    for u in sample:
+        _wait_visible(client, u, tid)
+    seen = time.monotonic() - t_app
+    checks = []
+    while True:
+        c0 = time.monotonic()
+        ok = _all_hold(client, hybrid, followers, tid)
+        checks.append(time.monotonic() - c0)
+        if ok:
+            break
+    visible = seen if len(checks) == 1 else time.monotonic() - t_app
+    say(f"fanout: {tid}: visible to all {followers:,} after {visible:.2f}s (check {checks[-1]:.1f}s)")
+    return {
+        "append_s": round(t_app - t0, 3),
+        "visible_s": round(visible, 3),
+        "check_s": round(checks[-1], 2),
+        "checks": len(checks),
+    }
+
+
 def _one_mode(settings, tmp: Path, follow_file: str, followers: int, hybrid: bool, tweets: int) -> dict:
     """Deploy the job over the 1M follows, then append a first celebrity tweet and `tweets` more, one at a time, each
     once the previous one is visible everywhere."""
@@ -124,30 +152,7 @@ def _one_mode(settings, tmp: Path, follow_file: str, followers: int, hybrid: boo
         ]
         rows = []
         for n in range(tweets + 1):
-            tid = f"c{tag}{n}"
-            t0 = time.monotonic()
-            ingest_records(None, settings, "tweets", [_tweet(tid, _CELEB)], tmp / f"{tid}.jsonl")
-            t_app = time.monotonic()
-            for u in sample:
-                _wait_visible(client, u, tid)
-            seen = time.monotonic() - t_app
-            checks = []
-            while True:
-                c0 = time.monotonic()
-                ok = _all_hold(client, hybrid, followers, tid)
-                checks.append(time.monotonic() - c0)
-                if ok:
-                    break
-            visible = seen if len(checks) == 1 else time.monotonic() - t_app
-            rows.append(
-                {
-                    "append_s": round(t_app - t0, 3),
-                    "visible_s": round(visible, 3),
-                    "check_s": round(checks[-1], 2),
-                    "checks": len(checks),
-                }
-            )
-            say(f"fanout: {tid}: visible to all {followers:,} after {visible:.2f}s (check {checks[-1]:.1f}s)")
+            rows.append(_time_one_tweet(settings, tmp, client, f"c{tag}{n}", sample, hybrid, followers))
     finally:
         stop()
     first, rows = rows[0], rows[1:]
@@ -201,10 +206,47 @@ def _trickle(
     return n
 
 
+def _read_while_trickling(
+    modes: dict, clients: dict, tmp: Path, authors: list[str], users: list[str], seconds: float, page: int
+) -> tuple[dict[str, list[float]], list[int]]:
+    """For `seconds`, read the first `page` entries of a random user's timeline from each mode in turn (the same
+    user in both) while 5 tweets by `authors` are appended to each every second: ({mode: read seconds},
+    [tweets appended])."""
+    from timeline_demo.timeline_view import read_timeline
+
+    stop_trickle = threading.Event()
+    appended: list[int] = []
+    writer = threading.Thread(
+        target=lambda: appended.extend(_trickle(list(modes.values()), tmp, authors, stop_trickle, 1.0)),
+        daemon=True,
+    )
+    writer.start()
+    lat: dict[str, list[float]] = {k: [] for k in modes}
+    rng, t_end = random.Random(9), time.monotonic() + seconds
+    while time.monotonic() < t_end:
+        user = rng.choice(users)
+        for k in modes:
+            t0 = time.perf_counter()
+            read_timeline(clients[k], user, page)
+            lat[k].append(time.perf_counter() - t0)
+    stop_trickle.set()
+    writer.join(30)
+    return lat, appended
+
+
+def _read_figures(xs: list[float]) -> dict:
+    """Reads, reads per second of reading, p50 and p99 in milliseconds of the read times `xs`."""
+    return {
+        "reads": len(xs),
+        "reads_per_s": round(len(xs) / sum(xs)),
+        "p50_ms": round(1000 * sorted(xs)[min(len(xs) - 1, int(0.5 * len(xs)))], 3),
+        "p99_ms": round(1000 * sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 3),
+    }
+
+
 def _reads(spark, tmp: Path, port: int, scale: float, seconds: float, page: int) -> dict:
     from bench.freshness import _followers
     from bench.timeline import ingest_workload, throughput_workload
-    from timeline_demo.timeline_view import read_timeline
     from views.redis_io import connect
 
     wl = throughput_workload(scale)
@@ -229,25 +271,7 @@ def _reads(spark, tmp: Path, port: int, scale: float, seconds: float, page: int)
         celeb_fans = set().union(
             *(followers[a] for a in sorted(followers, key=lambda a: -len(followers[a]))[:3])
         )
-        stop_trickle = threading.Event()
-        appended: list[int] = []
-        writer = threading.Thread(
-            target=lambda: appended.extend(
-                _trickle(list(modes.values()), tmp, sorted(followers), stop_trickle, 1.0)
-            ),
-            daemon=True,
-        )
-        writer.start()
-        lat: dict[str, list[float]] = {k: [] for k in modes}
-        rng, t_end = random.Random(9), time.monotonic() + seconds
-        while time.monotonic() < t_end:
-            user = rng.choice(users)
-            for k in modes:  # the same user in both, alternately
-                t0 = time.perf_counter()
-                read_timeline(clients[k], user, page)
-                lat[k].append(time.perf_counter() - t0)
-        stop_trickle.set()
-        writer.join(30)
+        lat, appended = _read_while_trickling(modes, clients, tmp, sorted(followers), users, seconds, page)
     finally:
         for stop in stops:
             stop()
@@ -261,12 +285,7 @@ def _reads(spark, tmp: Path, port: int, scale: float, seconds: float, page: int)
         "read_seconds": seconds,
     }
     for k, xs in lat.items():
-        out[k] = {
-            "reads": len(xs),
-            "reads_per_s": round(len(xs) / sum(xs)),
-            "p50_ms": round(1000 * sorted(xs)[min(len(xs) - 1, int(0.5 * len(xs)))], 3),
-            "p99_ms": round(1000 * sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 3),
-        }
+        out[k] = _read_figures(xs)
     out["p99_ratio"] = round(out["hybrid"]["p99_ms"] / out["plain"]["p99_ms"], 2)
     return out
 

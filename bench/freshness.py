@@ -256,14 +256,26 @@ def measure_freshness(
     finally:
         seen.finish()
     lat = sorted(seen.latencies)
-
-    def pct(p: float):
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
-
     out = {
         "workload": f"{n} tweets {how} in batches of 10 every {every_s:.0f}s for {duration_s:.0f}s, on the "
         f"throughput graph (max {len(followers[top]):,} followers)",
         "command": command,
+        **_latency_figures(lat, n, warmup_s),
+    }
+    if latencies:
+        out["latencies"] = lat
+        out["per_append"] = _per_append(seen.by_tweet, prefix, n)
+    return out
+
+
+def _latency_figures(lat: list[float], n: int, warmup_s: float) -> dict:
+    """Of `n` tweets appended, how many became visible, and the p50, p99, max and mean of their sorted seconds
+    `lat` (None when none did)."""
+
+    def pct(p: float):
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))], 3) if lat else None
+
+    return {
         "tweets": n,
         "visible": len(lat),
         "not_visible_after_60s": n - len(lat),
@@ -273,10 +285,9 @@ def measure_freshness(
         "max_s": round(lat[-1], 3) if lat else None,
         "mean_s": round(statistics.fmean(lat), 3) if lat else None,
     }
-    if latencies:
-        out["latencies"] = lat
-        ids = [f"{prefix}fresh{i:06d}" for i in range(n)]
-        out["per_append"] = [
-            [seen.by_tweet[t] for t in ids[k : k + 10] if t in seen.by_tweet] for k in range(0, n, 10)
-        ]
-    return out
+
+
+def _per_append(by_tweet: dict[str, float], prefix: str, n: int) -> list[list[float]]:
+    """Per append of 10 tweets, in order, the seconds of those that became visible."""
+    ids = [f"{prefix}fresh{i:06d}" for i in range(n)]
+    return [[by_tweet[t] for t in ids[k : k + 10] if t in by_tweet] for k in range(0, n, 10)]

@@ -77,6 +77,56 @@ def _register(registry, spec) -> None:
     registry.jobs = jobs
 
 
+def _probe_runner(table: Path, client, latencies: list[float], seen: set[int]):
+    """A pipeline job's runner (`JobSpec.run` passes the pipeline and the job's name) that streams the tweets log:
+    for each row of a batch, the seconds from its commit file's mtime to the batch's start go to `latencies` and
+    its tweet id to `seen`; the batch id is recorded in the meta hash, as a view's sink does (the supervisor
+    checks it)."""
+    from changelog.topics import read_stream
+    from jobs.core import runtime
+    from views.keys import meta_key
+
+    def run_probe(spark, settings, pipeline, job, *, once=True, generation=None):
+        def process(df, batch_id):
+            start = time.time()
+            for r in df.select("tweet_id").collect():
+                v = int(r["tweet_id"])
+                latencies.append(start - (table / "_delta_log" / f"{v:020d}.json").stat().st_mtime)
+                seen.add(v)
+            client.hset(meta_key("probe", generation), "last_batch_id", batch_id)
+
+        runtime.run_stream(
+            read_stream(spark, settings.lake_dir, "tweets"),
+            process,
+            checkpoint=runtime.checkpoint_dir(settings, "probe", generation),
+            once=once,
+            settings=settings,
+            name=f"probe_g{generation}",
+        )
+        return {}
+
+    return run_probe
+
+
+def _drive(table: Path, env: dict, appends: int, seen: set[int]) -> None:
+    """Once the supervisor's query is up (3 s), make `appends` commits to `table` from a subprocess, wait until
+    the probe has seen them all (at most 120 s), then stop the supervisor."""
+    from jobs.core import runtime
+
+    time.sleep(3.0)
+    subprocess.run(
+        [sys.executable, "-m", "bench.trigger_probe", "--write", str(table), str(appends)],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while len(seen) < appends and time.monotonic() < deadline:
+        time.sleep(0.2)
+    runtime.STOP.set()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.trigger_probe", description=__doc__.splitlines()[0])
     p.add_argument("--appends", type=int, default=15)
@@ -86,12 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.write[0], int(args.write[1]))
         return 0
 
-    from changelog.topics import ensure_topic, read_stream, topic_path
-    from jobs.core import registry, runtime
+    from changelog.topics import ensure_topic, topic_path
+    from jobs.core import registry
     from jobs.core.settings import Settings
     from jobs.core.spark import get_spark
     from jobs.ops import service
-    from views.keys import meta_key
     from views.redis_io import connect
 
     work = Path(tempfile.mkdtemp(prefix="trigger_probe_"))
@@ -108,46 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         latencies: list[float] = []
         seen: set[int] = set()
 
-        # a pipeline job's runner (`JobSpec.run` passes the pipeline and the job's name)
-        def run_probe(spark, settings, pipeline, job, *, once=True, generation=None):
-            def process(df, batch_id):
-                start = time.time()
-                for r in df.select("tweet_id").collect():
-                    v = int(r["tweet_id"])
-                    latencies.append(start - (table / "_delta_log" / f"{v:020d}.json").stat().st_mtime)
-                    seen.add(v)
-                # the batch recorded in the meta hash, as a view's sink does: the supervisor checks it
-                client.hset(meta_key("probe", generation), "last_batch_id", batch_id)
-
-            runtime.run_stream(
-                read_stream(spark, settings.lake_dir, "tweets"),
-                process,
-                checkpoint=runtime.checkpoint_dir(settings, "probe", generation),
-                once=once,
-                settings=settings,
-                name=f"probe_g{generation}",
-            )
-            return {}
-
+        run_probe = _probe_runner(table, client, latencies, seen)
         sys.modules.setdefault("bench.trigger_probe", sys.modules[__name__])
         globals()["run_probe"] = run_probe
         _register(registry, registry.JobSpec("probe", ("tweets",), (), "bench.trigger_probe:run_probe"))
 
-        def drive():
-            time.sleep(3.0)  # the supervisor's query is up
-            subprocess.run(
-                [sys.executable, "-m", "bench.trigger_probe", "--write", str(table), str(args.appends)],
-                env=env,
-                check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            deadline = time.monotonic() + 120
-            while len(seen) < args.appends and time.monotonic() < deadline:
-                time.sleep(0.2)
-            runtime.STOP.set()
-
-        threading.Thread(target=drive, daemon=True).start()
+        threading.Thread(target=_drive, args=(table, env, args.appends, seen), daemon=True).start()
         service.serve(spark, settings, "probe")
         print(json.dumps(_summary(args.appends, settings, latencies, len(seen))), flush=True)
         return 0 if len(seen) == args.appends else 1
