@@ -70,6 +70,7 @@ from arro3.core import Array, ChunkedArray, DataType, RecordBatch, Table
 
 from changelog.checksums import write_checksums
 from changelog.errors import TopicChanged, UnknownTopic
+from changelog.lakeformat import record_format
 from changelog.storage import Lake, NotFound, as_lake
 from spec.model import Topic
 
@@ -209,11 +210,13 @@ def _once():
 
 def _create(lake: Lake, key: str, topic: Topic) -> None:
     """Create the log at `key` with the topic's columns unless it exists (under the exclusive lock; on HDFS and S3,
-    of racing creators the one whose version 0 lands creates it)."""
+    of racing creators the one whose version 0 lands creates it), the lake's format recorded first if it records
+    none (`changelog.lakeformat`)."""
     with topic_lock(lake, key=key, exclusive=True):
         if not _exists(lake, key):
             from deltalake import DeltaTable
 
+            record_format(lake)  # before the log: a lake with a topic log records its format
             try:
                 DeltaTable.create(
                     lake.delta_uri(key),

@@ -27,7 +27,8 @@ from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from changelog.errors import UnknownTopic
-from changelog.storage import Lake
+from changelog.lakeformat import record_format
+from changelog.storage import Lake, as_lake
 from changelog.topics import ensure_delta_table, read_stream, topic_key
 from spec.model import Topic
 
@@ -85,11 +86,14 @@ def topic_stream(
 ) -> DataFrame:
     """`topic`'s log in `lake` (a `Lake`, or a lake's local path or URI) as a streaming DataFrame from its start
     (the checkpoint decides where to resume). A topic the changelog does not know by name (a pipeline's own) is
-    read at `topics/<name>`, made empty first if it does not exist, with the columns `topic.columns()`."""
+    read at `topics/<name>`, made empty first if it does not exist, with the columns `topic.columns()` (the lake's
+    format recorded first, as for every topic log: `changelog.lakeformat`)."""
     try:
         return read_stream(spark, lake, topic.name, max_files_per_trigger=max_files_per_trigger)
     except UnknownTopic:
         pass
+    lake = as_lake(lake)
+    record_format(lake)
     path = ensure_delta_table(spark, lake, topic.schema(), key=topic_key(topic.name))
     reader = spark.readStream.format("delta")
     if max_files_per_trigger:

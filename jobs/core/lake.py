@@ -1,5 +1,5 @@
-"""Checks of `LAKE_DIR` made before a command starts Spark or touches the lake, so a wrong or read-only lake is
-one line of error, at once, instead of a JVM traceback after Spark's start-up."""
+"""Checks of `LAKE_DIR` made before a command starts Spark or touches the lake, so a wrong or read-only lake, or one
+of another version's format, is one line of error, at once, instead of a JVM traceback after Spark's start-up."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from changelog.lakeformat import format_problem
 from changelog.storage import LakeUnreachable, StorageError
 from jobs.core.settings import Settings
 from jobs.errors import LakeUnusable
@@ -34,7 +35,8 @@ def _require_store(settings: Settings, *, write: bool) -> None:
 
 
 def require_lake(settings: Settings, *, write: bool) -> Path | None:
-    """The lake directory (None for a lake on HDFS or S3), checked for a command.
+    """The lake directory (None for a lake on HDFS or S3), checked for a command: usable, and of the format this
+    version reads (`changelog.lakeformat.format_problem`).
 
     write=False (commands that only read it, e.g. `status`): it must exist; nothing is created.
     write=True (ingest, run, deploy, replay, maintain): it is created if missing, then a probe file is written and
@@ -43,6 +45,14 @@ def require_lake(settings: Settings, *, write: bool) -> Path | None:
     object is created and removed (a store that does not answer, a missing bucket or permission fail here).
     Raises `LakeUnusable` saying what is wrong and what to do.
     """
+    path = _require_usable(settings, write=write)
+    problem = format_problem(settings.lake)
+    if problem:
+        raise LakeUnusable(settings.lake.uri(), problem)
+    return path
+
+
+def _require_usable(settings: Settings, *, write: bool) -> Path | None:
     path = settings.lake_dir
     if path is None:
         _require_store(settings, write=write)

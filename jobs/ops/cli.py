@@ -367,8 +367,10 @@ def cmd_maintain(args) -> int:
 def _changed_topics(pipeline) -> list[str]:
     """One line per topic of `pipeline` whose log holds records its declaration no longer fits
     (`changelog.topics.check_topic`), where LAKE_DIR exists (a local directory, or a store that answers; one that
-    does not is left to the command). Reads only: creates and writes nothing."""
+    does not is left to the command); only the line of `changelog.lakeformat.format_problem` for a lake of another
+    format. Reads only: creates and writes nothing."""
     from changelog.errors import TopicChanged
+    from changelog.lakeformat import format_problem
     from changelog.storage import StorageError, open_lake
     from changelog.topics import check_topic
     from jobs.core.settings import lake_location
@@ -378,6 +380,9 @@ def _changed_topics(pipeline) -> list[str]:
     if local is None or local.is_dir():
         try:
             lake = open_lake(uri)
+            problem = format_problem(lake)
+            if problem:
+                return [f"LAKE_DIR {lake.uri()} {problem}"]
             for name, topic in pipeline.topics.items():
                 try:
                     check_topic(lake, topic, where=pipeline.where("topics", name, "fields"))

@@ -194,8 +194,7 @@ def _stream_once(spark, lake, topic: str, checkpoint: Path, out: Path) -> None:
 
 
 def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(spark, tmp_path):
-    """A topic created by Spark (a lake from before ingest wrote with delta-rs), a streaming query with its
-    checkpoint, then four `mview ingest` processes (three files each) appending while Spark appends too: every
+    """A topic log, Spark's appends to it and a streaming query with its checkpoint, then four `mview ingest` processes (three files each) appending while Spark appends too: every
     record is in the log exactly once, Spark reads the log (also from a delta-rs checkpoint), and the streaming
     query resumes from its checkpoint across the delta-rs commits and sees every new record exactly once."""
     lake = tmp_path / "lake"
@@ -208,7 +207,7 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
         )
         df.write.format("delta").mode("append").option("txnAppId", "w").option("txnVersion", k).save(path)
 
-    spark.createDataFrame([], schema).write.format("delta").save(path)  # how Spark created topics
+    ensure_topic(None, lake, "tweets")
     spark_append(0)
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     _stream_once(spark, lake, "tweets", checkpoint, out)
