@@ -26,18 +26,15 @@ them).
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 
 import orjson
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
-from changelog.storage import NotFound
 from jobs.core.runtime import state_key
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
-from jobs.errors import LakeUnusable
 from joins.asof import AsofResult, AsofSides, asof_join, dedupe_events, with_identity
 from joins.asof_state import AsofProgress, AsofSnapshot, AsofState
 from joins.sides import TwoTopics
@@ -198,23 +195,8 @@ class _Views:
             sink.write(log_rows(frame, by_name[name], self.pipeline), batch_id)
 
 
-def _check_layout(run: JobRun) -> None:
-    """A state written by a version before the generic join (its copy of the table has no key text `_k`) is
-    refused: replay."""
-    lake, key = run.settings.lake, state_key(run.job, run.generation)
-    try:
-        lines = lake.read_bytes(key, "versions", "_delta_log", f"{0:020d}.json").decode().splitlines()
-    except NotFound:
-        return
-    meta = next((json.loads(x)["metaData"] for x in lines if '"metaData"' in x), None)
-    names = {f["name"] for f in json.loads(meta["schemaString"])["fields"]} if meta else {"_k"}
-    if "_k" not in names:
-        raise LakeUnusable(lake.uri(key), f"holds an earlier version's state: `mview replay {run.job}`")
-
-
 def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
     settings, gen, lateness = run.settings, run.generation, run.settings.allowed_lateness_ms
-    _check_layout(run)
     sides = AsofSides.of(pipeline, run.job)
     topics = TwoTopics((sides.stream, sides.table), ((), ()), ())
     views = _Views(run, pipeline, sides)

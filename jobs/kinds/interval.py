@@ -40,7 +40,6 @@ from jobs.core.replay import serving_or_rebuild
 from jobs.core.runtime import job_key, log, state_key, write_status
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
-from jobs.errors import LakeUnusable
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
 from views.changes import state_views
@@ -191,18 +190,9 @@ def _process(
     return b
 
 
-def _check_layout(run: JobRun, store: IntervalStore) -> None:
-    """A state written by a version before the generic join (its meta has no `closed`) is refused: replay."""
-    fence = store.latest()[0]
-    if fence is not None and "closed" not in (store.meta(fence) or {}):
-        where = run.settings.lake.uri(store.key)
-        raise LakeUnusable(where, f"holds an earlier version's state: `mview replay {run.job}`")
-
-
 def _wire(run: JobRun, pipeline: Pipeline, max_files: int | None) -> Wiring:
     settings = run.settings
     store = _store(run.spark, settings, pipeline, run.job, run.generation)
-    _check_layout(run, store)
     seconds = run.totals.pop("seconds")  # keys in the order `mview run <job> --once` prints them
     run.totals.update(late=0, duplicates=0, closed=0, provisional=0, seconds=seconds, state_rows=[])
 

@@ -31,7 +31,6 @@ from changelog.topics import read_stream
 from jobs.core.runtime import log, state_key
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
-from jobs.errors import LakeUnusable
 from joins.table import JoinChanges, TableJoin, begin_join
 from joins.table_state import TableStore
 from spec.model import Pipeline
@@ -194,8 +193,6 @@ def _process(
 
 def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
     lake, key = run.settings.lake, state_key(run.job, run.generation)
-    if lake.exists(key, "changes") and not lake.exists(key, "table"):
-        raise LakeUnusable(lake.uri(key), f"holds an earlier version's state: `mview replay {run.job}`")
     join = TableJoin(run.spark, *pipeline.sides(run.job), pipeline.jobs[run.job].spec.match)
     views = _Views(run, pipeline, join)
     store = TableStore(run.spark, lake, join, key=f"{key}/table")

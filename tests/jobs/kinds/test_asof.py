@@ -73,18 +73,3 @@ def test_views_equal_the_definition_for_any_chunking(
         assert query_view(client, "by_tier", "nope", pipeline=shop) == {}
         assert format_result("by_tier", {}, pipeline=shop) == ""
         assert read_status(settings, "orders_enriched")["held"] == want["held"]
-
-
-def test_a_state_of_the_layout_before_the_generic_join_is_refused_with_what_to_do(
-    spark, tmp_path, redis_url, shop
-):
-    from changelog.topics import ensure_delta_table
-    from jobs.errors import LakeUnusable
-
-    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file)
-    versions = settings.lake_dir / "state" / "orders_enriched" / "g1" / "versions"
-    ensure_delta_table(
-        spark, versions, "user_id string, ts bigint, deleted boolean, name string, country string"
-    )
-    with pytest.raises(LakeUnusable, match="earlier version's state: `mview replay orders_enriched`"):
-        run(spark, settings, shop, "orders_enriched", once=True)

@@ -88,19 +88,6 @@ def test_an_expression_spark_cannot_analyse_is_one_line_naming_file_line_and_key
     assert not (settings.lake_dir / "checkpoints").exists()  # nothing ran
 
 
-def test_a_state_of_the_layout_before_the_generic_join_is_refused_with_what_to_do(
-    spark, tmp_path, redis_url, shop
-):
-    from jobs.errors import LakeUnusable
-
-    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=shop.file)
-    old = settings.lake_dir / "state" / "paid" / "g1" / f"v{1_000_000:020d}"
-    old.mkdir(parents=True)
-    (old / "meta.json").write_text('{"watermark": 5, "searches_final": 3}')  # as the clicks job wrote it
-    with pytest.raises(LakeUnusable, match="earlier version's state: `mview replay paid`"):
-        run(spark, settings, shop, "paid", once=True)
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_shops_brute_force_agrees_with_the_demos_generic_one(seed):
     """`tests.shophelp.expected` (written for these tests) and `timeline_demo.brute` (any pipeline) are two readings
