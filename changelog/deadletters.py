@@ -13,8 +13,7 @@ so that the names of one source sort in the order they were written:
 - the `cdc` job: `cdc-<slot>-<the transaction's commit LSN, 16 hex digits>-txn`, one per transaction (the
   snapshot's: `cdc-<slot>-<its consistent point>-snapshot`).
 
-`read_dead_letters` reads them all, in key order (with, first, the single file `deadletter/<topic>.jsonl` that a
-lake written by an earlier version holds). The objects are readable by their owner only on a local lake (mode
+`read_dead_letters` reads them all, in key order. The objects are readable by their owner only on a local lake (mode
 0600): they hold raw input.
 """
 
@@ -71,10 +70,9 @@ def write_dead_letters(
 
 
 def _objects(lake: Lake, topic: Topic | str) -> Iterator[bytes]:
-    """The bytes of each dead-letter object of `topic`, the file of an earlier version first, then in key order."""
+    """The bytes of each dead-letter object of `topic`, in key order."""
     key = deadletter_key(topic)
-    names = [f"{key}.jsonl"] if lake.exists(f"{key}.jsonl") else []
-    names += [
+    names = [
         f"{key}/{e.name}"
         for e in lake.list(key)
         if not e.is_dir and e.name.endswith(".jsonl") and not e.name.startswith(".")
@@ -87,16 +85,12 @@ def _objects(lake: Lake, topic: Topic | str) -> Iterator[bytes]:
 
 
 def read_dead_letters(lake: Lake | str | os.PathLike, topic: Topic | str) -> Iterator[dict]:
-    """Every dead letter of `topic`, in key order (module docstring); a line that is not a JSON object (an entry
-    cut short by a crash in a file of an earlier version) is passed over."""
+    """Every dead letter of `topic`, in key order (module docstring): each object, created whole, is one JSON
+    object per line."""
     for data in _objects(as_lake(lake), topic):
         for line in data.splitlines():
-            try:
-                entry = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(entry, dict):
-                yield entry
+            if line.strip():
+                yield orjson.loads(line)
 
 
 def count_dead_letters(lake: Lake | str | os.PathLike, topic: Topic | str) -> int:

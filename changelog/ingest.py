@@ -453,10 +453,7 @@ class _File:
         between the commit and them): derived again from the piece's lines."""
         if not done.get("dead_letters", 0):
             return
-        batch, seen = done.get("dead_letter_batch"), set()
-        if batch is None:  # a piece committed by an earlier version, whose dead letters went to one file
-            batch = f"ingest-{0:019d}-{done['run'][:16]}-{done['lines'][0]:012d}"
-            seen = self._legacy_dead_lines(done)
+        batch = done["dead_letter_batch"]
         if self.ctx.lake.exists(deadletter_key(self.ctx.topic), f"{batch}.jsonl"):
             return
         (first, last), (start, _end) = done["lines"], done["bytes"]
@@ -466,28 +463,9 @@ class _File:
             lines = _read_lines(fh, at_start=start == 0)
             for lineno, (raw, size, _consumed) in zip(range(first, last + 1), lines, strict=False):
                 verdict = _verdict(self.ctx.parse, raw, size)
-                if isinstance(verdict, str) and lineno not in seen:
+                if isinstance(verdict, str):
                     missing.append(_dead_letter(done["file"], lineno, raw, size, verdict))
         self.rejected += self._write_dead_letters(missing, (first, last), batch)
-
-    def _legacy_dead_lines(self, done: dict) -> set[int]:
-        """The lines of the piece `done` whose dead letters the single dead-letter file of an earlier version holds
-        (after its size at that commit, `dead_letter_offset`)."""
-        try:
-            data = self.ctx.lake.read_bytes(f"{deadletter_key(self.ctx.topic)}.jsonl")
-        except NotFound:
-            return set()
-        offset, (first, last) = done.get("dead_letter_offset", 0), done["lines"]
-        seen = set()
-        for line in (data[offset:] if offset <= len(data) else data).splitlines():  # cut shorter: all of it
-            try:
-                e = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            n = e.get("line") if isinstance(e, dict) else None
-            if isinstance(n, int) and e.get("file") == done["file"] and first <= n <= last:
-                seen.add(n)
-        return seen
 
 
 @dataclass

@@ -254,8 +254,7 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
 
 def test_dead_letters_are_written_once_per_batch_and_read_in_key_order(tmp_path):
     """A replayed batch's dead letters are written once (its object exists: nothing is written); the reader gives
-    every entry in key order, after those of the single file an earlier version wrote, passing over a line that is
-    not JSON; the objects stay readable by their owner only."""
+    every entry in key order; the objects stay readable by their owner only."""
     from changelog.deadletters import count_dead_letters, write_dead_letters
 
     lake = tmp_path / "lake"
@@ -267,10 +266,8 @@ def test_dead_letters_are_written_once_per_batch_and_read_in_key_order(tmp_path)
     assert write_dead_letters(lake, "t", "kafka-a-000000000001", entries(1, 2))
     assert not write_dead_letters(lake, "t", "kafka-a-000000000001", entries(1, 2))  # the batch replayed
     assert not write_dead_letters(lake, "t", "kafka-a-000000000003", [])  # nothing: no object
-    legacy = lake / "deadletter" / "t.jsonl"
-    legacy.write_bytes(b'{"p": 0}\nnot json\n')
-    assert [e["p"] for e in read_dead_letters(lake, "t")] == [0, 1, 2, 3, 4]
-    assert count_dead_letters(lake, "t") == 6  # lines, the one that is not JSON too
+    assert [e["p"] for e in read_dead_letters(lake, "t")] == [1, 2, 3, 4]
+    assert count_dead_letters(lake, "t") == 4
     assert [p.name for p in _dead_objects(lake, "t")] == [
         "kafka-a-000000000001.jsonl",
         "kafka-a-000000000002.jsonl",
