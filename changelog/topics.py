@@ -18,10 +18,9 @@ and delta-rs writers share every topic log in both directions. Its schema is `to
 **A declaration that changes.** `ensure_topic` (which ingest, the kafka and cdc jobs and every reader go through)
 compares the log's columns with the declaration's (`log_change`):
 - the same columns (in any order): nothing to do. Columns of the log marked optional (field metadata
-  `mview.optional`, set for an optional field when the log is created or grows; a log without marks: the columns
-  its first version lacked) that the declaration leaves out do not count: another declaration of the topic (another
-  pipeline on the lake) made them; appends through this one hold null there (`append_table`), and its jobs read
-  only the declared columns;
+  `mview.optional`, set for an optional field when the log is created or grows) that the declaration leaves out
+  do not count: another declaration of the topic (another pipeline on the lake) made them; appends through this
+  one hold null there (`append_table`), and its jobs read only the declared columns;
 - the declaration adds optional fields, and nothing else: the log's schema grows by those columns (a delta-rs
   `ADD COLUMN` commit, appended at the end of the log's schema); old records hold null in them, for delta-rs and
   Spark readers alike;
@@ -241,35 +240,22 @@ def _log_columns(table) -> dict[str, str]:
     return out
 
 
-def _optional_columns(table, lake: Lake | None, key: str) -> set[str]:
-    """The columns of the loaded log `table` (at `key` of `lake`) that a declaration may leave out: those marked
-    `OPTIONAL` (made by an optional field, at the log's creation or when it grew). A log written before the mark
-    (none of its columns has it) counts every column its first version did not have (a grown column is
-    optional); without `lake`, or without that first commit, none."""
-    fields = table.schema().fields
-    marked = {f.name for f in fields if (f.metadata or {}).get(_OPTIONAL_KEY) == "true"}
-    if marked or any(_OPTIONAL_KEY in (f.metadata or {}) for f in fields) or lake is None:
-        return marked
-    try:
-        for line in lake.read_bytes(_log(key), f"{0:020d}.json").splitlines():
-            if b'"metaData"' in line:
-                first = json.loads(json.loads(line)["metaData"]["schemaString"])["fields"]
-                return {f.name for f in fields} - {f["name"] for f in first}
-    except (NotFound, ValueError, KeyError):
-        pass
-    return set()
+def _optional_columns(table) -> set[str]:
+    """The columns of the loaded log `table` that a declaration may leave out: those marked `OPTIONAL` (made by an
+    optional field, at the log's creation or when it grew)."""
+    return {f.name for f in table.schema().fields if (f.metadata or {}).get(_OPTIONAL_KEY) == "true"}
 
 
-def log_change(table, topic: Topic, lake: Lake | None = None, key: str = "") -> tuple[str, list] | None:
-    """How the declaration of `topic` differs from its loaded log `table` (a `deltalake.DeltaTable`, at `key` of
-    `lake`): None when the columns are the same (in any order), the log's optional columns (`_optional_columns`)
-    the declaration leaves out aside (its records hold null there; readers take the declared columns); ("grow", [(name, SQL
-    type), ...]) when it only adds optional fields; else ("change", [each change in words])."""
+def log_change(table, topic: Topic) -> tuple[str, list] | None:
+    """How the declaration of `topic` differs from its loaded log `table` (a `deltalake.DeltaTable`): None when the
+    columns are the same (in any order), the log's optional columns (`_optional_columns`) the declaration leaves out
+    aside (its records hold null there; readers take the declared columns); ("grow", [(name, SQL type), ...]) when
+    it only adds optional fields; else ("change", [each change in words])."""
     log, want = _log_columns(table), dict(topic.columns())
     if log == want:
         return None
     if not log.keys() <= want.keys():
-        optional = _optional_columns(table, lake, key)
+        optional = _optional_columns(table)
         log = {n: t for n, t in log.items() if n in want or n not in optional}
         if log == want:
             return None
@@ -328,11 +314,11 @@ def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
     if not _exists(lake, key):
         _create(lake, key, topic)
     table = _delta_table(lake, key)
-    if log_change(table, topic, lake, key) is None:
+    if log_change(table, topic) is None:
         return lake.uri(key), table
     with topic_lock(lake, key=key, exclusive=True):
         table.update_incremental()
-        change = log_change(table, topic, lake, key)
+        change = log_change(table, topic)
         if change is None:
             return lake.uri(key), table
         if change[0] != "grow" and _holds_records(table):
@@ -342,7 +328,7 @@ def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
         except Exception:
             table = _delta_table(lake, key)
             if (
-                log_change(table, topic, lake, key) is not None
+                log_change(table, topic) is not None
             ):  # not a racing writer (HDFS, S3) that made the change first
                 raise
         write_checksums(lake, table_version(lake, key=key), key=key)
@@ -388,7 +374,7 @@ def check_topic(lake: Where, topic: Topic | str, *, where: str | None = None) ->
     if not _exists(lake, key):
         return None
     table = _delta_table(lake, key)
-    change = log_change(table, topic, lake, key)
+    change = log_change(table, topic)
     if change is None or change[0] == "grow":
         return change
     if not _holds_records(table):
