@@ -507,11 +507,10 @@ class Lake:
         return total
 
     def read_json(self, *key: str, default=None):
-        """The JSON object at `key`, or `default` when there is none (or it is not JSON: a torn local write of an
-        older version)."""
+        """The JSON object at `key`, or `default` when there is none."""
         try:
             return orjson.loads(self.read_bytes(*key))
-        except (NotFound, orjson.JSONDecodeError):
+        except NotFound:
             return default
 
     def write_json(self, obj, *key: str, mode: int = 0o600) -> None:

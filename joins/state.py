@@ -73,11 +73,11 @@ def write_json(target: Lake | PathLike | str, value: Any, key: str = "") -> None
 
 def read_json(target: Lake | PathLike | str, default: Any = None, key: str = "") -> Any:
     """The JSON value at `key` of lake `target` (or in the file at the path or URI `target`), or `default` when
-    there is none or it is not complete JSON."""
+    there is none."""
     lake, k = _where(target, key)
     try:
         return json.loads(lake.read_bytes(k))
-    except (NotFound, json.JSONDecodeError, UnicodeDecodeError):
+    except NotFound:
         return default
 
 

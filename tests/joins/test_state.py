@@ -21,8 +21,6 @@ def test_json_by_lake_and_key_or_by_path_is_replaced_whole_and_owner_only(tmp_pa
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in path.parent.iterdir()] == ["status.json"]  # no temporary file is left
     assert read_json(tmp_path / "none.json", {}) == {} and read_json(lake, "x", "state/none") == "x"
-    path.write_text('{"state": "runn')  # not complete JSON (an older version's torn write)
-    assert read_json(path, "default") == "default"
 
 
 def test_complete_dirs_are_those_with_a_success_marker_below_an_id_by_id(tmp_path):
