@@ -223,8 +223,7 @@ DEFINITION_CHANGED = "definition changed"
 def definition_changed(settings: Settings, client, spec: JobSpec) -> str | None:
     """Why the serving generation of `spec` cannot go on serving the job as the pipeline now declares it, or None:
     its meta hash records the fingerprint of another definition (`spec.model.Pipeline.fingerprint`: the job, its
-    views and the topics they read), or none although the generation has published (built before definitions were
-    recorded). Starts with `DEFINITION_CHANGED`, then what changed (`definition_diff`: `definition changed: view
+    views and the topics they read). Starts with `DEFINITION_CHANGED`, then what changed (`definition_diff`: `definition changed: view
     members: cap 5 -> 10, where`) when the lake holds the generation's definition (`record_definition`), else the
     two fingerprints. A generation that has published nothing yet takes the definition of its first batch. Raises
     redis errors when Redis does not answer."""
@@ -236,10 +235,8 @@ def definition_changed(settings: Settings, client, spec: JobSpec) -> str | None:
     serving = int(pointer)
     built = client.hget(meta_key(spec.name, serving), "fingerprint")
     wanted = settings.pipeline().fingerprint(spec.name)
-    if built is None:
-        if last_committed_batch(settings, spec.name, serving) is None:
-            return None
-        return f"{DEFINITION_CHANGED}: generation {serving} records no definition; the pipeline's is {wanted}"
+    if built is None:  # nothing published yet: the first batch records the definition
+        return None
     if built.decode() != wanted:
         what = definition_diff(
             recorded_definition(settings, spec.name, serving), definition_of(settings, spec.name)

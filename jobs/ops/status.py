@@ -39,8 +39,6 @@ from views.redis_io import classify, connect, is_cluster, quick_client
 # What a running job's `state` may say while it waits for a dependency, and the fields that say it waits.
 _ACTIVE = ("starting", "running", "restarting")
 _DEPENDENCIES = ("redis", "kafka")
-# An asof job keeps late data (`jobs.kinds.asof`): its counters are `<name>_kept`, never these.
-_KEPT = ("late_events", "late_changes")
 
 __all__ = [
     "job_status",
@@ -110,9 +108,6 @@ def job_status(settings: Settings) -> dict:
         if driver is not None and driver.get("node") != this_node():
             row["driver"] = f"{driver.get('host')} pid {driver.get('pid')}"
         row.update({k: v for k, v in s.items() if k not in row})
-        for old in _KEPT:  # an asof job's status file written before its late counters said `kept`
-            if old in row:
-                row.setdefault(f"{old}_kept", row.pop(old))
         if isinstance(serving, dict) and name not in serving and not live:
             published = lake_generation(settings, spec)
             if published:  # a running job rebuilds by itself (state "rebuilding"); a stopped one cannot
