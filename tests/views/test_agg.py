@@ -206,7 +206,7 @@ def test_every_key_equals_the_brute_force_after_every_batch(
     client = connect(redis_url)
     set_generation(client, MODES[append_only][0], 1)
     agg = _agg(spark, tmp_path, pipeline, redis_url, append_only, driver_max=driver_max)
-    ops = _ops(random.Random(7 + append_only), 60, append_only)
+    ops = _ops(random.Random(7 + append_only), 48, append_only)
     _run(spark, pipeline, agg, ops, 12, check=lambda live: _assert_lines(client, agg.view, live))
 
 
@@ -217,9 +217,9 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lines(
 ):
     client = connect(redis_url)
     set_generation(client, MODES[append_only][0], 1)
-    ops = _ops(random.Random(11), 24, append_only)
+    ops = _ops(random.Random(11), 20, append_only)
     seen = []
-    for size in (24, 7, 4):
+    for size in (20, 7, 4):
         client.flushdb()
         set_generation(client, MODES[append_only][0], 1)
         agg = _agg(spark, tmp_path / str(size), pipeline, redis_url, append_only)
@@ -245,7 +245,7 @@ def test_a_replayed_batch_after_a_partial_write_has_the_effect_of_one(
         set_generation(client, job, 1)
         lake = tmp_path / replay.replace(" ", "_").replace(",", "")
         agg = _agg(spark, lake, pipeline, redis_url, append_only)
-        live = _run(spark, pipeline, agg, ops[:16], 8)
+        live = _run(spark, pipeline, agg, ops[:16], 16)  # batch 1
         after = dict(live)
         after = _run_live(ops[16:], live)
         changes = _frame(spark, pipeline, job, _changes(live, after, [x for x, _ in ops[16:]]))
@@ -271,13 +271,13 @@ def test_a_new_process_reads_the_state_from_the_lake_compacted_or_not(
     job, _ = MODES[append_only]
     client = connect(redis_url)
     set_generation(client, job, 1)
-    ops = _ops(random.Random(3), 40, append_only)
+    ops = _ops(random.Random(3), 24, append_only)
     first = _agg(spark, tmp_path, pipeline, redis_url, append_only, snapshot_every=2)
-    live = _run(spark, pipeline, first, ops[:20], 4)  # batches 1-5, compacted on the way
+    live = _run(spark, pipeline, first, ops[:12], 4)  # batches 1-3, compacted into s2 before batch 3
     assert any(e.name.startswith("s") for e in first.lake.list(first.root))
     again = _agg(spark, tmp_path, pipeline, redis_url, append_only, snapshot_every=2)
     check = lambda live: _assert_lines(client, again.view, live)  # noqa: E731
-    live = _run(spark, pipeline, again, ops[20:], 5, check=check, first=6, live=live)
+    live = _run(spark, pipeline, again, ops[12:], 6, check=check, first=4, live=live)
     client.flushdb()  # a batch that changes nothing writes nothing
     set_generation(client, job, 1)
     again.write(_frame(spark, pipeline, job, []), 10)

@@ -181,8 +181,8 @@ def test_every_list_equals_the_brute_force_after_every_batch(
     client = connect(redis_url)
     set_generation(client, job, 1)
     views = _lists(spark, tmp_path, pipeline, redis_url, append_only)
-    ops = _ops(random.Random(7 + append_only), 60, append_only)
-    _run(spark, pipeline, views, ops, 10, check=lambda live: _assert_lists(client, pipeline, job, live))
+    ops = _ops(random.Random(7 + append_only), 48, append_only)
+    _run(spark, pipeline, views, ops, 12, check=lambda live: _assert_lists(client, pipeline, job, live))
 
 
 @server
@@ -192,9 +192,9 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lists(
 ):
     job = MODES[append_only]
     client = connect(redis_url)
-    ops = _ops(random.Random(11), 24, append_only)
+    ops = _ops(random.Random(11), 20, append_only)
     seen = []
-    for size in (24, 7, 4):
+    for size in (20, 7, 4):
         client.flushdb()
         set_generation(client, job, 1)
         views = _lists(spark, tmp_path / str(size), pipeline, redis_url, append_only)
@@ -221,7 +221,7 @@ def test_a_replayed_batch_after_a_partial_write_has_the_effect_of_one(
         set_generation(client, job, 1)
         lake = tmp_path / replay.replace(" ", "_").replace(",", "")
         views = _lists(spark, lake, pipeline, redis_url, append_only)
-        live = _run(spark, pipeline, views, ops[:20], 10)
+        live = _run(spark, pipeline, views, ops[:20], 20)  # batch 1
         after = _apply(ops[20:], live)
         changes = _frame(spark, pipeline, job, _changes(live, after, [x for x, _ in ops[20:]]))
         for v in views:
@@ -249,13 +249,13 @@ def test_a_new_process_reads_the_state_from_the_lake_compacted_or_not(
     job = MODES[append_only]
     client = connect(redis_url)
     set_generation(client, job, 1)
-    ops = _ops(random.Random(3), 40, append_only)
+    ops = _ops(random.Random(3), 24, append_only)
     first = _lists(spark, tmp_path, pipeline, redis_url, append_only, snapshot_every=2)
-    live = _run(spark, pipeline, first, ops[:20], 4)  # batches 1-5, compacted on the way
+    live = _run(spark, pipeline, first, ops[:12], 4)  # batches 1-3, compacted into s2 before batch 3
     assert any(e.name.startswith("s") for e in first[0].lake.list(first[0].root))
     again = _lists(spark, tmp_path, pipeline, redis_url, append_only, snapshot_every=2)
     check = lambda live: _assert_lists(client, pipeline, job, live)  # noqa: E731
-    _run(spark, pipeline, again, ops[20:], 5, check=check, first=6, live=live)
+    _run(spark, pipeline, again, ops[12:], 6, check=check, first=4, live=live)
 
 
 # (case, batches of (id, (board, player, score) or None: removed), the `best` list of board "K" after them)
