@@ -71,11 +71,11 @@ spark-cluster-stop: setup ## stop the master and workers `make spark-cluster` st
 # Spark cluster). The scenarios that run on one remote store per run take MVIEW_TEST_STORE=hdfs|s3 (by default it
 # alternates by day); the run's last lines say which, after the 15 slowest tests.
 test: setup ## run the test suite (starts its own redis-server on a free port)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # No server beyond Redis: a test that uses one is e2e (tests/conftest.py).
 test-fast: setup ## the suite without the slow and end-to-end tests: feedback in a few minutes
-	$(PY) -m pytest -q -m "not slow and not e2e" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not e2e" tests
 
 lint: setup ## ruff lint and format check
 	$(VENV)/bin/ruff check .
