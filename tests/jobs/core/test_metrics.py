@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from changelog.deadletters import write_dead_letters
 from jobs.core.metrics import JobMetrics
 from jobs.core.runtime import write_status
 from jobs.core.skeleton import Batch
@@ -15,8 +16,7 @@ from tests.jobs.opshelp import metric_samples
 
 def test_a_batch_moves_the_counters_and_the_status_file_feeds_the_rest(tmp_path, redis_url):
     settings = make_settings(tmp_path / "lake", redis_url)
-    (tmp_path / "lake" / "deadletter").mkdir(parents=True)
-    (tmp_path / "lake" / "deadletter" / "tweets.jsonl").write_text('{"reason": "x"}\n{"reason": "y"}\n')
+    write_dead_letters(settings.lake, "tweets", "ingest-1", [{"reason": "x"}, {"reason": "y"}])
     write_status(settings, "timeline", generation=3, held=0, last_batch_ms=1_700_000_000_000)
     m = JobMetrics(settings, "timeline")
     before = metric_samples(generate_latest(m.registry).decode())
