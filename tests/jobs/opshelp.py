@@ -97,12 +97,15 @@ class OwnRedis:
 MVIEW = str(Path(sys.executable).parent / "mview")
 
 
-def mview(settings: Settings, *args, url: str | None = None) -> subprocess.CompletedProcess:
-    """The installed `mview` run with `settings` in its environment (REDIS_URL replaced by `url` if given)."""
+def mview(
+    settings: Settings, *args, url: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """The installed `mview` run with `settings` in its environment (REDIS_URL replaced by `url` if given), killed
+    after `timeout` seconds."""
     env = {**os.environ, **settings_env(settings)}
     if url is not None:
         env["REDIS_URL"] = url
-    return subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def mview_here(settings: Settings, *args: str) -> subprocess.CompletedProcess:
