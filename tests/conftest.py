@@ -25,15 +25,10 @@ from tests.pghelp import pg, pg_server  # noqa: F401
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`), and run the e2e and
-    slow tests first (in their order): `make test`'s workers (pytest-xdist, a file at a time) start the long
-    scenarios early and end on short tests, instead of one worker finishing a long scenario alone."""
+    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`)."""
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
-    items.sort(
-        key=lambda item: item.get_closest_marker("e2e") is None and item.get_closest_marker("slow") is None
-    )
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest tests
