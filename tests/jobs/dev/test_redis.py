@@ -14,7 +14,9 @@ def test_the_scratch_cluster_has_three_masters_that_serve_every_slot_and_spread_
     assert len(masters) == CLUSTER_MASTERS
     slots = redis.Redis(port=redis_cluster["ports"][0]).execute_command("CLUSTER", "SLOTS")
     assert sum(int(end) - int(start) + 1 for start, end, *_ in slots) == 16384
-    before = [redis.Redis(port=p).dbsize() for p in redis_cluster["ports"]]  # the session's cluster: others' keys
+    before = [
+        redis.Redis(port=p).dbsize() for p in redis_cluster["ports"]
+    ]  # the session's cluster: others' keys
     for i in range(60):
         client.set(f"mv:test:{{k{i}}}", i)
     per_node = [redis.Redis(port=p).dbsize() - n for p, n in zip(redis_cluster["ports"], before, strict=True)]
