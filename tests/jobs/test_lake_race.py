@@ -155,7 +155,7 @@ def test_ingests_kafka_job_and_maintenance_commit_to_one_topic_at_once(store_set
     def maintainer() -> None:
         try:
             # OPTIMIZE and VACUUM of every table on S3Proxy, beside five appenders and another test's JVMs
-            r = mview(settings, "maintain", "--once", "--json", timeout=900)
+            r = mview(settings, "maintain", "--once", "--json", timeout=1500)
             assert r.returncode == 0, r.stderr[-2000:]
             reports.append(json.loads(r.stdout.strip().splitlines()[-1]))
         finally:
