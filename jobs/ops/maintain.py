@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import threading
 import time
-from os import PathLike
 
 from pyspark.sql import functions as F
 
 from changelog.current import compaction_keys, compaction_order
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from changelog.topics import topic_key, topic_lock
 from jobs.core.generations import drop_generation, generations, replay_in_progress
 from jobs.core.registry import jobs
@@ -52,9 +51,9 @@ __all__ = ["maintain", "start_scheduler", "compact_topic", "compacted", "delta_t
 _LOCK = threading.Lock()  # one round at a time per process
 
 
-def delta_tables(lake: Lake | PathLike | str) -> list[str]:
-    """The keys of every Delta table in `lake` (a `Lake`, or a lake's local path or URI), checkpoints excluded."""
-    lake, found = as_lake(lake), []
+def delta_tables(lake: Lake) -> list[str]:
+    """The keys of every Delta table in `lake`, checkpoints excluded."""
+    found = []
 
     def walk(key: str) -> None:
         dirs = [e.name for e in lake.list(key) if e.is_dir]
@@ -69,10 +68,10 @@ def delta_tables(lake: Lake | PathLike | str) -> list[str]:
     return sorted(found)
 
 
-def compact_topic(spark, lake: Lake | PathLike | str, topic: Topic) -> tuple[int, int]:
+def compact_topic(spark, lake: Lake, topic: Topic) -> tuple[int, int]:
     """Rewrite the table topic `topic`'s snapshot in `lake` to the deciding record per key (dataChange=false).
     Returns (rows before, rows after); nothing is written when nothing would be removed."""
-    lake, key = as_lake(lake), topic_key(topic)
+    key = topic_key(topic)
     path = lake.uri(key)
     df = spark.read.format("delta").load(path)
     keys = ", ".join(compaction_keys(topic))
