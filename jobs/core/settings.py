@@ -8,10 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from changelog.errors import UnknownTopic
 from changelog.storage import Lake, open_lake
 from spec import Pipeline
 from spec.builtin import BUILTIN_FILE, pipeline_at
 from spec.durations import parse_duration_ms
+from spec.model import Topic
 
 __all__ = ["Settings", "lake_location", "parse_duration_ms"]
 
@@ -209,3 +211,13 @@ class Settings:
         """The pipeline of `pipeline_file` (loaded once per file content and environment; `spec.PipelineError`
         with every problem, one line each, when it is not valid)."""
         return pipeline_at(str(self.pipeline_file), self.env)
+
+    def topic(self, name: str) -> Topic:
+        """The topic `name` of the settings' pipeline: how a topic's name (a command's argument, a job's topic
+        list) becomes the `spec.model.Topic` the changelog's functions take. `UnknownTopic` names the pipeline's
+        topics."""
+        pipeline = self.pipeline()
+        try:
+            return pipeline.topics[name]
+        except KeyError:
+            raise UnknownTopic(name, tuple(pipeline.topics), Path(pipeline.file).name) from None

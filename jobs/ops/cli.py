@@ -57,12 +57,7 @@ def _pipeline(settings):
 
 def _topic(settings, name: str):
     """The pipeline's topic `name`; an unknown one is one line naming the pipeline's topics."""
-    from changelog.errors import UnknownTopic
-
-    pipeline = _pipeline(settings)
-    if name not in pipeline.topics:
-        raise UnknownTopic(name, tuple(pipeline.topics), os.path.basename(pipeline.file))
-    return pipeline.topics[name]
+    return settings.topic(name)
 
 
 def _check_topics(settings, topics) -> None:
@@ -146,7 +141,7 @@ def cmd_ingest(args) -> int:
         raise
     _ingested(args.topic, result.files)
     if result.rejected:
-        print(f"{args.topic}: rejected lines and reasons are in {deadletter_path(settings.lake, args.topic)}")
+        print(f"{args.topic}: rejected lines and reasons are in {deadletter_path(settings.lake, topic)}")
     if args.json:
         print(json.dumps(result.summary()))
     return 0
