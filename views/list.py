@@ -43,7 +43,6 @@ before, leaves exactly the content of one application.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator
 
@@ -252,10 +251,11 @@ def _trim(cap: int, descending: bool) -> tuple[str, str]:
 
 def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluster: bool, fence: Fence):
     """payload (the operation's commands, one fenced call: `views.fence`), replies (1), lists (1 for a list), entries (added), tag (the hash
-    tag of the operation's keys on a Redis Cluster, else null). One SQL text per column (see `views.wire`); the key
+    tag of the operation's keys on a Redis Cluster, else null), and last `_phase` when `ops_df` has it. One SQL text per column (see `views.wire`); the key
     and the array sizes are a projection of their own, computed once per row and referred to by name (written out
     in every command, they made a tree the optimizer and code generator took a few hundred ms to plan in every
     batch)."""
+    phase = ["_phase"] if "_phase" in ops_df.columns else []  # kept last (`ListViewSink.write_phases`)
     keyed = ops_df.selectExpr(
         "kind",
         "mode",
@@ -269,6 +269,7 @@ def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluste
         "coalesce(size(removes), 0) AS nr",
         "coalesce(size(entries), 0) AS ne",
         f"{hash_tag_column('id') if cluster else 'CAST(NULL AS string)'} AS tag",
+        *phase,
     )
     zset = gated(
         fence,
@@ -299,6 +300,7 @@ def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluste
         "CAST(kind = 'list' AS int) AS lists",
         "CASE WHEN kind = 'list' THEN ne ELSE 0 END AS entries",
         "tag",
+        *phase,
     )
 
 
@@ -371,16 +373,17 @@ class ListViewSink:
         done = _forward(rows, self.url)
         return {"lists": done[0], "entries": done[1]}
 
-    def write_phases(self, phases: list[DataFrame], batch_id: int) -> dict:
-        """`write` of write phases (`phases`, applied one after the other) expected to be small whose sizes are not
-        known: the first `DRIVER_ROWS` + 1 operations of all of them are collected in one Spark job; when that is all
-        of them they are applied from the driver, phase after phase, else `write` applies them (computed again)."""
-        wires = [self._wire(df).withColumn("_phase", F.lit(i)) for i, df in enumerate(phases)]
-        rows = _few(functools.reduce(DataFrame.unionByName, wires), self.DRIVER_ROWS + 1)
+    def write_phases(self, ops_df: DataFrame, phases: int, batch_id: int) -> dict:
+        """`write` of operations expected to be few whose number is not known, each with its write phase (`_phase`,
+        0 to `phases` - 1; the phases applied in that order, one after the other): the first `DRIVER_ROWS` + 1
+        operations are collected in one Spark job; when that is all of them they are applied from the driver, else
+        `write` applies them phase by phase from the executors (computed again)."""
+        rows = _few(self._wire(ops_df), self.DRIVER_ROWS + 1)
         if len(rows) > self.DRIVER_ROWS:
-            return self.write([(df, None) for df in phases], batch_id)
+            each = [(ops_df.where(F.col("_phase") == i).drop("_phase"), None) for i in range(phases)]
+            return self.write(each, batch_id)
         written = [0, 0]
-        for i in range(len(phases)):
+        for i in range(phases):
             done = _forward([r[:-1] for r in rows if r[-1] == i], self.url)
             written = [written[0] + done[0], written[1] + done[1]]
         return {"lists": written[0], "entries": written[1]}

@@ -53,10 +53,10 @@ _SID = "to_json(array(_key, _e))"  # a `top` state row's identity: its key and e
 
 @dataclass
 class ListStep(StateStep):
-    """One micro-batch's work (`views.state.StateStep`) and its Redis operations (`ops`: its three write phases of
-    the module docstring, each in `views.list`'s LIST_OPS_SCHEMA)."""
+    """One micro-batch's work (`views.state.StateStep`) and its Redis operations (`ops`: `views.list`'s
+    LIST_OPS_SCHEMA and `_phase`, the write phase of the module docstring each belongs to: 0, 1 or 2)."""
 
-    ops: list[DataFrame]
+    ops: DataFrame
 
 
 def _order_sql(view: View, frame: DataFrame, pipeline: Pipeline) -> tuple[str, str]:
@@ -132,7 +132,8 @@ class TopList(StateView):
         o = F.col("_o").desc() if self.descending else F.col("_o").asc()
         e = F.col("_e").desc() if self.descending else F.col("_e").asc()
         one = Window.partitionBy("_key", "_e").orderBy(o, F.col("_b").desc())
-        best = rows.withColumn("_r", F.row_number().over(one)).where("_r = 1")
+        # one shuffle by key serves both windows (Spark would shuffle by (key, entry), then by key again)
+        best = rows.repartition("_key").withColumn("_r", F.row_number().over(one)).where("_r = 1")
         per_key = Window.partitionBy("_key").orderBy(o, e)
         top = best.withColumn("_r", F.row_number().over(per_key)).where(F.col("_r") <= self.cap)
         return top.drop("_r")
@@ -150,9 +151,10 @@ class TopList(StateView):
         )
         return kept.unionByName(dropped)
 
-    def _ops(self, before: DataFrame, after: DataFrame, keys: DataFrame) -> list[DataFrame]:
+    def _ops(self, before: DataFrame, after: DataFrame, keys: DataFrame) -> DataFrame:
         """The operations (LIST_OPS_SCHEMA) of a batch that touches `keys` (`_key`), from the state `before` and
-        `after` it, in its three write phases: the bodies to set, each key's whole list, the bodies to delete (of
+        `after` it, each with its write phase (`_phase`): 0 the bodies to set, 1 each key's whole list, 2 the bodies
+        to delete (of
         the entries its keys' lists held before or hold after: set when some list holds the entry after the batch,
         else deleted)."""
         keys = F.broadcast(keys)
@@ -167,8 +169,8 @@ class TopList(StateView):
             F.broadcast(cand), "_e", "left_semi"
         )
         bodies = cand.join(held.groupBy("_e").agg(F.max("_b").alias("_b")), "_e", "left")
-        bodies = _op(bodies, "entry", "_e", body="_b")
-        return [bodies.where("body IS NOT NULL"), lists, bodies.where("body IS NULL")]
+        bodies = _op(bodies, "entry", "_e", body="_b").withColumn("_phase", F.expr("IF(body IS NULL, 2, 0)"))
+        return bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
 
     def step(self, changes: DataFrame, batch_id: int) -> ListStep:
         """Batch `batch_id`'s state rows, the state after it and its Redis operations (`ListStep`), from `changes`
@@ -191,7 +193,7 @@ class TopList(StateView):
         """Write the batch's operations, phase after phase (`views.list.ListViewSink.write_phases`: from the driver
         when at most `ListViewSink.DRIVER_ROWS` operations, else from the executors). Returns `{"lists": n,
         "entries": m}`."""
-        return self.sink.write_phases(step.ops, step.batch_id)
+        return self.sink.write_phases(step.ops, 3, step.batch_id)
 
 
 def list_views(spark, lake: Lake | str, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[TopList]:
