@@ -4,6 +4,8 @@ KEY`, naming what changed); the status's last batch is then generation n+1's."""
 
 from __future__ import annotations
 
+import pytest
+
 from changelog.ingest import ingest
 from jobs.core.registry import job_spec
 from jobs.core.runtime import read_status
@@ -63,6 +65,7 @@ def test_a_changed_where_rebuilds_into_a_new_generation_and_status_says_why(spar
     ).pipeline().fingerprint("timeline")
 
 
+@pytest.mark.slow
 def test_a_select_with_agg_views_replays_and_rebuilds_on_a_changed_aggregate(spark, tmp_path, redis_url):
     """A table select (`tests.tickethelp`'s seat map, removals and moves included) with agg views: `mview replay`
     builds generation 2 equal to generation 1, and an aggregate added to a view rebuilds generation 3, each exactly

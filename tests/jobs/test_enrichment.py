@@ -63,6 +63,7 @@ def _export_lines(spark, settings, generation: int = 1) -> bytes:
 
 
 @pytest.mark.parametrize("seed, chunks", [(1, 2), (2, 3)])
+@pytest.mark.slow
 def test_every_enriched_event_equals_the_truth(spark, tmp_path, redis_url, rclient, seed, chunks):
     wl = generate_enrichment(seed=seed)
     truth = expected_enriched(wl.profiles, wl.activity)
@@ -87,6 +88,7 @@ def test_every_enriched_event_equals_the_truth(spark, tmp_path, redis_url, rclie
     assert pinned_unknown and status["unknown_versions"] == len(pinned_unknown)
 
 
+@pytest.mark.slow
 def test_same_export_for_any_chunking_and_after_replay(spark, tmp_path, redis_url, rclient):
     wl = generate_enrichment(seed=7)
     truth = expected_enriched(wl.profiles, wl.activity)

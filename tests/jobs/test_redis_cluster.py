@@ -58,6 +58,7 @@ def _mview(settings, *args) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_timeline_with_celebrities_replay_query_export_and_status(
     spark, tmp_path, redis_cluster, cluster_url
 ):
@@ -92,6 +93,7 @@ def test_timeline_with_celebrities_replay_query_export_and_status(
     assert status_of(settings, "timeline")["generation"] == 2
 
 
+@pytest.mark.slow
 def test_clicks_and_enrichment_on_a_cluster_equal_their_definitions(spark, tmp_path, cluster_url):
     wl = generate_clicks(seed=3, sessions=60)
     want_sc, want_ctr = expected_clicks(wl.searches, wl.clicks, 10 * M)

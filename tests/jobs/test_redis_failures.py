@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import make_settings
 from tests.jobs.opshelp import OwnRedis, mview, one_line_error
 
@@ -19,6 +21,7 @@ def _protected(tmp_path) -> OwnRedis:
     return own.start()
 
 
+@pytest.mark.slow
 def test_cli_errors_name_the_problem_and_never_show_the_password(tmp_path):
     own = _protected(tmp_path)
     settings = make_settings(tmp_path / "lake", own.url())

@@ -42,6 +42,7 @@ def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, cap: int, seed: in
 
 
 @pytest.mark.parametrize("seed, cap", [(1, 5), (2, 800)])
+@pytest.mark.slow
 def test_timelines_equal_the_definition_for_any_chunking(spark, tmp_path, redis_url, rclient, seed, cap):
     wl = generate(seed=seed, users=200, celebrities=3, follows=1500, tweets=1500)
     expected = expected_timelines(wl.tweets, wl.follows, cap)
@@ -55,6 +56,7 @@ def test_timelines_equal_the_definition_for_any_chunking(spark, tmp_path, redis_
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rclient):
     """A small table of events with the state before and the expected timeline after each step."""
     settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=2)
@@ -150,6 +152,7 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
     ]
 
 
+@pytest.mark.slow
 def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limit(
     spark, tmp_path, redis_url, rclient, monkeypatch
 ):

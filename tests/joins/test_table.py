@@ -41,6 +41,7 @@ def _batch(spark, rows: list[tuple], schema: str):
     return spark.createDataFrame(rows, schema).localCheckpoint() if rows else None
 
 
+@pytest.mark.slow
 def test_one_batch_of_both_topics_runs_two_spark_jobs(spark):
     """The join step of a batch with tweets and follows runs one Spark job that counts both topics' changes, and
     `settle` one that materializes both state tables (a Spark job is a round of driver planning and scheduling).
@@ -360,6 +361,7 @@ def test_a_batch_chunked_any_way_gives_the_same_state_and_timelines(spark, cuts)
     ]
 
 
+@pytest.mark.slow
 def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_losses_then_gains(spark):
     """FANOUT_LIMIT 1: a second follower makes `a` heavy: r's pair stops being effective (its entries are removed),
     the heavy entries are made whole, r and s gain `a` as a heavy value. An unfollow brings `a` back to one follower:
@@ -396,6 +398,7 @@ def test_an_author_crossing_the_fanout_limit_turns_their_pairs_into_effective_lo
     assert [r._m for r in down.lists["timeline"].heavy_retired.collect()] == ["a"]
 
 
+@pytest.mark.slow
 def test_a_batch_of_tweets_only_under_a_fanout_limit_has_its_posts_before_its_changes_are_counted(spark):
     """`begin_join` plans a tweets-only batch's posts without counting anything: the tweets that became live and the
     heavy values' adds, the same rows `finish()` gives. A heavy value whose entries are recomputed whole (`c`: a
@@ -463,6 +466,7 @@ def test_a_batch_of_celebrity_tweets_only_does_not_read_the_follows(spark):
     assert [sorted(e._e for e in r.entries) for r in lists.heavy_adds.collect()] == [["t1", "t2"]]
 
 
+@pytest.mark.slow
 def test_the_state_size_estimate_follows_its_rows_so_small_batches_stay_broadcast_joins(spark):
     """After every batch the state is a local checkpoint of the state joined with the batch; its size estimate is made
     from its row count (not carried over from that join), so after many one-tweet batches the next batch's change
@@ -773,6 +777,7 @@ def _lists_after(lists: dict, bodies: dict, got, cap: int, descending: bool) -> 
 
 
 @pytest.mark.parametrize("seed, chunks", [(3, 1), (4, 3), (5, 6)])
+@pytest.mark.slow
 def test_both_list_paths_equal_the_definition_for_any_arrival_order_and_chunking(spark, seed, chunks):
     """Every list view of the shapes' job (two of the list shape, three by the delta: a `where`, a key over the
     entry's side with (key, entry) repeated, a key over the other side), maintained batch after batch from random

@@ -4,6 +4,8 @@ is reported as a mismatch."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import make_settings
 from timeline_demo.demo import run_demo
 from timeline_demo.reference import expected_timelines
@@ -12,6 +14,7 @@ from timeline_demo.verify import sql_timelines, verify_timelines
 from timeline_demo.workload import sized
 
 
+@pytest.mark.slow
 def test_demo_verifies_every_timeline_and_catches_a_wrong_one(spark, tmp_path, redis_url, rclient, capsys):
     settings = make_settings(tmp_path / "lake", redis_url, TIMELINE_CAP=20, TRIGGER_INTERVAL="200 ms")
     code = run_demo(spark, settings, size="tiny", seed=3, chunks=2, show=2, every=1.0)

@@ -200,6 +200,7 @@ def _run(spark, pipeline, agg, ops, size, *, check=None, first=1, live=None):
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
 @pytest.mark.parametrize("driver_max", [1000, 0], ids=["driver", "executors"])
+@pytest.mark.slow
 def test_every_key_equals_the_brute_force_after_every_batch(
     spark, tmp_path, pipeline, redis_url, append_only, driver_max
 ):
@@ -212,6 +213,7 @@ def test_every_key_equals_the_brute_force_after_every_batch(
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_the_same_sequence_cut_into_other_batches_gives_the_same_lines(
     spark, tmp_path, pipeline, redis_url, append_only
 ):
@@ -231,6 +233,7 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lines(
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_a_replayed_batch_after_a_partial_write_has_the_effect_of_one(
     spark, tmp_path, pipeline, redis_url, append_only
 ):
@@ -265,6 +268,7 @@ def test_a_replayed_batch_after_a_partial_write_has_the_effect_of_one(
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_a_new_process_reads_the_state_from_the_lake_compacted_or_not(
     spark, tmp_path, pipeline, redis_url, append_only
 ):

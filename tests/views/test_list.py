@@ -309,6 +309,7 @@ class _Hybrid:
         return {r["user_id"]: r["tweet_ids"] for r in export_timeline(self.client)}
 
 
+@pytest.mark.slow
 def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(spark, redis_url):
     """A celebrity's one-tweet batches: after the first, writing their posts (`write_few`, a limited collect)
     compiles no new code in Spark (a stage holding a limit is compiled anew for every query), and leaves the
@@ -381,6 +382,7 @@ def _follow(op, a, b, ts):
     return {"op": op, "follower_id": a, "followee_id": b, "ts": ts}
 
 
+@pytest.mark.slow
 def test_a_reader_between_the_write_phases_of_a_mode_switch_reads_the_state_before_or_after(spark, redis_url):
     """FANOUT_LIMIT 1, cap 2: author a becomes a celebrity (a second follower), posts and deletes as one, stops
     being one (an unfollow), becomes one again and stops again (everyone unfollows). The sink applies each batch's

@@ -174,6 +174,7 @@ def _run(spark, pipeline, views, ops, size, *, check=None, first=1, live=None):
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_every_list_equals_the_brute_force_after_every_batch(
     spark, tmp_path, pipeline, redis_url, append_only
 ):
@@ -187,6 +188,7 @@ def test_every_list_equals_the_brute_force_after_every_batch(
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_the_same_sequence_cut_into_other_batches_gives_the_same_lists(
     spark, tmp_path, pipeline, redis_url, append_only
 ):
@@ -206,6 +208,7 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lists(
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_a_replayed_batch_after_a_partial_write_has_the_effect_of_one(
     spark, tmp_path, pipeline, redis_url, append_only
 ):
@@ -244,6 +247,7 @@ def test_a_replayed_batch_after_a_partial_write_has_the_effect_of_one(
 
 @server
 @pytest.mark.parametrize("append_only", [False, True], ids=["removals", "append_only"])
+@pytest.mark.slow
 def test_a_new_process_reads_the_state_from_the_lake_compacted_or_not(
     spark, tmp_path, pipeline, redis_url, append_only
 ):

@@ -45,6 +45,7 @@ def _run_chunked(spark, tmp_path, redis_url, shop, wl, chunks: int, seed: int):
 
 
 @pytest.mark.parametrize("seed, chunkings", [(1, (1, 3)), (2, (2,))])
+@pytest.mark.slow
 def test_views_equal_the_definition_for_any_chunking(
     spark, tmp_path, redis_url, rclient, shop, seed, chunkings
 ):

@@ -120,6 +120,7 @@ def _workload_covers(pipeline, arrivals) -> None:
 
 # five batches of the table select, where removals and moves are (`make test`)
 @pytest.mark.parametrize("chunks, seed", [(1, 11), (3, 12), pytest.param(5, 13, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_views_equal_the_brute_force_for_any_chunking_and_arrival_order(
     spark, tmp_path, redis_url, tickets, chunks, seed
 ):
@@ -180,6 +181,7 @@ def _crash(spark, settings, pipeline, job: str, *, within_aggs: bool) -> int:
 
 
 @pytest.mark.parametrize("job", ["gate_flow", "seat_map"])
+@pytest.mark.slow
 def test_a_batch_replayed_after_a_crash_has_the_effect_of_one(spark, tmp_path, redis_url, tickets, job):
     topic = JOBS[job]
     arrivals = [(t, r) for t, r in workload(21) if t == topic]
@@ -202,6 +204,7 @@ def test_a_batch_replayed_after_a_crash_has_the_effect_of_one(spark, tmp_path, r
     _assert_views(spark, settings, tickets, want, jobs=(job,), what="replayed, then the next batch")
 
 
+@pytest.mark.slow
 def test_an_event_delivered_again_in_a_later_batch_has_one_effect(spark, tmp_path, redis_url, tickets):
     """The same id again, in a later batch: the first batch's copy stays, whatever the copy's time or fields."""
     base = {"ticket_id": "t1", "gate": "north", "zone": "A", "fee": 2.5, "bags": 1}
@@ -235,6 +238,7 @@ def RELEASE(seat, ts, venue="arena"):
 
 
 @pytest.mark.skipif(not AGG, reason="select jobs publish no agg views yet")
+@pytest.mark.slow
 def test_aggregates_of_a_table_select_follow_moves_removals_and_re_adds(spark, tmp_path, redis_url, tickets):
     """Each batch's aggregates, as the brute force gives them for the batches so far: a section's max leaves (the
     next greatest shows), a seat moves to another section, a holder of two seats stays counted once while one
@@ -264,6 +268,7 @@ def test_aggregates_of_a_table_select_follow_moves_removals_and_re_adds(spark, t
     assert final.query("section_stats", "box")["seats"] == 1  # A1 moved in, B1 left (its release ties a hold)
 
 
+@pytest.mark.slow
 def test_ingested_files_with_bad_lines_reach_the_views_as_the_brute_force_says(
     spark, tmp_path, redis_url, tickets
 ):

@@ -201,6 +201,7 @@ def _unwritable(path: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_run_once_every_job_with_and_without_json(world):
     cli, here = world["cli"], world["here"]
     timeline = cli.start("run", "timeline", "--once", "--json")  # its own JVM, while the others run here

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from changelog.ingest import ingest
 from changelog.topics import topic_path
 from jobs.core.runtime import checkpoint_dir, state_dir
@@ -20,6 +22,7 @@ def _parquet_files(path):
     return sorted(p.name for p in Path(path).glob("*.parquet"))
 
 
+@pytest.mark.slow
 def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     spark, tmp_path, redis_url, rclient
 ):
