@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import functools
 import json
-from os import PathLike
 from typing import Any, Protocol, TypeVar
 
-from changelog.storage import Lake, NotFound, as_lake
+from changelog.storage import Lake, NotFound
 from joins.sparkapi import with_size_estimate
 
 __all__ = ["JoinState", "write_json", "read_json", "complete_dirs", "empty_frame", "with_row_count"]
@@ -52,31 +51,17 @@ class JoinState(Protocol[S]):
         ...
 
 
-def _where(target: Lake | PathLike | str, key: str) -> tuple[Lake, str]:
-    """(lake, key) of a small state file: `target` a `Lake` with `key`, or (old callers) the file's own local path
-    or URI with no key, its lake then the one of its parent directory."""
-    if isinstance(target, Lake):
-        return target, key
-    if key:
-        return as_lake(target), key
-    parent, _, name = str(target).rstrip("/").rpartition("/")
-    return as_lake(parent or "."), name
+def write_json(lake: Lake, value: Any, key: str) -> None:
+    """Replace the object at `key` of `lake` with `value` as JSON (sorted keys), whole
+    (`changelog.storage.Lake.write_bytes`: a reader sees the old object or the new one), owner-only on a local
+    lake. Of writers racing, the last replace wins."""
+    lake.write_bytes(json.dumps(value, sort_keys=True).encode(), key)
 
 
-def write_json(target: Lake | PathLike | str, value: Any, key: str = "") -> None:
-    """Replace the object at `key` of lake `target` (or the file at the path or URI `target`) with `value` as JSON
-    (sorted keys), whole (`changelog.storage.Lake.write_bytes`: a reader sees the old object or the new one),
-    owner-only on a local lake. Of writers racing, the last replace wins."""
-    lake, k = _where(target, key)
-    lake.write_bytes(json.dumps(value, sort_keys=True).encode(), k)
-
-
-def read_json(target: Lake | PathLike | str, default: Any = None, key: str = "") -> Any:
-    """The JSON value at `key` of lake `target` (or in the file at the path or URI `target`), or `default` when
-    there is none."""
-    lake, k = _where(target, key)
+def read_json(lake: Lake, default: Any, key: str) -> Any:
+    """The JSON value at `key` of `lake`, or `default` when there is none."""
     try:
-        return json.loads(lake.read_bytes(k))
+        return json.loads(lake.read_bytes(key))
     except NotFound:
         return default
 
