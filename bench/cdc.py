@@ -142,7 +142,8 @@ def _sample(settings, client, work: Path, i: int, background: int, rng) -> dict:
     from views.read import query_view
 
     user, country, t = f"u{i % 1000}", f"Z{i}", int(time.time() * 1000)
-    before = latest_version(settings.lake_dir, "profiles")
+    profiles = settings.topic("profiles")
+    before = latest_version(settings.lake, profiles)
     _sql(
         settings.pg_dsn,
         "UPDATE profiles SET country = %s, updated_at = to_timestamp(%s / 1000.0) WHERE user_id = %s",
@@ -156,11 +157,11 @@ def _sample(settings, client, work: Path, i: int, background: int, rng) -> dict:
     ]
     path = work / f"events-{i}.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
-    ingest(None, settings.lake_dir, "activity", [str(path)])
+    ingest(None, settings.lake, settings.topic("activity"), [str(path)])
     ingested = time.monotonic() - committed
     out = {"latency_s": None, "ingest_s": round(ingested, 3), "captured_s": None}
     while time.monotonic() - committed < 60:
-        if out["captured_s"] is None and latest_version(settings.lake_dir, "profiles") > before:
+        if out["captured_s"] is None and latest_version(settings.lake, profiles) > before:
             out["captured_s"] = round(time.monotonic() - committed, 3)
         if query_view(client, "activity_by_country", country).get("events", 0) >= 1:
             out["latency_s"] = round(time.monotonic() - committed, 3)
@@ -194,7 +195,7 @@ def _latency(settings, work: Path, seconds: float, interval: float, background: 
     from views.redis_io import connect
 
     started = time.monotonic()
-    ensure_topic(None, settings.lake_dir, "activity")
+    ensure_topic(None, settings.lake, settings.topic("activity"))
     client, rng, samples = connect(settings.redis_url), random.Random(19), []
     try:  # (a failure while they start stops them too)
         _deployed(settings)

@@ -64,15 +64,16 @@ def _cleanup(client, generation: int) -> None:
             client.delete(*batch)
 
 
-def _reference(spark, lake, lateness_ms: int) -> dict:
+def _reference(spark, settings, lateness_ms: int) -> dict:
     """The contract over the whole logs in plain Spark SQL: closed searches and closed clicked searches."""
     from pyspark.sql import functions as F
 
     from changelog.topics import read_batch
     from timeline_demo.clicks_workload import WINDOW_MS
 
-    s = read_batch(spark, lake, "searches").dropDuplicates(["search_id"])
-    c = read_batch(spark, lake, "clicks").dropDuplicates(["click_id"])
+    lake, pipeline = settings.lake, settings.pipeline()
+    s = read_batch(spark, lake, pipeline.topics["searches"]).dropDuplicates(["search_id"])
+    c = read_batch(spark, lake, pipeline.topics["clicks"]).dropDuplicates(["click_id"])
     w = s.select("ts").unionByName(c.select("ts")).agg(F.max("ts")).first()[0] - lateness_ms
     closed = s.where(F.col("ts") + WINDOW_MS < w).alias("s")
     hit = closed.join(
@@ -84,17 +85,18 @@ def _reference(spark, lake, lateness_ms: int) -> dict:
     return {"searches": closed.count(), "clicked": hit}
 
 
-def _append(spark, lake, i: int, ts: int) -> str:
+def _append(spark, settings, i: int, ts: int) -> str:
     from changelog.topics import topic_path
 
+    lake, pipeline = settings.lake, settings.pipeline()
     sid, sess = f"lat_s{i}", f"lat_sess{i}"
     spark.createDataFrame(
         [(sid, sess, "latency", ts)], "search_id string, session_id string, query string, ts bigint"
-    ).write.format("delta").mode("append").save(str(topic_path(lake, "searches")))
+    ).write.format("delta").mode("append").save(str(topic_path(lake, pipeline.topics["searches"])))
     spark.createDataFrame(
         [(f"lat_c{i}", sess, "https://x/lat", ts + 1000, None)],
         "click_id string, session_id string, url string, ts bigint, search_id string",
-    ).write.format("delta").mode("append").save(str(topic_path(lake, "clicks")))
+    ).write.format("delta").mode("append").save(str(topic_path(lake, pipeline.topics["clicks"])))
     return sid
 
 
@@ -140,7 +142,7 @@ def _latency_continuous(spark, settings, generation: int, samples: int, timeout_
     out: list = []
     try:
         for i in range(samples):
-            sid = _append(spark, settings.lake_dir, 100 + i, far + i * 60_000)
+            sid = _append(spark, settings, 100 + i, far + i * 60_000)
             got = _wait_clicked(client, generation, sid, time.monotonic(), timeout_s)
             out.append(got)
             if got is None:
@@ -164,7 +166,7 @@ def _latency_once(spark, settings, generation: int, samples: int, far: int) -> l
     out = []
     for i in range(samples):
         started = time.monotonic()
-        sid = _append(spark, settings.lake_dir, i, far + i * 60_000)
+        sid = _append(spark, settings, i, far + i * 60_000)
         run_clicks(spark, settings, once=True, generation=generation)
         got = _wait_clicked(client, generation, sid, started, time.monotonic() - started + 5)
         out.append(got)
@@ -187,7 +189,7 @@ def _verify(spark, settings, client, generation: int) -> dict:
     from views.read import export_view
     from views.redis_io import set_generation
 
-    ref = _reference(spark, settings.lake_dir, settings.allowed_lateness_ms)
+    ref = _reference(spark, settings, settings.allowed_lateness_ms)
     real = client.get("mv:gen:clicks")
     set_generation(client, "clicks", generation)  # the export reads the pointed-to generation
     try:
@@ -304,7 +306,7 @@ def run(
     load_before = os.getloadavg()
 
     t0 = time.monotonic()
-    wl = write_clicks_topics(spark, lake, events=events, chunks=chunks)
+    wl = write_clicks_topics(spark, settings.lake, settings.pipeline(), events=events, chunks=chunks)
     write_s = time.monotonic() - t0
     try:
         totals, run_s, cpu_s = _run_once(spark, settings, generation)

@@ -48,13 +48,14 @@ def scratch_settings(lake: Path, port: int, db: int = 0, **env):
 
 
 def ingest_records(spark, settings, topic: str, records: list[dict], path: Path) -> int:
-    """Write `records` as JSON lines to `path` and ingest them into `topic`; the number accepted."""
+    """Write `records` as JSON lines to `path` and ingest them into the settings' topic `topic`; the number
+    accepted."""
     from changelog.ingest import ingest
     from timeline_demo.workload import write_jsonl
 
     if not records:
         return 0
-    return ingest(spark, settings.lake, topic, [write_jsonl(records, path)]).accepted
+    return ingest(spark, settings.lake, settings.topic(topic), [write_jsonl(records, path)]).accepted
 
 
 def cpu_ticks() -> tuple[int, int]:

@@ -39,11 +39,12 @@ def run_enrichment(spark, settings, **kwargs) -> dict:
     return job_spec(settings, "enrichment").run(spark, settings, **kwargs)
 
 
-def _write_topics(spark, lake: Path, events: int, profiles: int) -> None:
+def _write_topics(spark, settings: Settings, events: int, profiles: int) -> None:
     from pyspark.sql import functions as F
 
-    ensure_topic(spark, lake, "profiles")
-    ensure_topic(spark, lake, "activity")
+    lake = settings.lake_dir
+    ensure_topic(spark, settings.lake, settings.topic("profiles"))
+    ensure_topic(spark, settings.lake, settings.topic("activity"))
     users = spark.range(profiles).select(
         F.concat(F.lit("u"), F.col("id").cast("string")).alias("user_id"),
         (F.lit(T0) + (F.abs(F.hash("id")) % (SPAN_MS // 4))).alias("t1"),
@@ -138,7 +139,7 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
 
     from views.log import log_path
 
-    out_log = Path(log_path(lake, "enriched_activity", 1)) / "_delta_log"
+    out_log = Path(log_path(settings.lake, "enriched_activity", 1)) / "_delta_log"
     lateness = settings.allowed_lateness_ms
     res: dict = {"continuous": [], "once": None}
     runner = threading.Thread(target=lambda: run_enrichment(spark, settings, once=False), daemon=True)
@@ -166,7 +167,7 @@ def _latency(spark, settings: Settings, lake: Path, *, timeout: float = 60.0) ->
     res["once"] = max(p.stat().st_mtime for p in new) - appended if new else None
     row = (
         spark.read.format("delta")
-        .load(str(log_path(lake, "enriched_activity", 1)))
+        .load(str(log_path(settings.lake, "enriched_activity", 1)))
         .where("event_id = 'lat-once'")
         .first()
     )
@@ -254,7 +255,7 @@ def run(events: int = 1_000_000, profiles: int = 100_000, *, settings: Settings)
     _clear_views(connect(settings.redis_url))
     try:
         t = time.monotonic()
-        _write_topics(spark, lake, events, profiles)
+        _write_topics(spark, bench_settings, events, profiles)
         write_s = time.monotonic() - t
         cpu0, t = _jvm_cpu_seconds(spark), time.monotonic()
         totals = run_enrichment(spark, bench_settings, once=True)

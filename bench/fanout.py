@@ -137,7 +137,7 @@ def _one_mode(settings, tmp: Path, follow_file: str, followers: int, hybrid: boo
 
     client = connect(settings.redis_url)
     started = time.monotonic()
-    ingest(None, settings.lake_dir, "follows", [follow_file])
+    ingest(None, settings.lake, settings.topic("follows"), [follow_file])
     ingest_s = time.monotonic() - started
     stop = _deployed(settings)
     tag = ("h" if hybrid else "w") + settings.trigger_interval.split()[0]

@@ -82,9 +82,12 @@ def _produce(settings, broker_pid: int, files: dict[str, str], n: int) -> dict:
     from changelog.kafka import ensure_kafka_topics, kafka_topic, produce
 
     prefix = settings.kafka_topic_prefix
-    ensure_kafka_topics(settings.kafka_bootstrap, [kafka_topic(prefix, t) for t in files])
+    topics = {name: settings.topic(name) for name in files}
+    ensure_kafka_topics(settings.kafka_bootstrap, [kafka_topic(prefix, t) for t in topics.values()])
     cpu0, broker0, started = sum(os.times()[:2]), _broker_cpu(broker_pid), time.monotonic()
-    sent = sum(produce(settings.kafka_bootstrap, prefix, topic, [path]) for topic, path in files.items())
+    sent = sum(
+        produce(settings.kafka_bootstrap, prefix, topics[name], [path]) for name, path in files.items()
+    )
     took = time.monotonic() - started
     if sent != n:
         raise RuntimeError(f"produced {sent:,} of {n:,} messages")
@@ -164,8 +167,10 @@ def _produce_tweets(settings):
     from changelog.kafka import produce
     from timeline_demo.workload import write_jsonl
 
+    tweets = settings.topic("tweets")
+
     def append(records: list[dict], path: Path) -> None:
-        produce(settings.kafka_bootstrap, settings.kafka_topic_prefix, "tweets", [write_jsonl(records, path)])
+        produce(settings.kafka_bootstrap, settings.kafka_topic_prefix, tweets, [write_jsonl(records, path)])
 
     return append
 

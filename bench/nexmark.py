@@ -76,7 +76,7 @@ def _ingest(settings, directory: Path, events: int) -> dict:
     made = write_nexmark(directory, events=events, seed=SEED, lateness_ms=settings.allowed_lateness_ms)
     topics = settings.pipeline().topics
     accepted = {
-        topic: ingest(None, settings.lake_dir, topics[topic], files, quiet=True).accepted
+        topic: ingest(None, settings.lake, topics[topic], files, quiet=True).accepted
         for topic, files in made["files"].items()
     }
     shutil.rmtree(directory, ignore_errors=True)

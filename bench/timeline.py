@@ -126,8 +126,8 @@ def _sql_seconds(spark, settings) -> float:
     from changelog.topics import read_batch
     from timeline_demo.verify import TIMELINE_SQL
 
-    read_batch(spark, settings.lake, "tweets").createOrReplaceTempView("tweets_log")
-    read_batch(spark, settings.lake, "follows").createOrReplaceTempView("follows_log")
+    read_batch(spark, settings.lake, settings.topic("tweets")).createOrReplaceTempView("tweets_log")
+    read_batch(spark, settings.lake, settings.topic("follows")).createOrReplaceTempView("follows_log")
     started = time.monotonic()
     spark.sql(TIMELINE_SQL.format(cap=settings.pipeline().views["timeline"].cap)).write.format("noop").mode(
         "overwrite"

@@ -96,7 +96,7 @@ def _probe_runner(table: Path, client, latencies: list[float], seen: set[int]):
             client.hset(meta_key("probe", generation), "last_batch_id", batch_id)
 
         runtime.run_stream(
-            read_stream(spark, settings.lake_dir, "tweets"),
+            read_stream(spark, settings.lake, settings.topic("tweets")),
             process,
             checkpoint=runtime.checkpoint_dir(settings, "probe", generation),
             once=once,
@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         env.setdefault("SPARK_MASTER", "local[2]")
         settings = Settings.from_env(env)
         spark = get_spark(settings, "trigger-probe")
-        table = Path(topic_path(settings.lake_dir, "tweets"))  # a local lake
+        table = Path(topic_path(settings.lake, settings.topic("tweets")))  # a local lake
         client = connect(url)
-        ensure_topic(spark, settings.lake_dir, "tweets")
+        ensure_topic(spark, settings.lake, settings.topic("tweets"))
         latencies: list[float] = []
         seen: set[int] = set()
 

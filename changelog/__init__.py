@@ -3,7 +3,7 @@ ingest with dead letters, Kafka and PostgreSQL sources, readers by version and a
 
 from changelog.errors import ChangelogError, InvalidRecord, NotStored, TopicChanged, UnknownTopic
 from changelog.records import MAX_RECORD_BYTES, parse_line, parse_ts, validate
-from changelog.topics import declared, latest_version, read_batch, read_stream, topic_path
+from changelog.topics import latest_version, read_batch, read_stream, topic_path
 
 __all__ = [
     "ChangelogError",
@@ -12,7 +12,6 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "TopicChanged",
     "UnknownTopic",
-    "declared",
     "parse_line",
     "parse_ts",
     "validate",

@@ -29,9 +29,8 @@ local, HDFS or S3 lake alike.
 from __future__ import annotations
 
 import json
-import os
 
-from changelog.storage import Lake, StorageError, as_lake
+from changelog.storage import Lake, StorageError
 
 __all__ = ["write_checksums"]
 
@@ -115,13 +114,13 @@ def _write(lake: Lake, log: str, version: int, state: dict) -> None:
     lake.create(data, log, _crc(version), mode=0o644)  # only if absent: a racing writer's is the same
 
 
-def write_checksums(where: Lake | str | os.PathLike, version: int, *, key: str = "") -> int:
-    """Write the checksum of every version up to `version` (a committed version of the Delta table at `key` of the
-    lake `where`; `where` a table's own path or URI when `key` is empty) that lacks one, walking back to the newest
+def write_checksums(lake: Lake, version: int, *, key: str = "") -> int:
+    """Write the checksum of every version up to `version` (a committed version of the Delta table at `key` of
+    `lake`, at the lake's root when `key` is empty) that lacks one, walking back to the newest
     version that has one (or to version 0). Returns how many were written. Writes nothing where the chain cannot
     be exact (module docstring); never raises for that or for an unreadable or unwritable log: a missing checksum
     only makes readers slower."""
-    lake, log = as_lake(where), f"{key}/_delta_log" if key else "_delta_log"
+    log = f"{key}/_delta_log" if key else "_delta_log"
     written = 0
     try:
         start = version

@@ -19,13 +19,12 @@ so that the names of one source sort in the order they were written:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Iterator
 
 import orjson
 
-from changelog.storage import Lake, NotFound, as_lake
+from changelog.storage import Lake, NotFound
 from spec.model import Topic
 
 __all__ = [
@@ -39,23 +38,17 @@ __all__ = [
 _BATCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a batch's name: one key part, never hidden
 
 
-def _topic(topic: Topic | str) -> str:
-    return topic.name if isinstance(topic, Topic) else topic
-
-
-def deadletter_key(topic: Topic | str) -> str:
+def deadletter_key(topic: Topic) -> str:
     """`deadletter/<topic>`: the key under which the topic's dead letters are."""
-    return f"deadletter/{_topic(topic)}"
+    return f"deadletter/{topic.name}"
 
 
-def deadletter_path(lake: Lake | str | os.PathLike, topic: Topic | str) -> str:
+def deadletter_path(lake: Lake, topic: Topic) -> str:
     """Where the topic's dead letters are, as a user reaches them (`Lake.uri`: a local directory or a URI)."""
-    return as_lake(lake).uri(deadletter_key(topic))
+    return lake.uri(deadletter_key(topic))
 
 
-def write_dead_letters(
-    lake: Lake | str | os.PathLike, topic: Topic | str, batch: str, entries: Iterable[dict | bytes]
-) -> bool:
+def write_dead_letters(lake: Lake, topic: Topic, batch: str, entries: Iterable[dict | bytes]) -> bool:
     """Write the dead letters `entries` of the batch `batch` (module docstring) of `topic` as one object, unless it
     exists; True when this call wrote it, False when it existed (the batch was written before) or `entries` is
     empty. An entry is a dict, or one JSON line (bytes, its newline included). Raises `changelog.storage.
@@ -66,10 +59,10 @@ def write_dead_letters(
     data = b"".join(e if isinstance(e, bytes) else orjson.dumps(e) + b"\n" for e in entries)
     if not data:
         return False
-    return as_lake(lake).create(data, deadletter_key(topic), f"{batch}.jsonl")
+    return lake.create(data, deadletter_key(topic), f"{batch}.jsonl")
 
 
-def _objects(lake: Lake, topic: Topic | str) -> Iterator[bytes]:
+def _objects(lake: Lake, topic: Topic) -> Iterator[bytes]:
     """The bytes of each dead-letter object of `topic`, in key order."""
     key = deadletter_key(topic)
     names = [
@@ -84,17 +77,15 @@ def _objects(lake: Lake, topic: Topic | str) -> Iterator[bytes]:
             continue
 
 
-def read_dead_letters(lake: Lake | str | os.PathLike, topic: Topic | str) -> Iterator[dict]:
+def read_dead_letters(lake: Lake, topic: Topic) -> Iterator[dict]:
     """Every dead letter of `topic`, in key order (module docstring): each object, created whole, is one JSON
     object per line."""
-    for data in _objects(as_lake(lake), topic):
+    for data in _objects(lake, topic):
         for line in data.splitlines():
             if line.strip():
                 yield orjson.loads(line)
 
 
-def count_dead_letters(lake: Lake | str | os.PathLike, topic: Topic | str) -> int:
+def count_dead_letters(lake: Lake, topic: Topic) -> int:
     """How many dead letters `topic` has: the non-blank lines of its objects."""
-    return sum(
-        sum(1 for line in data.splitlines() if line.strip()) for data in _objects(as_lake(lake), topic)
-    )
+    return sum(sum(1 for line in data.splitlines() if line.strip()) for data in _objects(lake, topic))

@@ -66,8 +66,8 @@ from changelog import records
 from changelog.deadletters import deadletter_key, deadletter_path, write_dead_letters
 from changelog.errors import IngestFailed, InvalidRecord, NotStored, TopicChanged
 from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, line_parser
-from changelog.storage import Lake, NotFound, StorageError, as_lake
-from changelog.topics import RecordTable, append_table, declared, open_topic, table_version, topic_key
+from changelog.storage import Lake, NotFound, StorageError
+from changelog.topics import RecordTable, append_table, open_topic, table_version, topic_key
 from spec.model import Topic
 
 __all__ = [
@@ -417,7 +417,7 @@ class _File:
         if not dead:
             return 0
         try:
-            return len(dead) if write_dead_letters(self.ctx.lake, self.ctx.topic, batch, dead) else 0
+            return len(dead) if write_dead_letters(self.ctx.lake, self.ctx.declared, batch, dead) else 0
         except (StorageError, OSError) as e:
             what = f"lines {lines[0]:,}-{lines[1]:,}" if lines else "the file"
             raise self.failed(
@@ -454,7 +454,7 @@ class _File:
         if not done.get("dead_letters", 0):
             return
         batch = done["dead_letter_batch"]
-        if self.ctx.lake.exists(deadletter_key(self.ctx.topic), f"{batch}.jsonl"):
+        if self.ctx.lake.exists(deadletter_key(self.ctx.declared), f"{batch}.jsonl"):
             return
         (first, last), (start, _end) = done["lines"], done["bytes"]
         missing = []
@@ -495,8 +495,8 @@ class _Context:
 
 def ingest(
     spark,
-    lake_dir: Lake | str | os.PathLike,
-    topic: Topic | str,
+    lake: Lake,
+    topic: Topic,
     sources: list[str],
     *,
     progress: Callable[[str], None] | None = None,
@@ -504,23 +504,21 @@ def ingest(
     commit_bytes: int = COMMIT_BYTES,
     quiet: bool = False,
 ) -> IngestResult:
-    """Append the valid records of each source file (`-` = stdin) to `topic` (a `spec.model.Topic`, or a name of
-    the pipeline of the environment: `changelog.topics.declared`); return the counts of this run.
+    """Append the valid records of each source file (`-` = stdin) to `topic`'s log in `lake`; return the counts
+    of this run.
 
     Each file is committed in one commit, or in pieces of at most `commit_records` records / `commit_bytes` bytes
     (module docstring); a file an earlier run committed (in part) goes on after its last committed line. Raises
     `IngestFailed` when a commit or the dead letters cannot be written (its `result`: the files done before it).
-    `lake_dir`: the lake (`changelog.storage.Lake`, or its local path or URI). `quiet` (the command line's):
-    delta-rs's report of a Rust panic on such a failure is not shown on stderr, which is captured around each
-    commit (`_rust_report_hidden`).
+    `quiet` (the command line's): delta-rs's report of a Rust panic on such a failure is not shown on stderr,
+    which is captured around each commit (`_rust_report_hidden`).
 
     A declaration its log's records do not follow raises `TopicChanged` before anything is read
     (`changelog.topics.open_topic`).
 
     Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
     change."""
-    spec = declared(topic)
-    lake = as_lake(lake_dir)
+    spec = topic
     table = _open_log(lake, spec, sources, quiet)
     ctx = _Context(
         spec.name,

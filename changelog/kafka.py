@@ -51,7 +51,7 @@ import orjson
 
 from changelog.errors import InvalidRecord, KafkaUnavailable, NotProduced
 from changelog.records import MAX_RECORD_BYTES, line_parser
-from changelog.topics import declared
+from changelog.storage import Lake
 from spec.model import Topic
 
 __all__ = [
@@ -85,9 +85,9 @@ _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
 
-def kafka_topic(prefix: str, topic: Topic | str) -> str:
+def kafka_topic(prefix: str, topic: Topic) -> str:
     """The Kafka topic of a lake topic: `<KAFKA_TOPIC_PREFIX><topic>`."""
-    return f"{prefix}{topic.name if isinstance(topic, Topic) else topic}"
+    return f"{prefix}{topic.name}"
 
 
 def kafka_key(topic: Topic, line: bytes) -> bytes | None:
@@ -214,14 +214,14 @@ def end_offsets(bootstrap: str, names: Iterable[str], *, timeout: float = 5.0) -
     }
 
 
-def committed_offsets(checkpoint, *, key: str = "") -> dict[str, dict[int, int]]:
+def committed_offsets(checkpoint: Lake, *, key: str = "") -> dict[str, dict[int, int]]:
     """Where the last committed micro-batch of a streaming query with one Kafka source ends: per Kafka topic, per
     partition, the offset of the first message not yet processed. Empty if nothing was committed. The query's
-    checkpoint is at `key` of the lake `checkpoint` (a `changelog.storage.Lake`, or a local path or URI; `key`
-    empty: the checkpoint's own), read through the lake's store."""
-    from changelog.storage import NotFound, as_lake
+    checkpoint is at `key` of the lake `checkpoint` (`key` empty: a `Lake` opened at the checkpoint itself), read
+    through the lake's store."""
+    from changelog.storage import NotFound
 
-    lake = as_lake(checkpoint)
+    lake = checkpoint
     done = [int(e.name) for e in lake.list(key, "commits") if not e.is_dir and e.name.isdigit()]
     if not done:
         return {}
@@ -242,7 +242,9 @@ def committed_offsets(checkpoint, *, key: str = "") -> dict[str, dict[int, int]]
     return out
 
 
-def lag(bootstrap: str, names: Iterable[str], checkpoint, *, key: str = "", timeout: float = 2.0) -> int:
+def lag(
+    bootstrap: str, names: Iterable[str], checkpoint: Lake, *, key: str = "", timeout: float = 2.0
+) -> int:
     """Messages of the Kafka topics `names` that the query of the checkpoint (`committed_offsets`: `checkpoint`
     and `key`) has not processed yet, summed over partitions (a partition it never read counts from the first
     offset the broker still holds)."""
@@ -474,14 +476,12 @@ class _Sender:
 
 
 def publish(
-    bootstrap: str, prefix: str, topic: Topic | str, sources: list[str], *, timeout: float = 10.0
+    bootstrap: str, prefix: str, topic: Topic, sources: list[str], *, timeout: float = 10.0
 ) -> ProduceResult:
-    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (a `Topic`, or a name
-    of the pipeline of the environment; created if missing) and report exactly what the broker acknowledged
+    """Publish every non-blank line of `sources` (`-` = stdin) to the Kafka topic of `topic` (created if missing) and report exactly what the broker acknowledged
     (module docstring). Raises `NotProduced`, its `result` the report, when a line was not acknowledged;
     `KafkaUnavailable` when no broker answers at the start.
     """
-    topic = declared(topic)
     name = kafka_topic(prefix, topic)
     ensure_kafka_topics(bootstrap, [name], timeout=timeout)
     names = ["<stdin>" if s == "-" else str(s) for s in sources]
@@ -497,9 +497,7 @@ def publish(
     return result
 
 
-def produce(
-    bootstrap: str, prefix: str, topic: Topic | str, sources: list[str], *, timeout: float = 10.0
-) -> int:
+def produce(bootstrap: str, prefix: str, topic: Topic, sources: list[str], *, timeout: float = 10.0) -> int:
     """`publish`, returning how many messages the broker acknowledged (all of them, or NotProduced is raised)."""
     return publish(bootstrap, prefix, topic, sources, timeout=timeout).produced
 
@@ -568,19 +566,14 @@ def _append(lake, log, topic: Topic, lines: list[dict], app_id: str, version: in
     )
 
 
-def copy_batch(lake_dir, names: dict[str, Topic | str], rows, *, app_id: str, version: int) -> dict:
+def copy_batch(lake: Lake, names: dict[str, Topic], rows, *, app_id: str, version: int) -> dict:
     """Copy one micro-batch: `rows` are (Kafka topic, partition, offset, value) of the Kafka topics `names`
-    (Kafka topic -> lake topic, a `Topic` or a name of the pipeline of the environment) into the lake `lake_dir` (a
-    `changelog.storage.Lake`, or its local path or URI). Returns per lake topic (by name) {"accepted": n,
+    (Kafka topic -> lake topic) into `lake`. Returns per lake topic (by name) {"accepted": n,
     "rejected": m} of the batch's messages. Needs no Spark: the logs are appended to with delta-rs, the Delta
     protocol Spark reads."""
     from changelog.deadletters import write_dead_letters
-    from changelog.storage import as_lake
     from changelog.topics import open_topic
 
-    lake = as_lake(lake_dir)
-
-    names = {name: declared(t) for name, t in names.items()}
     by_name = {t.name: t for t in names.values()}
     good, dead = _validate(rows, names)
     # every topic the batch writes to, opened first: a declaration its log's records do not follow is refused
@@ -591,7 +584,7 @@ def copy_batch(lake_dir, names: dict[str, Topic | str], rows, *, app_id: str, ve
             _append(lake, opened[topic], by_name[topic], records, f"{app_id}.{topic}", version)
     batch = f"kafka-{re.sub(r'[^A-Za-z0-9._-]', '_', app_id)}-{version:012d}"
     for topic, entries in dead.items():
-        write_dead_letters(lake, topic, batch, entries)
+        write_dead_letters(lake, by_name[topic], batch, entries)
     return {t: {"accepted": len(good[t]), "rejected": len(dead[t])} for t in good}
 
 

@@ -56,7 +56,6 @@ column may be missing (null, and the commit time). A column's type must fit its 
 
 from __future__ import annotations
 
-import os
 import re
 import select
 import struct
@@ -76,7 +75,7 @@ from changelog.errors import (
     redact,
 )
 from changelog.records import dead_letter_raw, validate
-from changelog.storage import Lake, NotFound, StorageError, as_lake
+from changelog.storage import Lake, NotFound, StorageError
 from spec.model import Topic
 
 __all__ = ["PgSource", "capture", "probe", "wal_lag", "drop_slot", "shown_dsn", "lsn_text", "captured_topics"]
@@ -600,7 +599,7 @@ class _Log:
                 by_topic.setdefault(name, []).append({**d, "lsn": lsn_text(t.commit_lsn), "at": at})
             batch = f"cdc-{self.source.slot}-{t.commit_lsn:016X}-{'snapshot' if snapshot else 'txn'}"
             for name, entries in by_topic.items():
-                if write_dead_letters(self.lake, name, batch, entries):
+                if write_dead_letters(self.lake, self.topics[name], batch, entries):
                     self.per_topic[name]["rejected"] += len(entries)
                     written += len(entries)
         return written
@@ -647,11 +646,11 @@ def _key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
-def _state(lake: Lake, state) -> tuple[Lake, str]:
+def _state(lake: Lake, state: str | Lake) -> tuple[Lake, str]:
     """The store and key of the capture's state (`capture`'s `state`)."""
-    if isinstance(state, str) and "://" not in state and not os.path.isabs(state):
-        return lake, state.strip("/")
-    return as_lake(state), ""
+    if isinstance(state, Lake):
+        return state, ""
+    return lake, state.strip("/")
 
 
 # --- slot, snapshot, stream --------------------------------------------------------------------------------------
@@ -743,8 +742,8 @@ def _read_snapshot(conn, snapshot: str, source: PgSource, dec: _Decoder, txn: _T
 
 def capture(
     source: PgSource,
-    lake_dir,
-    state,
+    lake: Lake,
+    state: str | Lake,
     *,
     once: bool,
     stop: Callable[[], bool] = lambda: False,
@@ -752,14 +751,12 @@ def capture(
 ) -> dict:
     """Capture the tables of `source` into their topics' logs (see the module's docstring); return the counts of
     this run (`snapshot_rows`, `appended`, `rejected`, `commits`, `seconds`, and per topic in `topics` its
-    `appended` and `rejected`). `lake_dir`: the lake (a `changelog.storage.Lake`, or its local path or URI).
-    `state` keeps the slot's marker (and a snapshot's staged records): a key of the lake (a `str` such as
-    `jobs/cdc`), or a directory of its own (a `Path`, an absolute path or a URI). Raises
-    `PostgresUnavailable` / `CdcFailed` / `TopicChanged` (one line, what to do)."""
+    `appended` and `rejected`). `state` keeps the slot's marker (and a snapshot's staged records): a key of `lake`
+    (such as `jobs/cdc`), or a store of its own (a `Lake`). Raises `PostgresUnavailable` / `CdcFailed` /
+    `TopicChanged` (one line, what to do)."""
     import psycopg2
 
     try:
-        lake = as_lake(lake_dir)
         return _capture(source, lake, *_state(lake, state), once=once, stop=stop, progress=progress)
     except psycopg2.Error as e:
         raise _pg_error(source, e) from None

@@ -529,7 +529,8 @@ def _opened(text: str) -> Lake:
 
 def as_lake(lake: Lake | str | os.PathLike) -> Lake:
     """`lake` itself, or the `Lake` at a path or URI (one per process and text among the 64 used last, credentials
-    from the environment): for functions that take a lake from callers that still hold a local `Path`."""
+    from the environment): for the edges that hold a local `Path` or a URI (dev launchers, tests); every function
+    of the service takes a `Lake` (a job or command has the settings' `lake`)."""
     if isinstance(lake, Lake):
         return lake
     if lake is None:  # a caller's `settings.lake_dir` on a lake that is not local: never `./None`

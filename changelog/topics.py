@@ -7,8 +7,8 @@ checkpoint (`read_stream`) or as a batch, optionally as of a version (`read_batc
 Delta log itself, so `mview status` can measure lag without starting Spark.
 `ensure_delta_table` creates the lake's other Delta tables (a join's state tables, a view's output log).
 
-A topic is given as its `spec.model.Topic`, or by name: a name is the topic of that name in the pipeline of
-`MVIEW_PIPELINE` in the process environment (the built-in pipeline when unset; `declared`).
+A topic is given as its `spec.model.Topic`: a caller that holds a name resolves it through the pipeline it runs
+(`Settings.pipeline().topics[name]`).
 
 A topic's table is created and appended to without Spark (delta-rs, the `deltalake` package), with the plain
 protocol Spark writes too (reader 1, writer 2, no table properties), so Spark jobs, their streaming checkpoints
@@ -29,10 +29,11 @@ compares the log's columns with the declaration's (`log_change`):
   holds none takes the new columns (an overwrite of its schema).
 `check_topic` makes the same comparison without writing (for `mview produce` and `mview check`).
 
-A topic is addressed through the lake (`changelog.storage.Lake`; a function given a local path or a URI opens it
-with `as_lake`): `topic_path` is the URI Spark reads and writes (a local path, `hdfs://...`, `s3a://...`), delta-rs
-gets `Lake.delta_uri` with `Lake.delta_options`, and the Delta log's own files (its versions, its first commit, the
-checksums) are listed and read as objects of the lake, never through the local file system.
+A topic is addressed through the lake, a `changelog.storage.Lake` (the settings' `lake`; a caller holding a local
+path or a URI opens it once with `as_lake`): `topic_path` is the URI Spark reads and writes (a local path,
+`hdfs://...`, `s3a://...`), delta-rs gets `Lake.delta_uri` with `Lake.delta_options`, and the Delta log's own
+files (its versions, its first commit, the checksums) are listed and read as objects of the lake, never through the
+local file system.
 
 Every commit made here is followed by its version checksum (`changelog.checksums`), as Spark's commits are.
 
@@ -59,22 +60,19 @@ holds it exclusive. What that lock is, and what makes concurrent commits safe, d
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from arro3.core import Array, ChunkedArray, DataType, RecordBatch, Table
 
 from changelog.checksums import write_checksums
 from changelog.errors import TopicChanged, UnknownTopic
 from changelog.lakeformat import record_format
-from changelog.storage import Lake, NotFound, as_lake
+from changelog.storage import Lake, NotFound
 from spec.model import Topic
 
 __all__ = [
-    "declared",
     "topic_key",
     "topic_path",
     "topic_columns",
@@ -111,50 +109,34 @@ _DELTA = {"long": "bigint", "integer": "bigint", "double": "double", "boolean": 
 _OPTIONAL_KEY = "mview.optional"
 _OPTIONAL = {_OPTIONAL_KEY: "true"}
 
-# A lake (or a local path or URI of one: `as_lake`); for the functions on one Delta table, with `key`, the table's
-# key in it (empty: the table is at the lake's root, e.g. a table's own path).
-Where = Lake | str | os.PathLike
+# The functions on one Delta table take the lake and the table's `key` in it (empty: the table is at the lake's
+# root, a `Lake` opened at the table's own path).
 
 
-def declared(topic: Topic | str) -> Topic:
-    """`topic` itself, or the topic of that name in the pipeline of `MVIEW_PIPELINE` (the process environment;
-    the built-in pipeline when unset). `UnknownTopic` names that pipeline's topics; `spec.PipelineError` when the
-    pipeline is not valid."""
-    if isinstance(topic, Topic):
-        return topic
-    from spec.builtin import default_pipeline
-
-    pipeline = default_pipeline()
-    try:
-        return pipeline.topics[topic]
-    except KeyError:
-        raise UnknownTopic(topic, tuple(pipeline.topics), Path(pipeline.file).name) from None
-
-
-def _name(topic: Topic | str) -> str:
-    name = topic.name if isinstance(topic, Topic) else topic
+def _name(topic: Topic) -> str:
+    name = topic.name
     if not isinstance(name, str) or not _NAME.match(name):
         raise UnknownTopic(str(name), ())
     return name
 
 
-def topic_key(topic: Topic | str) -> str:
+def topic_key(topic: Topic) -> str:
     """`topics/<name>`: the key of the topic's log in the lake."""
     return f"topics/{_name(topic)}"
 
 
-def topic_path(lake: Where, topic: Topic | str) -> str:
+def topic_path(lake: Lake, topic: Topic) -> str:
     """The URI of the topic's log for Spark (`Lake.uri`: a local path, `hdfs://...`, `s3a://...`), whether or not it
     exists."""
-    return as_lake(lake).uri(topic_key(topic))
+    return lake.uri(topic_key(topic))
 
 
-def topic_columns(topic: Topic | str) -> list[tuple[str, str]]:
+def topic_columns(topic: Topic) -> list[tuple[str, str]]:
     """(name, SQL type) of the topic's table as declared: `op` first (if the topic has one), then its fields."""
-    return declared(topic).columns()
+    return topic.columns()
 
 
-def topic_schema(topic: Topic | str):
+def topic_schema(topic: Topic):
     """The topic's columns as a Spark schema (every column nullable)."""
     from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
@@ -162,13 +144,12 @@ def topic_schema(topic: Topic | str):
     return StructType([StructField(n, spark[t], True) for n, t in topic_columns(topic)])
 
 
-def topic_arrow_schema(topic: Topic | str):
+def topic_arrow_schema(topic: Topic):
     """The topic's columns as an Arrow schema (arro3): bigint -> int64, double -> float64, boolean -> bool,
     string -> utf8, all nullable; an optional field's column carries the field metadata `OPTIONAL` (the log keeps
     it: a declaration may leave that column out)."""
     from arro3.core import Field, Schema
 
-    topic = declared(topic)
     return Schema(
         [
             Field(n, _ARROW[t], True, metadata=_OPTIONAL if n in topic.optional else None)
@@ -299,7 +280,7 @@ def _where(topic: Topic) -> str | None:
     return pipeline.where("topics", topic.name, "fields")
 
 
-def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
+def open_topic(lake: Lake, topic: Topic, *, where: str | None = None):
     """The topic's log, ready for records of its declaration: (its URI for Spark, the log loaded as a
     `deltalake.DeltaTable`).
 
@@ -309,7 +290,6 @@ def open_topic(lake: Where, topic: Topic | str, *, where: str | None = None):
     message, default: looked up in the pipeline of the environment). Needs no Spark. Concurrent callers, in this
     process or others, create or change it once: the rest wait for the first (or lose the race to commit) and go
     on."""
-    lake, topic = as_lake(lake), declared(topic)
     key = topic_key(topic)
     if not _exists(lake, key):
         _create(lake, key, topic)
@@ -360,16 +340,15 @@ def _change(lake: Lake, key: str, table, topic: Topic, change: tuple[str, list])
         )
 
 
-def ensure_topic(spark, lake: Where, topic: Topic | str) -> str:
+def ensure_topic(spark, lake: Lake, topic: Topic) -> str:
     """`open_topic`'s URI: the topic's log created if it does not exist, its schema brought to the declaration.
     `spark` is not used (None is fine); it stays first so callers holding a session need not change."""
     return open_topic(lake, topic)[0]
 
 
-def check_topic(lake: Where, topic: Topic | str, *, where: str | None = None) -> tuple[str, list] | None:
+def check_topic(lake: Lake, topic: Topic, *, where: str | None = None) -> tuple[str, list] | None:
     """What `open_topic` would do to the topic's log, without writing: None (nothing, or no log yet), ("grow",
     columns) or ("replace", changes) for a log without records; raises `TopicChanged` as `open_topic` would."""
-    lake, topic = as_lake(lake), declared(topic)
     key = topic_key(topic)
     if not _exists(lake, key):
         return None
@@ -383,11 +362,10 @@ def check_topic(lake: Where, topic: Topic | str, *, where: str | None = None) ->
 
 
 @contextmanager
-def topic_lock(where: Where, *, exclusive: bool, key: str = "") -> Iterator[None]:
-    """Hold the writers' lock of the Delta table at `key` of the lake `where` (a table's own path or URI when `key`
-    is empty), shared or exclusive: on a local lake a `flock` of the file `.<name>.lock` beside the table; on HDFS
-    and S3 nothing (module docstring: what makes concurrent commits safe there)."""
-    lake = as_lake(where)
+def topic_lock(lake: Lake, *, exclusive: bool, key: str = "") -> Iterator[None]:
+    """Hold the writers' lock of the Delta table at `key` of `lake` (the lake's root when `key` is empty), shared
+    or exclusive: on a local lake a `flock` of the file `.<name>.lock` beside the table; on HDFS and S3 nothing
+    (module docstring: what makes concurrent commits safe there)."""
     path = lake.local_path(key)
     if path is None:
         yield
@@ -401,7 +379,7 @@ def topic_lock(where: Where, *, exclusive: bool, key: str = "") -> Iterator[None
 
 
 def append_table(
-    where: Where,
+    lake: Lake,
     table,
     *,
     note: str,
@@ -410,8 +388,8 @@ def append_table(
     delta_table=None,
     key: str = "",
 ) -> None:
-    """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `key` of the lake `where` (a
-    log's own path or URI when `key` is empty) in one delta-rs commit with `userMetadata` `note` and the string
+    """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `key` of `lake` (the lake's
+    root when `key` is empty) in one delta-rs commit with `userMetadata` `note` and the string
     fields of `metadata` in its `commitInfo`, recording each Delta transaction `(app_id, version)` of
     `transactions` (the idempotent writes of the kafka and cdc jobs, the positions of `mview ingest`), under the
     shared writers' lock; then the commit's version checksum (`changelog.checksums`), which spares every streaming
@@ -420,7 +398,6 @@ def append_table(
     one either way). An empty `table` makes a commit too, holding only its transactions and metadata."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
-    lake = as_lake(where)
     props = CommitProperties(
         custom_metadata={**(metadata or {}), "userMetadata": note},
         app_transactions=[Transaction(app, version) for app, version in transactions] or None,
@@ -467,8 +444,7 @@ class RecordTable:
     as a double, or refuse, a field that is not a column) sets `unfit`; later records are then not kept. Callers
     must refuse to commit an unfit table (`NotStored`)."""
 
-    def __init__(self, topic: Topic | str):
-        topic = declared(topic)
+    def __init__(self, topic: Topic):
         self.schema = topic_arrow_schema(topic)
         exact = {
             "bigint": int,
@@ -513,7 +489,7 @@ class RecordTable:
         return Table.from_batches(self._batches, schema=self.schema)
 
 
-def read_stream(spark, lake: Where, topic: Topic | str, *, max_files_per_trigger: int | None = None):
+def read_stream(spark, lake: Lake, topic: Topic, *, max_files_per_trigger: int | None = None):
     """The topic as a streaming DataFrame, from the start of the log (the checkpoint decides where to resume). The
     log is made ready for the declaration first (`ensure_topic`: a changed declaration is refused here)."""
     path = ensure_topic(spark, lake, topic)
@@ -523,7 +499,7 @@ def read_stream(spark, lake: Where, topic: Topic | str, *, max_files_per_trigger
     return reader.load(path)
 
 
-def read_batch(spark, lake: Where, topic: Topic | str, *, version: int | None = None):
+def read_batch(spark, lake: Lake, topic: Topic, *, version: int | None = None):
     """The topic as a batch DataFrame: every record, or every record committed up to `version`."""
     path = ensure_topic(spark, lake, topic)
     reader = spark.read.format("delta")
@@ -535,23 +511,23 @@ def read_batch(spark, lake: Where, topic: Topic | str, *, version: int | None = 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 
 
-def table_version(where: Where, key: str = "") -> int:
-    """Latest committed version of the Delta table at `key` of the lake `where` (a table's own path or URI when
-    `key` is empty), -1 if none: the newest commit its `_delta_log` lists, without Spark."""
-    entries = as_lake(where).list(_log(key))
+def table_version(lake: Lake, key: str = "") -> int:
+    """Latest committed version of the Delta table at `key` of `lake` (the lake's root when `key` is empty), -1
+    if none: the newest commit its `_delta_log` lists, without Spark."""
+    entries = lake.list(_log(key))
     return max((int(m.group(1)) for e in entries if (m := _COMMIT.match(e.name))), default=-1)
 
 
-def latest_version(lake: Where, topic: Topic | str) -> int:
+def latest_version(lake: Lake, topic: Topic) -> int:
     """Latest committed version of the topic's log (-1 if the topic does not exist yet). No Spark needed."""
     return table_version(lake, topic_key(topic))
 
 
-def table_id(lake: Where, topic: Topic | str) -> str | None:
+def table_id(lake: Lake, topic: Topic) -> str | None:
     """The id of the topic's Delta table (its `metaData.id`, fixed at creation; a Delta streaming source's offsets
     name it `reservoirId`), read from the log's first commit without Spark; None when that commit is not there."""
     try:
-        first = as_lake(lake).read_bytes(_log(topic_key(topic)), f"{0:020d}.json")
+        first = lake.read_bytes(_log(topic_key(topic)), f"{0:020d}.json")
         for line in first.splitlines():
             if b'"metaData"' in line:
                 return json.loads(line)["metaData"]["id"]
@@ -561,14 +537,13 @@ def table_id(lake: Where, topic: Topic | str) -> str | None:
 
 
 def ensure_delta_table(
-    spark, where: Where, schema: str, *, deletion_vectors: bool = False, key: str = ""
+    spark, lake: Lake, schema: str, *, deletion_vectors: bool = False, key: str = ""
 ) -> str:
-    """Create an empty Delta table with `schema` at `key` of the lake `where` (a table's own path or URI when `key`
-    is empty) if none exists; return its URI for Spark.
+    """Create an empty Delta table with `schema` at `key` of `lake` (the lake's root when `key` is empty) if none
+    exists; return its URI for Spark.
 
     deletion_vectors: a MERGE then marks replaced rows instead of rewriting whole files (state tables).
     """
-    lake = as_lake(where)
     uri = lake.uri(key)
     if not _exists(lake, key):
         # A `_delta_log` without a commit (its creator died in between) is no table, but Delta would take it for one.

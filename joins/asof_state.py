@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from changelog.topics import ensure_delta_table
 from joins.asof import AsofSides, version_rows
 from joins.state import read_json, write_json
@@ -71,15 +70,15 @@ class AsofProgress:
 
 
 class AsofState:
-    """The asof join's `JoinState` under key `key` of lake `root` (or in the local directory or URI `root` itself)
-    for the job laid out by `sides` (see the module docstring). `app_id` names the job and generation in the Delta
+    """The asof join's `JoinState` under key `key` of `lake` (the lake's root when `key` is empty) for the job
+    laid out by `sides` (see the module docstring). `app_id` names the job and generation in the Delta
     idempotent-write options; `emitted`: keep the `emitted` table (the job has no log view that records every
     emitted event)."""
 
     def __init__(
         self,
         spark,
-        root: Lake | PathLike | str,
+        lake: Lake,
         app_id: str,
         sides: AsofSides,
         *,
@@ -87,7 +86,7 @@ class AsofState:
         emitted: bool = False,
     ):
         self.spark, self.app_id, self.sides = spark, app_id, sides
-        self.lake, self.key = as_lake(root), key.strip("/")
+        self.lake, self.key = lake, key.strip("/")
         self._mark = f"{self.key}/{_MARK}" if self.key else _MARK
 
         def table(name: str, schema: str) -> str:

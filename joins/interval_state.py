@@ -41,7 +41,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from os import PathLike
 from typing import NamedTuple
 
 from pyspark.errors import AnalysisException
@@ -49,7 +48,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from joins.interval import MATCHES, MIN_WATERMARK, IntervalJoinResult, JoinSide, batch_constant, interval_join
 from joins.sides import TwoTopics, identity_sql, own_columns, sql_type
 from joins.state import empty_frame, read_json, write_json
@@ -229,22 +228,22 @@ def _lock_of(uri: str) -> threading.Lock:
 
 
 class IntervalStore:
-    """The interval join's state of one job generation, versioned by fence under key `key` of lake `root` (see the
+    """The interval join's state of one job generation, versioned by fence under key `key` of `lake` (see the
     module docstring), for the job laid out by `sides` and a watermark `lateness_ms` behind the newest event.
-    `root` may also be a local path or a URI, the store's own directory (`changelog.storage.as_lake`). Implements
+    Implements
     `joins.state.JoinState[IntervalSnapshot]`: `stage` takes the step's `IntervalJoinResult`, `advance` the step's
     `IntervalProgress`."""
 
     def __init__(
         self,
         spark,
-        root: Lake | PathLike | str,
+        lake: Lake,
         *,
         sides: IntervalSides,
         lateness_ms: int,
         key: str = "",
     ):
-        self.spark, self.lake, self.key, self.sides = spark, as_lake(root), key.strip("/"), sides
+        self.spark, self.lake, self.key, self.sides = spark, lake, key.strip("/"), sides
         self.upper_ms, self.lateness_ms = sides.upper_ms, lateness_ms
         self._lock = _lock_of(self.lake.uri(self.key))
 

@@ -21,13 +21,12 @@ same changes, and a replay after it finds nothing new (the views already hold N)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from changelog.topics import ensure_delta_table
 from joins.errors import BadJoinArgument
 from joins.sides import dedupe_records, identity_sql, key_text_sql
@@ -62,11 +61,11 @@ class EventSelect:
 
 
 class SelectedIds:
-    """The ids an event select has selected, with their times: Delta table `key` of the lake `root`, appended once per
+    """The ids an event select has selected, with their times: Delta table `key` of `lake`, appended once per
     batch id (`txnAppId` `app_id`, `txnVersion` the batch id)."""
 
-    def __init__(self, spark, root: Lake | PathLike | str, app_id: str, *, key: str):
-        self.spark, self.app_id, self.lake = spark, app_id, as_lake(root)
+    def __init__(self, spark, lake: Lake, app_id: str, *, key: str):
+        self.spark, self.app_id, self.lake = spark, app_id, lake
         self.path = ensure_delta_table(spark, self.lake, "_id string, _t bigint", key=key)
 
     def among(self, candidates: DataFrame) -> DataFrame:

@@ -20,16 +20,13 @@ Identities and keys are SQL text over a topic's columns:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
-from changelog.errors import UnknownTopic
-from changelog.lakeformat import record_format
-from changelog.storage import Lake, as_lake
-from changelog.topics import ensure_delta_table, read_stream, topic_key
+from changelog.storage import Lake
+from changelog.topics import read_stream
 from spec.model import Topic
 
 __all__ = [
@@ -81,24 +78,11 @@ def sql_type(df: DataFrame, column: str) -> str:
     return df.schema[column].dataType.simpleString()
 
 
-def topic_stream(
-    spark, lake: Lake | PathLike | str, topic: Topic, *, max_files_per_trigger: int | None = None
-) -> DataFrame:
-    """`topic`'s log in `lake` (a `Lake`, or a lake's local path or URI) as a streaming DataFrame from its start
-    (the checkpoint decides where to resume). A topic the changelog does not know by name (a pipeline's own) is
-    read at `topics/<name>`, made empty first if it does not exist, with the columns `topic.columns()` (the lake's
-    format recorded first, as for every topic log: `changelog.lakeformat`)."""
-    try:
-        return read_stream(spark, lake, topic.name, max_files_per_trigger=max_files_per_trigger)
-    except UnknownTopic:
-        pass
-    lake = as_lake(lake)
-    record_format(lake)
-    path = ensure_delta_table(spark, lake, topic.schema(), key=topic_key(topic.name))
-    reader = spark.readStream.format("delta")
-    if max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-    return reader.load(path)
+def topic_stream(spark, lake: Lake, topic: Topic, *, max_files_per_trigger: int | None = None) -> DataFrame:
+    """`topic`'s log in `lake` as a streaming DataFrame from its start (the checkpoint decides where to resume):
+    `changelog.topics.read_stream`, which creates the log if it does not exist and refuses a declaration its
+    records do not follow."""
+    return read_stream(spark, lake, topic, max_files_per_trigger=max_files_per_trigger)
 
 
 @dataclass(frozen=True)
@@ -140,9 +124,7 @@ class TwoTopics:
                 exprs.append(f"{value} AS {quoted(f'_{j}_{c}')}")
         return df.selectExpr(*exprs)
 
-    def stream(
-        self, spark, lake: Lake | PathLike | str, *, max_files_per_trigger: int | None = None
-    ) -> DataFrame:
+    def stream(self, spark, lake: Lake, *, max_files_per_trigger: int | None = None) -> DataFrame:
         """Both topics' logs in `lake` as one streaming DataFrame in the union's schema."""
         a, b = (
             self.project(topic_stream(spark, lake, t, max_files_per_trigger=max_files_per_trigger), i)

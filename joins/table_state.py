@@ -18,14 +18,13 @@ list with a fan-out limit, is not stored: it is computed again from the restored
 from __future__ import annotations
 
 import functools
-from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from changelog.current import quoted
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from joins.state import complete_dirs, empty_frame
 from joins.table import JoinChanges, TableJoin, TableState, state_schema
 
@@ -35,16 +34,14 @@ _DIR_ID = r"/[bs]([0-9]+)/[^/]*$"  # the id in a file's path .../b<id>/part-... 
 
 
 class TableStore:
-    """The join state of one job generation: in memory after batch `self.batch`, durable under key `key` of lake
-    `root` (or in the local directory or URI `root` itself; see the module docstring). Implements
+    """The join state of one job generation: in memory after batch `self.batch`, durable under key `key` of
+    `lake` (the lake's root when `key` is empty; see the module docstring). Implements
     `joins.state.JoinState[TableState]` with `JoinChanges` as changes. `join` is anything with the tables' `topics`
     and `key_columns(i)`: a `TableJoin`'s two, or a select's one (`joins.select.TableSelect`)."""
 
-    def __init__(
-        self, spark, root: Lake | PathLike | str, join: TableJoin, *, key: str = "", snapshot_every: int = 100
-    ):
+    def __init__(self, spark, lake: Lake, join: TableJoin, *, key: str = "", snapshot_every: int = 100):
         self.spark, self.join, self.snapshot_every = spark, join, snapshot_every
-        self.lake, self.key = as_lake(root), key.strip("/")
+        self.lake, self.key = lake, key.strip("/")
         self._complete: set[str] = set()  # directories known to be complete (`joins.state.complete_dirs`)
         self.state: TableState | None = None
         self.batch: int | None = None  # the state in memory is the state after this batch

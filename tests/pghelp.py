@@ -9,9 +9,11 @@ import shutil
 import psycopg2
 import pytest
 
+from changelog.storage import as_lake
 from jobs.dev.postgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
 from tests.devhelp import servers_allowed
+from tests.lakehelp import as_topic
 
 __all__ = ["pg_server", "pg", "PgTable", "password_role", "log_commits", "fold"]
 
@@ -112,7 +114,7 @@ def log_commits(lake_dir, topic: str = "profiles") -> list[list[dict]]:
 
     from changelog.topics import topic_path
 
-    path = str(topic_path(lake_dir, topic))
+    path = str(topic_path(as_lake(lake_dir), as_topic(topic)))
 
     def rows(version: int) -> list[tuple]:
         t = (

@@ -16,6 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from changelog.storage import as_lake
+
 __all__ = [
     "SHOP",
     "LATENESS_MS",
@@ -278,7 +280,7 @@ def write_chunk(spark, lake_dir: Path, topic, records: list[dict]) -> None:
     one Delta commit of one file: absent optional fields null, columns `topic.columns()`."""
     from changelog.topics import ensure_delta_table
 
-    path = ensure_delta_table(spark, Path(lake_dir) / "topics" / topic.name, topic.schema())
+    path = ensure_delta_table(spark, as_lake(Path(lake_dir) / "topics" / topic.name), topic.schema())
     rows = [tuple(r.get(n) for n, _ in topic.columns()) for r in records]
     spark.createDataFrame(rows, topic.schema()).coalesce(1).write.format("delta").mode("append").save(path)
 

@@ -83,7 +83,7 @@ def _ingest(settings, events: list[dict], path: Path) -> None:
     from changelog.ingest import ingest
 
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
-    ingest(None, settings.lake_dir, "activity", [str(path)])
+    ingest(None, settings.lake, settings.topic("activity"), [str(path)])
 
 
 def _events(tag: str, when: str, ts: int) -> list[dict]:
@@ -97,16 +97,18 @@ def _enriched(settings, tag: str) -> tuple[int | None, dict[str, dict]]:
     from deltalake import DeltaTable, QueryBuilder
 
     from changelog.topics import table_version
-    from views.log import log_path
+    from views.log import log_key
     from views.redis_io import connect, current_generation
 
     gen = current_generation(connect(settings.redis_url), "enrichment")
-    path = log_path(settings.lake_dir, "enriched_activity", gen) if gen else None
-    if path is None or table_version(path) < 0:  # Spark makes _delta_log before it writes version 0
+    key = log_key("enriched_activity", gen) if gen else None
+    if (
+        key is None or table_version(settings.lake, key) < 0
+    ):  # Spark makes _delta_log before it writes version 0
         return gen, {}
     t = (
         QueryBuilder()
-        .register("t", DeltaTable(str(path)))
+        .register("t", DeltaTable(settings.lake.uri(key)))
         .execute(f"SELECT * FROM t WHERE event_id LIKE 'cdcdemo-{tag}-%'")
         .read_all()
     )
@@ -169,7 +171,7 @@ def run_demo(settings) -> bool:
             params={"u": user},
         )
     _say(f"profiles in PostgreSQL ({_table(settings)}): {', '.join(_USERS)} in DE")
-    ensure_topic(None, settings.lake_dir, "activity")
+    ensure_topic(None, settings.lake, settings.topic("activity"))
     started = [j for j in _JOBS if pid_of(settings, j) is None]
     for job in started:
         if deploy(settings, job):

@@ -19,7 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from changelog.records import validate
+from changelog.storage import Lake
 from spec.builtin import builtin_pipeline
+from spec.model import Pipeline, Topic
 from timeline_demo.workload import T0, to_iso
 
 __all__ = [
@@ -176,10 +178,17 @@ def expected_clicks(searches: list[dict], clicks: list[dict], lateness_ms: int):
 
 
 def write_clicks_topics(
-    spark, lake_dir, *, events: int, chunks: int = 4, seed: int = 42, disorder_ms: int = 9 * 60_000
+    spark,
+    lake: Lake,
+    pipeline: Pipeline,
+    *,
+    events: int,
+    chunks: int = 4,
+    seed: int = 42,
+    disorder_ms: int = 9 * 60_000,
 ) -> dict:
-    """Append about `events` records (searches, clicks, 3% duplicate deliveries) to the topic logs under
-    `lake_dir`, in `chunks` Delta commits per topic cut by arrival time (event time + a delay of at most
+    """Append about `events` records (searches, clicks, 3% duplicate deliveries) to the logs of `pipeline`'s
+    topics `searches` and `clicks` in `lake`, in `chunks` Delta commits per topic cut by arrival time (event time + a delay of at most
     `disorder_ms`), so commit i of `searches` and of `clicks` together are the i-th piece of the arrival order.
     Same shape as `generate_clicks` (about 6.6 events per session; sessions spread over `sessions / 2000` hours).
     Returns `{"events", "searches", "clicks", "span_ms"}`.
@@ -194,7 +203,7 @@ def write_clicks_topics(
         ("clicks", clicks, "click_id"),
     ):
         rows = _with_arrival_chunk(df, h, id_col, chunks=chunks, span=span, disorder_ms=disorder_ms)
-        counts[topic] = _append_in_chunks(spark, lake_dir, topic, rows, chunks=chunks)
+        counts[topic] = _append_in_chunks(spark, lake, pipeline.topics[topic], rows, chunks=chunks)
     return {
         "events": counts["searches"] + counts["clicks"],
         "searches": counts["searches"],
@@ -281,20 +290,20 @@ def _with_arrival_chunk(df, h, id_col: str, *, chunks: int, span: int, disorder_
     ).drop("copy")
 
 
-def _append_in_chunks(spark, lake_dir, topic: str, rows, *, chunks: int) -> int:
+def _append_in_chunks(spark, lake: Lake, topic: Topic, rows, *, chunks: int) -> int:
     """Append `rows` (without their `chunk`) to the log of `topic`, one Delta commit per chunk in order; how many
     rows."""
     from pyspark.sql import functions as F
 
     from changelog.topics import ensure_topic, topic_path
 
-    path = ensure_topic(spark, lake_dir, topic)
+    path = ensure_topic(spark, lake, topic)
     cols = [f.name for f in spark.read.format("delta").load(path).schema.fields]
     staged = rows.select(*cols, "chunk").repartition(chunks, "chunk").persist()
     count = staged.count()
     for i in range(chunks):
         staged.where(F.col("chunk") == i).drop("chunk").coalesce(1).write.format("delta").mode("append").save(
-            str(topic_path(lake_dir, topic))
+            str(topic_path(lake, topic))
         )
     staged.unpersist()
     return count

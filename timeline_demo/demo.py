@@ -146,7 +146,7 @@ def run_demo(spark, settings, *, size: str, seed: int, chunks: int, show: int, e
         f"lake {settings.lake_dir}, redis {redact_url(settings.redis_url)}, TIMELINE_CAP {settings.pipeline().views['timeline'].cap}"
     )
     for topic in ("tweets", "follows"):  # before the job starts, so the job and ingest never race to create
-        ensure_topic(spark, settings.lake_dir, topic)
+        ensure_topic(spark, settings.lake, settings.topic(topic))
     if not _ingest_beside_the_job(spark, settings, files, every):
         return 2
     _say(f"ingested and processed in {time.monotonic() - started:.0f}s")
@@ -175,7 +175,7 @@ def _ingest_beside_the_job(spark, settings, files: list, every: float) -> bool:
     try:
         for tw, fo in files:
             for topic, path in (("tweets", tw), ("follows", fo)):
-                r = ingest(spark, settings.lake_dir, topic, [path])
+                r = ingest(spark, settings.lake, settings.topic(topic), [path])
                 progress.ingested += r.accepted
             if errors:
                 break

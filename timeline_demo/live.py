@@ -37,10 +37,13 @@ def run_live(
     def feed(topic: str, records: list) -> None:
         if kafka:
             produce(
-                settings.kafka_bootstrap, settings.kafka_topic_prefix, topic, [write_jsonl(records, path)]
+                settings.kafka_bootstrap,
+                settings.kafka_topic_prefix,
+                settings.topic(topic),
+                [write_jsonl(records, path)],
             )
         else:
-            ingest(spark, settings.lake_dir, topic, [write_jsonl(records, path)])
+            ingest(spark, settings.lake, settings.topic(topic), [write_jsonl(records, path)])
 
     try:
         _trickle(feed, size, every, errors, "produced" if kafka else "ingested")
@@ -59,16 +62,14 @@ def _ingest_workload_if_empty(spark, settings, wl, name: str, size: str) -> None
     from changelog.topics import ensure_topic, latest_version, read_batch
     from timeline_demo.workload import write_chunks
 
-    for topic in ("tweets", "follows"):
-        ensure_topic(spark, settings.lake_dir, topic)
-    if (
-        latest_version(settings.lake_dir, "tweets") <= 0
-        or read_batch(spark, settings.lake_dir, "tweets").isEmpty()
-    ):
+    tweets, follows = settings.topic("tweets"), settings.topic("follows")
+    for topic in (tweets, follows):
+        ensure_topic(spark, settings.lake, topic)
+    if latest_version(settings.lake, tweets) <= 0 or read_batch(spark, settings.lake, tweets).isEmpty():
         print(f"empty lake: ingesting the {size!r} workload first", flush=True)
         for tw, fo in write_chunks(wl, settings.lake_dir / "demo" / name):
-            ingest(spark, settings.lake_dir, "tweets", [tw])
-            ingest(spark, settings.lake_dir, "follows", [fo])
+            ingest(spark, settings.lake, tweets, [tw])
+            ingest(spark, settings.lake, follows, [fo])
 
 
 def _start_jobs(spark, settings, kafka: bool) -> list:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from changelog.storage import Lake
 from changelog.topics import read_batch
+from spec.model import Pipeline
 from timeline_demo.timeline_view import export_timeline
 from views.redis_io import connect
 
@@ -60,17 +62,19 @@ class Verification:
         return f"verified: {self.matching}/{self.total} timelines match the SQL definition"
 
 
-def sql_timelines(spark, lake_dir, cap: int) -> dict[str, list[str]]:
-    """{follower: [tweet_id newest first]} by the contract's SQL over the logs' current content."""
-    read_batch(spark, lake_dir, "tweets").createOrReplaceTempView("tweets_log")
-    read_batch(spark, lake_dir, "follows").createOrReplaceTempView("follows_log")
+def sql_timelines(spark, lake: Lake, pipeline: Pipeline, cap: int) -> dict[str, list[str]]:
+    """{follower: [tweet_id newest first]} by the contract's SQL over the current content of the logs of
+    `pipeline`'s topics `tweets` and `follows` in `lake`."""
+    read_batch(spark, lake, pipeline.topics["tweets"]).createOrReplaceTempView("tweets_log")
+    read_batch(spark, lake, pipeline.topics["follows"]).createOrReplaceTempView("follows_log")
     rows = spark.sql(TIMELINE_SQL.format(cap=int(cap))).collect()
     return {r["user_id"]: list(r["tweet_ids"]) for r in rows}
 
 
 def verify_timelines(spark, settings, *, keep: int = 5) -> Verification:
     """Compare every timeline in Redis (serving generation) with `sql_timelines`."""
-    expected = sql_timelines(spark, settings.lake_dir, settings.pipeline().views["timeline"].cap)
+    pipeline = settings.pipeline()
+    expected = sql_timelines(spark, settings.lake, pipeline, pipeline.views["timeline"].cap)
     got = {row["user_id"]: row["tweet_ids"] for row in export_timeline(connect(settings.redis_url))}
     users = sorted(set(expected) | set(got))
     result = Verification(total=len(users), matching=0)

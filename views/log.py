@@ -15,13 +15,12 @@ among its fields, `time_field`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from os import PathLike
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from changelog.topics import ensure_delta_table, table_version
 from spec.model import Pipeline, View
 from views.frame import empty_rows, select_view, view_rows
@@ -43,10 +42,10 @@ def log_key(view: str, generation: int) -> str:
     return f"outputs/{view}/g{generation}"
 
 
-def log_path(lake: Lake | PathLike | str, view: str, generation: int) -> str:
-    """The URI of the Delta output log of view `view` for one generation in `lake` (a `Lake`, or a lake's local
-    path or URI): what Spark reads and writes (a local path on a local lake)."""
-    return as_lake(lake).uri(log_key(view, generation))
+def log_path(lake: Lake, view: str, generation: int) -> str:
+    """The URI of the Delta output log of view `view` for one generation in `lake`: what Spark reads and writes (a
+    local path on a local lake)."""
+    return lake.uri(log_key(view, generation))
 
 
 def log_rows(frame: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
@@ -69,13 +68,12 @@ def time_field(view: View, time: str) -> str | None:
 
 
 class LogSink:
-    """Appends a job's emitted rows (`log_rows`) to the output log at `key` (`log_key`) of lake `where` (or at the
-    log's own local path or URI `where`, `log_path`; created with `schema` if missing), idempotent per batch id
-    (Delta `txnAppId` `app_id`, `txnVersion` the batch id)."""
+    """Appends a job's emitted rows (`log_rows`) to the output log at `key` (`log_key`) of `lake` (created with
+    `schema` if missing), idempotent per batch id (Delta `txnAppId` `app_id`, `txnVersion` the batch id)."""
 
-    def __init__(self, spark, where: Lake | PathLike | str, schema: str, app_id: str, *, key: str = ""):
+    def __init__(self, spark, lake: Lake, schema: str, app_id: str, *, key: str):
         self.spark, self.app_id = spark, app_id
-        self.path = ensure_delta_table(spark, where, schema, key=key)
+        self.path = ensure_delta_table(spark, lake, schema, key=key)
 
     def write(self, rows: DataFrame, batch_id: int) -> dict:
         """Append `rows`; a batch id already appended adds nothing. Returns {}: the job counts its rows itself."""
@@ -97,7 +95,7 @@ class LogSink:
         return log.select("_id")
 
 
-def log_sinks(spark, lake: Lake | PathLike | str, pipeline: Pipeline, job: str, generation: int) -> dict:
+def log_sinks(spark, lake: Lake, pipeline: Pipeline, job: str, generation: int) -> dict:
     """view name -> a `LogSink` for each log view of `job` in `generation` (its output log at `log_key`)."""
 
     empty = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
@@ -114,11 +112,10 @@ def log_sinks(spark, lake: Lake | PathLike | str, pipeline: Pipeline, job: str, 
     }
 
 
-def export_log(spark, lake: Lake | PathLike | str, view: View, generation: int) -> Iterator[dict]:
-    """Every row of the generation's log of `view` in `lake` (a `Lake`, or a lake's local path or URI), ordered by
-    `_id`, as dicts of its fields in declared order. Nothing if the job has not published that generation yet (no
+def export_log(spark, lake: Lake, view: View, generation: int) -> Iterator[dict]:
+    """Every row of the generation's log of `view` in `lake`, ordered by `_id`, as dicts of its fields in declared order. Nothing if the job has not published that generation yet (no
     committed version: Spark makes `_delta_log` before it writes version 0)."""
-    lake, key = as_lake(lake), log_key(view.name, generation)
+    key = log_key(view.name, generation)
     if table_version(lake, key) < 0:
         return
     names = [n for n, _ in view.fields]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from changelog.storage import Lake
 from spec.builtin import default_pipeline
 from spec.model import Pipeline, View
 from views.agg import export_aggs, query_agg
@@ -70,14 +71,12 @@ def export_view(
     view: str | View,
     *,
     job: str | None = None,
-    lake=None,
+    lake: Lake | None = None,
     spark=None,
     pipeline=None,
-    lake_dir=None,
 ) -> Iterator[dict]:
     """Every key of the view as export lines, by kind. A log view is an output log in the lake: it needs `lake`
-    (a `changelog.storage.Lake`, e.g. `Settings.lake`, or a lake's local path or URI; `lake_dir`, its older name,
-    is taken too) and `spark`, a callable returning a SparkSession, called only for such a view."""
+    (a `changelog.storage.Lake`, e.g. `Settings.lake`) and `spark`, a callable returning a SparkSession, called only for such a view."""
     v = resolve_view(view, pipeline, job=job)
     if v.kind == "row":
         return export_rows(client, v)
@@ -87,10 +86,9 @@ def export_view(
         return export_aggs(client, v)
     if v.kind == "list":
         return export_list(client, v)
-    where = lake if lake is not None else lake_dir
-    if where is None:
+    if lake is None:
         raise ViewError(f"{v.name} is an output log in the lake: pass the lake to export it")
-    return export_log(spark(), where, v, current_generation(client, v.job))
+    return export_log(spark(), lake, v, current_generation(client, v.job))
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}

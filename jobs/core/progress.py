@@ -53,8 +53,9 @@ def processed_versions(lake: Lake, checkpoint: str) -> list[int | None]:
 
 
 def rejected_per_topic(settings: Settings, topics) -> dict[str, int]:
-    """Dead-lettered lines of each of `topics` (`changelog.deadletters.count_dead_letters`)."""
-    return {topic: count_dead_letters(settings.lake, topic) for topic in topics}
+    """Dead-lettered lines of each of `topics` (names of the settings' pipeline;
+    `changelog.deadletters.count_dead_letters`)."""
+    return {topic: count_dead_letters(settings.lake, settings.topic(topic)) for topic in topics}
 
 
 def rejected(settings: Settings, topics) -> int:
@@ -71,7 +72,7 @@ def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
     done = processed_versions(settings.lake, checkpoint_key(job, generation)) if generation else []
     lag = 0
     for i, topic in enumerate(spec.topics):
-        latest = latest_version(settings.lake, topic)
+        latest = latest_version(settings.lake, settings.topic(topic))
         nxt = done[i] if i < len(done) and done[i] is not None else 0
         lag += max(0, latest + 1 - nxt)
     return lag

@@ -83,7 +83,7 @@ def lag_of(settings: Settings, job: str, generation: int) -> tuple[int, int]:
     done = processed_versions(settings.lake, checkpoint_key(job, generation))
     processed = total = 0
     for i, topic in enumerate(spec.topics):
-        latest = latest_version(settings.lake, topic) + 1
+        latest = latest_version(settings.lake, settings.topic(topic)) + 1
         nxt = done[i] if i < len(done) and done[i] is not None else 0
         total += latest
         processed += min(nxt, latest)

@@ -115,7 +115,7 @@ def log_sources(settings: Settings, job: str, generation: int, topics) -> None:
     """Log where a run of `job` starts: each topic's latest Delta version (read without Spark)."""
     from changelog.topics import latest_version
 
-    versions = ", ".join(f"{t}@v{latest_version(settings.lake, t)}" for t in topics)
+    versions = ", ".join(f"{t}@v{latest_version(settings.lake, settings.topic(t))}" for t in topics)
     log(f"{job} g{generation}: reading {versions}")
 
 

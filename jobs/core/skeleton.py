@@ -83,7 +83,7 @@ class JobRun:
         those with records in the batch. None when it cannot be told (see there, or a log without its first
         commit)."""
         moved = moved_sources(self.settings.lake, checkpoint_key(self.job, self.generation), batch_id)
-        ids = {table_id(self.settings.lake, t): t for t in topics}
+        ids = {table_id(self.settings.lake, self.settings.topic(t)): t for t in topics}
         if moved is None or None in ids or any(o.get("reservoirId") not in ids for o in moved):
             return None
         return frozenset(ids[o["reservoirId"]] for o in moved)

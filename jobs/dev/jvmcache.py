@@ -265,9 +265,10 @@ def heavy_entries(synth: Synth, pipeline: Pipeline, job: str, entry_side: int, n
 
 def _ingest(lake: Path, topic: Topic, records: list[dict], path: Path) -> None:
     from changelog.ingest import ingest
+    from changelog.storage import as_lake
 
     path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records))
-    ingest(None, lake, topic, [str(path)])
+    ingest(None, as_lake(lake), topic, [str(path)])
 
 
 def _limited(spark, pipeline: Pipeline) -> tuple[Pipeline, dict[str, int]]:

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from changelog.checksums import write_checksums
+from changelog.storage import as_lake
 from changelog.topics import RecordTable, append_table, ensure_topic, table_version
+from tests.lakehelp import as_topic
 
 
 def checksum_path(log: Path, version: int) -> Path:
@@ -19,7 +21,7 @@ def checksum_path(log: Path, version: int) -> Path:
 
 
 def _tweets(n: int, tag: str):
-    t = RecordTable("tweets")
+    t = RecordTable(as_topic("tweets"))
     for i in range(n):
         t.add({"op": "tweet", "tweet_id": f"{tag}-{i}", "user_id": "u", "text": "x" * i, "ts": i})
     return t.table()
@@ -42,11 +44,11 @@ def _validate(spark, path: str) -> dict:
 
 
 def test_every_commit_gets_an_exact_checksum_that_spark_validates(spark, tmp_path):
-    path = ensure_topic(None, tmp_path, "tweets")
+    path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
     log = Path(path) / "_delta_log"
     assert checksum_path(log, 0).exists()
     for k in range(3):
-        append_table(path, _tweets(5 + k, f"a{k}"), note="test")
+        append_table(as_lake(path), _tweets(5 + k, f"a{k}"), note="test")
     assert all(checksum_path(log, v).exists() for v in range(4))
     got = _validate(spark, path)
     assert got == {"ok": True, "files": 3, "bytes": got["bytes"], "version": 3}
@@ -55,13 +57,13 @@ def test_every_commit_gets_an_exact_checksum_that_spark_validates(spark, tmp_pat
 
 
 def test_concurrent_appenders_leave_a_complete_exact_chain(spark, tmp_path):
-    path = ensure_topic(None, tmp_path, "tweets")
+    path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
     errors = []
 
     def appender(w: int) -> None:
         try:
             for k in range(4):
-                append_table(path, _tweets(3, f"w{w}-{k}"), note="test")
+                append_table(as_lake(path), _tweets(3, f"w{w}-{k}"), note="test")
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -72,20 +74,20 @@ def test_concurrent_appenders_leave_a_complete_exact_chain(spark, tmp_path):
         t.join()
     assert not errors
     log = Path(path) / "_delta_log"
-    assert table_version(path) == 16
+    assert table_version(as_lake(path)) == 16
     assert all(checksum_path(log, v).exists() for v in range(17))
     assert _validate(spark, path)["files"] == 16
 
 
 def test_a_chain_resumes_from_a_spark_checksum_and_spark_goes_on_from_ours(spark, tmp_path):
     """Spark's compaction of a topic (remove + add, its own checksum), then delta-rs appends again."""
-    path = ensure_topic(None, tmp_path, "tweets")
+    path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
     for k in range(3):
-        append_table(path, _tweets(4, f"b{k}"), note="test")
+        append_table(as_lake(path), _tweets(4, f"b{k}"), note="test")
     spark.read.format("delta").load(path).repartition(1).write.format("delta").mode("overwrite").option(
         "dataChange", "false"
     ).save(path)
-    append_table(path, _tweets(2, "after"), note="test")
+    append_table(as_lake(path), _tweets(2, "after"), note="test")
     got = _validate(spark, path)
     assert got["ok"] and got["version"] == 5 and got["files"] == 2
     assert spark.read.format("delta").load(path).count() == 14
@@ -112,11 +114,11 @@ def test_a_chain_resumes_from_a_spark_checksum_and_spark_goes_on_from_ours(spark
     ],
 )
 def test_no_checksum_where_it_could_be_wrong(tmp_path, action, why):
-    path = ensure_topic(None, tmp_path, "tweets")
-    append_table(path, _tweets(2, "c"), note="test")
+    path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
+    append_table(as_lake(path), _tweets(2, "c"), note="test")
     log = Path(path) / "_delta_log"
     (log / f"{2:020d}.json").write_text(json.dumps(action) + "\n")  # a commit by some other writer
-    assert write_checksums(path, 2) == 0, why
+    assert write_checksums(as_lake(path), 2) == 0, why
     assert not checksum_path(log, 2).exists()
     assert checksum_path(log, 1).exists()
 
@@ -125,12 +127,12 @@ def test_a_long_log_without_checksums_gets_none_until_a_spark_commit(tmp_path):
     """A log that grew without checksums (older lakes): an append does not re-read it from version 0."""
     from changelog import checksums
 
-    path = ensure_topic(None, tmp_path, "tweets")
+    path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
     log = Path(path) / "_delta_log"
     for k in range(checksums._MAX_WALK + 1):
-        append_table(path, _tweets(1, f"d{k}"), note="test")
+        append_table(as_lake(path), _tweets(1, f"d{k}"), note="test")
     for crc in log.glob("*.crc"):
         crc.unlink()
-    append_table(path, _tweets(1, "last"), note="test")
+    append_table(as_lake(path), _tweets(1, "last"), note="test")
     assert not list(log.glob("*.crc"))
-    assert write_checksums(path, 3) == 4  # a short log is derived from version 0
+    assert write_checksums(as_lake(path), 3) == 4  # a short log is derived from version 0

@@ -15,6 +15,7 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.kafka import ensure_kafka_topics, kafka_topic, watermarks
+from changelog.storage import as_lake
 from jobs.dev.connect import (
     CONNECT_VERSION,
     DEBEZIUM_VERSION,
@@ -26,6 +27,7 @@ from jobs.dev.connect import (
 from jobs.errors import KafkaConnectFailed
 from tests.conftest import make_settings
 from tests.jobs.opshelp import mview_here
+from tests.lakehelp import as_topic
 from tests.pghelp import fold, log_commits
 
 _CHANGES = [  # (statements of one transaction, the changes it makes)
@@ -111,7 +113,10 @@ def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
     from jobs.kinds.cdc import run_cdc
 
     bootstrap, prefix = kafka["KAFKA_BOOTSTRAP"], kafka["KAFKA_TOPIC_PREFIX"]
-    wrapped, plain = kafka_topic(prefix, "profiles"), kafka_topic(prefix, "plain-profiles")
+    wrapped, plain = (
+        kafka_topic(prefix, as_topic("profiles")),
+        kafka_topic(prefix, as_topic("plain-profiles")),
+    )
     ensure_kafka_topics(bootstrap, [wrapped, plain])
     pg.sql(
         "INSERT INTO {t} VALUES ('u1', 'a', 'DE', '2026-01-01 00:00:00.123456+00'),"
@@ -173,7 +178,7 @@ def test_debezium_events_through_kafka_and_ingest_equal_the_cdc_job(
     first = json.loads(_consume(bootstrap, wrapped, 1)[0])
     assert set(first) == {"schema", "payload"} and all("payload" not in json.loads(x) for x in lines if x)
     (tmp_path / "plain.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    ingest(None, tmp_path / "ingest", "profiles", [str(tmp_path / "plain.jsonl")])
+    ingest(None, as_lake(tmp_path / "ingest"), as_topic("profiles"), [str(tmp_path / "plain.jsonl")])
     ingested = [r for c in log_commits(tmp_path / "ingest") for r in c]
 
     # Debezium: one event per change, so u3's transaction gives two versions of one `ts`; the contract's tie-break

@@ -17,14 +17,16 @@ from changelog.deadletters import deadletter_path, read_dead_letters
 from changelog.errors import NotStored
 from changelog.ingest import ingest
 from changelog.records import MAX_RECORD_BYTES
+from changelog.storage import as_lake
 from changelog.topics import ensure_topic, latest_version, read_batch, read_stream, topic_path, topic_schema
+from tests.lakehelp import as_topic
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
 
 
 def _dead_objects(lake, topic: str) -> list[Path]:
     """The topic's dead-letter objects on a local lake, in key order."""
-    return sorted(Path(deadletter_path(lake, topic)).glob("*.jsonl"))
+    return sorted(Path(deadletter_path(as_lake(lake), as_topic(topic))).glob("*.jsonl"))
 
 
 def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_rest(spark, tmp_path):
@@ -38,13 +40,13 @@ def test_ingest_appends_valid_records_one_commit_per_file_and_dead_letters_the_r
     )
     b = tmp_path / "b.jsonl"
     b.write_text('{"op":"block","follower_id":"u1","followee_id":"u2","ts":1}\n')
-    result = ingest(spark, lake, "follows", [str(a), str(b)])
+    result = ingest(spark, as_lake(lake), as_topic("follows"), [str(a), str(b)])
     assert result.summary() == {"topic": "follows", "accepted": 2, "rejected": 2}
     # version 0 creates the table; file a is one commit; file b has no valid line and makes none
-    assert latest_version(lake, "follows") == 1
-    rows = sorted(tuple(r) for r in read_batch(spark, lake, "follows").collect())
+    assert latest_version(as_lake(lake), as_topic("follows")) == 1
+    rows = sorted(tuple(r) for r in read_batch(spark, as_lake(lake), as_topic("follows")).collect())
     assert rows == [("follow", "u1", "u2", 1767225600000), ("unfollow", "u1", "u2", 1767225600001)]
-    dead = list(read_dead_letters(lake, "follows"))
+    dead = list(read_dead_letters(as_lake(lake), as_topic("follows")))
     assert [(d["file"], d["line"]) for d in dead] == [(str(a), 2), (str(b), 1)]
     assert "not valid JSON" in dead[0]["reason"] and "unknown op" in dead[1]["reason"]
     assert dead[0]["raw"] == "garbage"
@@ -59,7 +61,8 @@ def _post(tweet_id: str, text: str = "hi", ts: int = 1767225600000) -> bytes:
 
 def _texts(spark, lake) -> list[tuple]:
     return sorted(
-        (r.tweet_id, r.text) for r in read_batch(spark, lake, "tweets").select("tweet_id", "text").collect()
+        (r.tweet_id, r.text)
+        for r in read_batch(spark, as_lake(lake), as_topic("tweets")).select("tweet_id", "text").collect()
     )
 
 
@@ -71,7 +74,7 @@ def test_a_line_over_the_maximum_record_size_is_dead_lettered_with_a_bounded_pre
     at_max = _post("max", "y" * (MAX_RECORD_BYTES - len(at_max)))
     assert len(at_max) == MAX_RECORD_BYTES
     src.write_bytes(_post("t1") + b"\n" + huge + b"\r\n" + at_max + b"\n" + _post("t2") + b"\n")
-    result = ingest(spark, lake, "tweets", [str(src)])
+    result = ingest(spark, as_lake(lake), as_topic("tweets"), [str(src)])
     assert result.summary() == {"topic": "tweets", "accepted": 3, "rejected": 1}
     expected = [("max", "y" * (MAX_RECORD_BYTES - len(_post("max", "")))), ("t1", "hi"), ("t2", "hi")]
     assert _texts(spark, lake) == expected
@@ -92,10 +95,12 @@ def test_a_validated_record_that_does_not_fit_the_topic_schema_exactly_is_not_st
     lake, src = tmp_path / "lake", tmp_path / "bool.jsonl"
     src.write_bytes(_post("t1") + b"\n" + _post("t2") + b"\n")
     with pytest.raises(NotStored) as e:
-        ingest(None, lake, "tweets", [str(src)])
+        ingest(None, as_lake(lake), as_topic("tweets"), [str(src)])
     assert str(e.value).startswith(f"tweets: {src}: nothing was committed: the file's 2 validated record(s) ")
     assert "'ts'" in e.value.cause and "\n" not in str(e.value)
-    assert latest_version(lake, "tweets") == 0  # the table was created; no append was committed
+    assert (
+        latest_version(as_lake(lake), as_topic("tweets")) == 0
+    )  # the table was created; no append was committed
 
 
 def test_a_byte_order_mark_is_dropped_at_the_start_of_a_file_only(spark, tmp_path):
@@ -103,10 +108,10 @@ def test_a_byte_order_mark_is_dropped_at_the_start_of_a_file_only(spark, tmp_pat
     src.write_bytes(
         b"\xef\xbb\xbf" + _post("t1") + b"\n\xef\xbb\xbf" + _post("t2") + b"\n" + _post("t3") + b"\n"
     )
-    result = ingest(spark, lake, "tweets", [str(src)])
+    result = ingest(spark, as_lake(lake), as_topic("tweets"), [str(src)])
     assert result.summary() == {"topic": "tweets", "accepted": 2, "rejected": 1}
     assert _texts(spark, lake) == [("t1", "hi"), ("t3", "hi")]
-    (dead,) = read_dead_letters(lake, "tweets")
+    (dead,) = read_dead_letters(as_lake(lake), as_topic("tweets"))
     assert dead["line"] == 2 and "byte order mark" in dead["reason"]
 
 
@@ -125,13 +130,14 @@ def test_concurrent_creators_of_a_topic_and_concurrent_appends_all_succeed(spark
             errors.append(e)
 
     creators = [
-        threading.Thread(target=run, args=(lambda: ensure_topic(spark, lake, "tweets"),)) for _ in range(4)
+        threading.Thread(target=run, args=(lambda: ensure_topic(spark, as_lake(lake), as_topic("tweets")),))
+        for _ in range(4)
     ]
     for t in creators:
         t.start()
     for t in creators:
         t.join()
-    assert errors == [] and latest_version(lake, "tweets") == 0
+    assert errors == [] and latest_version(as_lake(lake), as_topic("tweets")) == 0
 
     start = threading.Barrier(2)
     files = []
@@ -139,14 +145,16 @@ def test_concurrent_creators_of_a_topic_and_concurrent_appends_all_succeed(spark
         files.append(tmp_path / f"part{n}.jsonl")
         files[-1].write_bytes(b"".join(_post(f"p{n}-{i}") + b"\n" for i in range(50)))
     appenders = [
-        threading.Thread(target=run, args=(lambda f=f: ingest(spark, lake, "tweets", [str(f)]),))
+        threading.Thread(
+            target=run, args=(lambda f=f: ingest(spark, as_lake(lake), as_topic("tweets"), [str(f)]),)
+        )
         for f in files
     ]
     for t in appenders:
         t.start()
     for t in appenders:
         t.join()
-    assert errors == [] and latest_version(lake, "tweets") == 2
+    assert errors == [] and latest_version(as_lake(lake), as_topic("tweets")) == 2
     assert _texts(spark, lake) == sorted((f"p{n}-{i}", "hi") for n in range(2) for i in range(50))
 
 
@@ -177,14 +185,14 @@ def test_two_mview_ingest_processes_creating_a_new_topic_at_once_both_succeed(sp
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
         assert json.loads(out.splitlines()[-1]) == {"topic": "tweets", "accepted": 20, "rejected": 0}
-    assert latest_version(lake, "tweets") == 2
+    assert latest_version(as_lake(lake), as_topic("tweets")) == 2
     assert _texts(spark, lake) == sorted((f"p{n}-{i}", "hi") for n in range(2) for i in range(20))
 
 
 def _stream_once(spark, lake, topic: str, checkpoint: Path, out: Path) -> None:
     """One run of a streaming query over the topic's log (everything new since its checkpoint) into `out`."""
     q = (
-        read_stream(spark, lake, topic)
+        read_stream(spark, as_lake(lake), as_topic(topic))
         .writeStream.format("parquet")
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
@@ -198,8 +206,8 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
     record is in the log exactly once, Spark reads the log (also from a delta-rs checkpoint), and the streaming
     query resumes from its checkpoint across the delta-rs commits and sees every new record exactly once."""
     lake = tmp_path / "lake"
-    path = str(topic_path(lake, "tweets"))
-    schema = topic_schema("tweets")
+    path = str(topic_path(as_lake(lake), as_topic("tweets")))
+    schema = topic_schema(as_topic("tweets"))
 
     def spark_append(k: int) -> None:  # an idempotent write, as the kafka job makes them
         df = spark.createDataFrame(
@@ -207,7 +215,7 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
         )
         df.write.format("delta").mode("append").option("txnAppId", "w").option("txnVersion", k).save(path)
 
-    ensure_topic(None, lake, "tweets")
+    ensure_topic(None, as_lake(lake), as_topic("tweets"))
     spark_append(0)
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
     _stream_once(spark, lake, "tweets", checkpoint, out)
@@ -240,10 +248,14 @@ def test_concurrent_ingest_processes_and_a_spark_writer_store_every_record_once(
         [f"s{k}-{i}" for k in range(4) for i in range(10)]
         + [f"p{n}-{k}-{i}" for n in range(4) for k in range(3) for i in range(100)]
     )
-    assert latest_version(lake, "tweets") == 4 + 4 * 3  # version 0 created it; 4 Spark appends, 12 files
+    assert (
+        latest_version(as_lake(lake), as_topic("tweets")) == 4 + 4 * 3
+    )  # version 0 created it; 4 Spark appends, 12 files
     DeltaTable(path).create_checkpoint()  # Spark must also read a checkpoint delta-rs wrote
     spark_append(3)  # a retried write: the checkpoint kept Spark's transaction id, so it is skipped
-    got = [r.tweet_id for r in read_batch(spark, lake, "tweets").select("tweet_id").collect()]
+    got = [
+        r.tweet_id for r in read_batch(spark, as_lake(lake), as_topic("tweets")).select("tweet_id").collect()
+    ]
     assert sorted(got) == expected
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("userMetadata").collect()
     assert sum(1 for r in history if (r[0] or "").startswith("ingest ")) == 12
@@ -262,20 +274,27 @@ def test_dead_letters_are_written_once_per_batch_and_read_in_key_order(tmp_path)
     def entries(*ns):
         return [{"p": n} for n in ns]
 
-    assert write_dead_letters(lake, "t", "kafka-a-000000000002", entries(3, 4))
-    assert write_dead_letters(lake, "t", "kafka-a-000000000001", entries(1, 2))
-    assert not write_dead_letters(lake, "t", "kafka-a-000000000001", entries(1, 2))  # the batch replayed
-    assert not write_dead_letters(lake, "t", "kafka-a-000000000003", [])  # nothing: no object
-    assert [e["p"] for e in read_dead_letters(lake, "t")] == [1, 2, 3, 4]
-    assert count_dead_letters(lake, "t") == 4
-    assert [p.name for p in _dead_objects(lake, "t")] == [
+    assert write_dead_letters(as_lake(lake), as_topic("tweets"), "kafka-a-000000000002", entries(3, 4))
+    assert write_dead_letters(as_lake(lake), as_topic("tweets"), "kafka-a-000000000001", entries(1, 2))
+    assert not write_dead_letters(
+        as_lake(lake), as_topic("tweets"), "kafka-a-000000000001", entries(1, 2)
+    )  # the batch replayed
+    assert not write_dead_letters(
+        as_lake(lake), as_topic("tweets"), "kafka-a-000000000003", []
+    )  # nothing: no object
+    assert [e["p"] for e in read_dead_letters(as_lake(lake), as_topic("tweets"))] == [1, 2, 3, 4]
+    assert count_dead_letters(as_lake(lake), as_topic("tweets")) == 4
+    assert [p.name for p in _dead_objects(lake, "tweets")] == [
         "kafka-a-000000000001.jsonl",
         "kafka-a-000000000002.jsonl",
     ]
-    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in _dead_objects(lake, "t"))
-    assert list(read_dead_letters(lake, "none")) == [] and count_dead_letters(lake, "none") == 0
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in _dead_objects(lake, "tweets"))
+    assert (
+        list(read_dead_letters(as_lake(lake), as_topic("follows"))) == []
+        and count_dead_letters(as_lake(lake), as_topic("follows")) == 0
+    )
     with pytest.raises(ValueError):
-        write_dead_letters(lake, "t", "../x", entries(1))
+        write_dead_letters(as_lake(lake), as_topic("tweets"), "../x", entries(1))
 
 
 # --- Retries, a full disk and the commit bound (#36 D6, D8): through the command line, as a user meets them. ---
@@ -300,14 +319,16 @@ def _log_ids(lake: Path) -> list[str]:
     """Every tweet_id the tweets log holds, one per record (read with delta-rs, no Spark)."""
     from deltalake import QueryBuilder
 
-    table = DeltaTable(str(topic_path(lake, "tweets")))
+    table = DeltaTable(str(topic_path(as_lake(lake), as_topic("tweets"))))
     got = QueryBuilder().register("t", table).execute("SELECT tweet_id FROM t").read_all()
     return sorted(got.column("tweet_id").to_pylist()) if got.num_rows else []
 
 
 def _dead_lines(lake: Path, src) -> list[int]:
     """The lines of `src` the tweets dead letters hold, one per entry."""
-    return sorted(e["line"] for e in read_dead_letters(lake, "tweets") if e["file"] == str(src))
+    return sorted(
+        e["line"] for e in read_dead_letters(as_lake(lake), as_topic("tweets")) if e["file"] == str(src)
+    )
 
 
 def _one_error_line(done: subprocess.CompletedProcess) -> str:
@@ -441,7 +462,7 @@ def test_dead_letters_that_a_full_disk_kept_out_are_written_by_the_next_run_once
     again = _summary(_ingest_cli(env, src, "--json"))
     assert again == {"topic": "tweets", "accepted": 0, "rejected": 0, "already_committed": 3}
     assert _log_ids(lake) == ["a", "b"] and _dead_lines(lake, src) == [2]
-    (dead,) = read_dead_letters(lake, "tweets")
+    (dead,) = read_dead_letters(as_lake(lake), as_topic("tweets"))
     assert dead["raw_bytes"] == 900_001 and "not valid JSON" in dead["reason"]
 
 
@@ -476,7 +497,9 @@ def test_ingest_memory_is_bounded_by_the_commit_bound_not_the_file(tmp_path):
     peak, done = _peak_rss_mb({**env, "LAKE_DIR": str(tmp_path / "lake")}, src, "--json")
     assert _summary(done) == {"topic": "tweets", "accepted": len(ids), "rejected": len(bad)}
     assert peak - base < 120, f"peak {peak} MB, {peak - base} MB over one line's {base} MB"
-    assert latest_version(tmp_path / "lake", "tweets") >= 18  # committed in pieces of 8 MiB
+    assert (
+        latest_version(as_lake(tmp_path / "lake"), as_topic("tweets")) >= 18
+    )  # committed in pieces of 8 MiB
     assert len(_log_ids(tmp_path / "lake")) == len(ids)
 
 
@@ -495,7 +518,7 @@ def test_ingest_killed_in_the_middle_of_a_file_then_run_again_stores_each_record
     )
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        if latest_version(lake, "tweets") >= 4 or len(_dead_lines(lake, src)) >= 60:
+        if latest_version(as_lake(lake), as_topic("tweets")) >= 4 or len(_dead_lines(lake, src)) >= 60:
             break
         time.sleep(0.005)
     proc.kill()

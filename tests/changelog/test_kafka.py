@@ -14,7 +14,9 @@ import orjson
 from confluent_kafka import Consumer
 
 from changelog.kafka import PARTITIONS, end_offsets, kafka_key, kafka_topic, probe
+from changelog.storage import as_lake
 from spec.builtin import builtin_pipeline
+from tests.lakehelp import as_topic
 
 
 def _consume(bootstrap: str, name: str, n: int) -> list:
@@ -51,7 +53,7 @@ def test_produce_every_nonblank_line_keyed_by_entity(tmp_path, kafka, monkeypatc
     env = {**os.environ, **kafka, "LAKE_DIR": str(tmp_path / "lake")}
     done = _mview("produce", "follows", str(src), "-", "--json", env=env, stdin=b"\n" + lines[0] + b"\n")
     assert done.returncode == 0, done.stderr
-    name = kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], "follows")
+    name = kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], as_topic("follows"))
     assert json.loads(done.stdout.splitlines()[-1]) == {"topic": name, "produced": len(lines) + 1}
     msgs = _consume(kafka["KAFKA_BOOTSTRAP"], name, len(lines) + 1)
     assert sorted(m.value() for m in msgs) == sorted([*lines, lines[0]])
@@ -114,23 +116,30 @@ def test_copy_batch_replayed_after_a_crash_adds_nothing(tmp_path):
     from changelog.kafka import copy_batch
     from changelog.topics import topic_path
 
-    names = {"p.tweets": "tweets", "p.follows": "follows"}
+    names = {"p.tweets": as_topic("tweets"), "p.follows": as_topic("follows")}
     good = b'{"op":"post","tweet_id":"t1","user_id":"u1","text":"x","ts":1}'
     rows = [("p.tweets", 0, 7, good), ("p.tweets", 1, 3, b"nope"), ("p.follows", 2, 0, b"{}")]
     rows += [("p.tweets", 2, 0, None), ("p.tweets", 2, 1, b" \r\n")]  # blank: skipped, as ingest skips them
-    first = copy_batch(tmp_path, names, rows, app_id="a", version=4)
+    first = copy_batch(as_lake(tmp_path), names, rows, app_id="a", version=4)
     assert first == {"tweets": {"accepted": 1, "rejected": 1}, "follows": {"accepted": 0, "rejected": 1}}
-    assert copy_batch(tmp_path, names, rows, app_id="a", version=4) == first  # what the batch holds
-    tweets = DeltaTable(str(topic_path(tmp_path, "tweets")))
+    assert copy_batch(as_lake(tmp_path), names, rows, app_id="a", version=4) == first  # what the batch holds
+    tweets = DeltaTable(str(topic_path(as_lake(tmp_path), as_topic("tweets"))))
     assert tweets.version() == 1 and tweets.transaction_version("a.tweets") == 4
-    dead = list(read_dead_letters(tmp_path, "tweets"))
+    dead = list(read_dead_letters(as_lake(tmp_path), as_topic("tweets")))
     assert [(d["partition"], d["offset"], d["raw"]) for d in dead] == [(1, 3, "nope")]
-    assert len(list(read_dead_letters(tmp_path, "follows"))) == 1
+    assert len(list(read_dead_letters(as_lake(tmp_path), as_topic("follows")))) == 1
     copy_batch(
-        tmp_path, names, [("p.tweets", 1, 4, b"again"), ("p.tweets", 0, 8, good)], app_id="a", version=5
+        as_lake(tmp_path),
+        names,
+        [("p.tweets", 1, 4, b"again"), ("p.tweets", 0, 8, good)],
+        app_id="a",
+        version=5,
     )
-    assert DeltaTable(str(topic_path(tmp_path, "tweets"))).version() == 2
-    assert [d["raw"] for d in read_dead_letters(tmp_path, "tweets")] == ["nope", "again"]  # in batch order
+    assert DeltaTable(str(topic_path(as_lake(tmp_path), as_topic("tweets")))).version() == 2
+    assert [d["raw"] for d in read_dead_letters(as_lake(tmp_path), as_topic("tweets"))] == [
+        "nope",
+        "again",
+    ]  # in batch order
 
 
 def _tweet_line(i: int, text: str = "hi") -> bytes:
@@ -160,7 +169,7 @@ def test_produce_skips_a_line_over_the_maximum_message_size_and_sends_every_othe
         f.write(b"".join(_tweet_line(i) + b"\n" for i in range(60_000, 65_000)))
     env = {**os.environ, **kafka, "LAKE_DIR": str(tmp_path / "lake")}
     done = _mview("produce", "tweets", str(src), "--json", env=env)
-    name = kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], "tweets")
+    name = kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], as_topic("tweets"))
     assert _sent(kafka["KAFKA_BOOTSTRAP"], name) == 55_001, done.stderr.decode()[-2000:]
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {
@@ -188,7 +197,7 @@ def test_produce_says_exactly_which_lines_the_broker_did_not_acknowledge(tmp_pat
 
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
-    bootstrap, name = kafka["KAFKA_BOOTSTRAP"], kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], "tweets")
+    bootstrap, name = kafka["KAFKA_BOOTSTRAP"], kafka_topic(kafka["KAFKA_TOPIC_PREFIX"], as_topic("tweets"))
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for fut in admin.create_topics(
         [NewTopic(name, PARTITIONS, 1, config={"max.message.bytes": "2000"})]

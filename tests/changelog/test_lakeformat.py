@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from changelog.lakeformat import LAKE_FORMAT, format_problem
-from changelog.storage import open_lake
+from changelog.storage import as_lake, open_lake
 from changelog.topics import ensure_topic
+from tests.lakehelp import as_topic
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
 
@@ -22,9 +23,9 @@ MVIEW = str(Path(sys.executable).with_name("mview"))
 def test_a_lake_records_its_format_with_its_first_topic_log(tmp_path):
     lake = open_lake(tmp_path / "lake")
     assert format_problem(lake) is None  # a new lake: nothing to refuse
-    ensure_topic(None, lake, "tweets")
+    ensure_topic(None, as_lake(lake), as_topic("tweets"))
     assert json.loads((tmp_path / "lake" / "format.json").read_text()) == {"format": LAKE_FORMAT}
-    ensure_topic(None, lake, "follows")
+    ensure_topic(None, as_lake(lake), as_topic("follows"))
     assert format_problem(lake) is None
 
 
@@ -34,7 +35,7 @@ def test_a_lake_of_another_format_is_refused_by_every_command_in_one_line(tmp_pa
     ingest` (a command that writes), `mview status` (one that reads) and `mview check` stop with one line that says
     what to run, and nothing is written."""
     lake = tmp_path / "lake"
-    ensure_topic(None, open_lake(lake), "tweets")
+    ensure_topic(None, open_lake(lake), as_topic("tweets"))
     if recorded is None:
         (lake / "format.json").unlink()
     else:

@@ -12,11 +12,13 @@ import pytest
 from changelog.deadletters import read_dead_letters
 from changelog.errors import CdcFailed, PostgresUnavailable
 from changelog.postgres import PgSource, capture, drop_slot, wal_lag
+from changelog.storage import as_lake
+from tests.lakehelp import as_topic
 from tests.pghelp import fold, log_commits
 
 
 def _capture(pg, lake, **kw):
-    return capture(PgSource(pg.dsn, pg.topics(), pg.slot), lake, "state", once=True, **kw)
+    return capture(PgSource(pg.dsn, pg.topics(), pg.slot), as_lake(lake), "state", once=True, **kw)
 
 
 def _capture_killed_in_append(monkeypatch, pg, lake, *, after_commit: bool) -> None:
@@ -139,7 +141,7 @@ def test_bad_rows_and_schema_drift_become_dead_letters_with_the_lsn(pg, tmp_path
     second = _capture(pg, lake)
     assert (second["appended"], second["rejected"]) == (1, 2)
     assert fold(_records(lake)) == {"u1": ("a", "DE"), "u5": ("fine again", "DE")}
-    dead = list(read_dead_letters(lake, "profiles"))
+    dead = list(read_dead_letters(as_lake(lake), as_topic("profiles")))
     reasons = [d["reason"] for d in dead]
     assert "field 'user_id' is empty" in reasons[0] or "field 'user_id' is empty" in reasons[1]
     assert any("missing field 'name'" in r for r in reasons[:2])
@@ -181,7 +183,7 @@ def test_drop_slot_removes_slot_and_publication_and_the_next_start_snapshots_aga
 def test_unreachable_database_and_unfit_table_are_one_line_errors(pg, tmp_path):
     bad = PgSource("host=127.0.0.1 port=1 dbname=x user=y password=s3cret", pg.topics(), pg.slot)
     with pytest.raises(PostgresUnavailable) as e:
-        capture(bad, tmp_path, tmp_path, once=True)
+        capture(bad, as_lake(tmp_path), as_lake(tmp_path), once=True)
     assert "port=1" in str(e.value) and "s3cret" not in str(e.value) and "\n" not in str(e.value)
     pg.sql("ALTER TABLE {t} DROP COLUMN country")
     with pytest.raises(CdcFailed, match="no column 'country'"):
@@ -192,11 +194,11 @@ def test_a_role_without_replication_is_told_what_to_grant(pg, tmp_path):
     pg.sql("DROP ROLE IF EXISTS plain", "CREATE ROLE plain LOGIN", "GRANT SELECT ON {t} TO plain")
     dsn = pg.dsn.replace("user=mview", "user=plain")
     with pytest.raises(CdcFailed, match=f"run CREATE PUBLICATION {pg.slot} FOR TABLE {pg.name}") as e:
-        capture(PgSource(dsn, pg.topics(), pg.slot), tmp_path, tmp_path, once=True)
+        capture(PgSource(dsn, pg.topics(), pg.slot), as_lake(tmp_path), as_lake(tmp_path), once=True)
     assert "user=plain" in str(e.value) and "\n" not in str(e.value)
     pg.sql(f"CREATE PUBLICATION {pg.slot} FOR TABLE {{t}}")  # as the owner: then the slot needs REPLICATION
     with pytest.raises(CdcFailed, match="ALTER ROLE <user> REPLICATION"):
-        capture(PgSource(dsn, pg.topics(), pg.slot), tmp_path, tmp_path, once=True)
+        capture(PgSource(dsn, pg.topics(), pg.slot), as_lake(tmp_path), as_lake(tmp_path), once=True)
     pg.sql(f"DROP PUBLICATION {pg.slot}")
 
 
@@ -225,7 +227,7 @@ def test_a_transaction_sent_again_after_a_crash_before_its_commit_writes_its_dea
     assert (again["appended"], again["rejected"]) == (1, 0)
     pg.sql("INSERT INTO {t} VALUES ('u3', NULL, 'DE', NULL)")
     assert _capture(pg, lake)["rejected"] == 1
-    dead = list(read_dead_letters(lake, "profiles"))
+    dead = list(read_dead_letters(as_lake(lake), as_topic("profiles")))
     assert [(d["line"], orjson.loads(d["raw"])["user_id"]) for d in dead] == [(1, "u1"), (3, ""), (1, "u3")]
     assert dead[0]["lsn"] == dead[1]["lsn"] != dead[2]["lsn"]
     assert fold(_records(lake)) == {"u2": ("ok", "DE")}
@@ -237,7 +239,7 @@ def test_truncate_is_a_dead_letter_not_a_silent_gap(pg, tmp_path):
     _capture(pg, lake)
     pg.sql("TRUNCATE {t}")
     assert _capture(pg, lake)["rejected"] == 1
-    (dead,) = read_dead_letters(lake, "profiles")
+    (dead,) = read_dead_letters(as_lake(lake), as_topic("profiles"))
     assert "TRUNCATE is not captured" in dead["reason"] and "/" in dead["lsn"]
 
 
@@ -299,7 +301,7 @@ def _own(pg, tables: bool = True):
 
 
 def _dead(lake, topic: str) -> list[dict]:
-    return list(read_dead_letters(lake, topic))
+    return list(read_dead_letters(as_lake(lake), as_topic(topic)))
 
 
 _JAN1 = 1767225600000  # 2026-01-01T00:00:00Z
@@ -317,7 +319,7 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
         " ('c2', 'Bob', 'silver', 0, -0.25, false, NULL)",
         "INSERT INTO {t}_stores VALUES (1, 'Berlin', '2026-01-01 08:00:00'), (2, 'Paris', NULL)",
     )
-    first = capture(source, lake, lake / "state", once=True)
+    first = capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     assert first["snapshot_rows"] == 4 and first["rejected"] == 0
     assert first["topics"] == {
         "customers": {"appended": 2, "rejected": 0},
@@ -351,7 +353,7 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
         "INSERT INTO {t}_customers VALUES ('c5', 'Eve', 'bronze', 2147483647, 0, true, NULL)",
         "INSERT INTO {t}_stores VALUES (9000000000, 'Rome', '2026-02-01 00:00:00')",
     )
-    second = capture(source, lake, lake / "state", once=True)
+    second = capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     assert second["topics"] == {
         "customers": {"appended": 5, "rejected": 2},
         "stores": {"appended": 2, "rejected": 1},
@@ -388,7 +390,9 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
     )
     published = pg.sql("SELECT tablename FROM pg_publication_tables WHERE pubname = %s", params=(pg.slot,))
     assert sorted(t for (t,) in published) == [f"{pg.name}_customers", f"{pg.name}_stores"]
-    assert capture(source, lake, lake / "state", once=True)["appended"] == 0  # nothing twice
+    assert (
+        capture(source, as_lake(lake), as_lake(lake / "state"), once=True)["appended"] == 0
+    )  # nothing twice
 
 
 def test_a_table_that_cannot_fill_its_topic_is_refused_in_one_line_before_anything_is_captured(pg, tmp_path):
@@ -402,7 +406,7 @@ def test_a_table_that_cannot_fill_its_topic_is_refused_in_one_line_before_anythi
     )
     source, _topics = _own(pg, tables=False)
     with pytest.raises(CdcFailed) as e:
-        capture(source, lake, lake / "state", once=True)
+        capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     assert str(e.value) == (
         f"table public.{pg.name}_customers has no primary key, so PostgreSQL cannot publish its updates and"
         f" deletes: add one (customer_id) or ALTER TABLE public.{pg.name}_customers REPLICA IDENTITY FULL"
@@ -414,10 +418,10 @@ def test_a_table_that_cannot_fill_its_topic_is_refused_in_one_line_before_anythi
     with pytest.raises(
         CdcFailed, match=r"column public\.\w+_customers\.visits has type text, which does not fill the long"
     ):
-        capture(source, lake, lake / "state", once=True)
+        capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     pg.sql("ALTER TABLE {t}_customers DROP COLUMN visits")
     with pytest.raises(CdcFailed, match="has no column 'visits' \\(dropped or renamed\\?\\)"):
-        capture(source, lake, lake / "state", once=True)
+        capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     count = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s"
     assert pg.sql(count, params=(pg.slot,)) == [(0,)]  # nothing captured: no slot made
 
@@ -445,12 +449,12 @@ def test_a_first_start_killed_between_the_topics_snapshot_commits_completes_them
 
     monkeypatch.setattr(postgres._Log, "_commit", commit_then_die)
     with pytest.raises(SystemExit):
-        capture(source, lake, lake / "state", once=True)
+        capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     monkeypatch.undo()
     assert calls == ["customers"] and len(log_commits(lake, "customers")) == 1
     assert len(log_commits(lake, "stores")) == 0 and (lake / "state" / f"snapshot-{pg.slot}" / "lsn").exists()
     pg.sql("UPDATE {t}_stores SET city = 'moved' WHERE store_id = 3")  # after the slot's consistent point
-    again = capture(source, lake, lake / "state", once=True)
+    again = capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     assert again["snapshot_rows"] == 0 and again["topics"]["stores"]["appended"] == 5 + 1
     assert [len(c) for c in log_commits(lake, "customers")] == [20]
     assert [sorted(r["store_id"] for r in c) for c in log_commits(lake, "stores")] == [[1, 2, 3, 4, 5], [3]]

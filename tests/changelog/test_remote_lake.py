@@ -18,8 +18,9 @@ import pytest
 from changelog.deadletters import count_dead_letters, read_dead_letters
 from changelog.ingest import ingest
 from changelog.kafka import copy_batch
-from changelog.storage import open_lake
+from changelog.storage import as_lake, open_lake
 from changelog.topics import latest_version, table_id, topic_key
+from tests.lakehelp import as_topic
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +37,9 @@ def _ids(lake) -> list[str]:
     """Every tweet_id of the tweets log, read with delta-rs through the lake's URI and options."""
     from deltalake import DeltaTable, QueryBuilder
 
-    table = DeltaTable(lake.delta_uri(topic_key("tweets")), storage_options=lake.delta_options() or None)
+    table = DeltaTable(
+        lake.delta_uri(topic_key(as_topic("tweets"))), storage_options=lake.delta_options() or None
+    )
     got = QueryBuilder().register("t", table).execute("SELECT tweet_id FROM t").read_all()
     return sorted(got.column("tweet_id").to_pylist()) if got.num_rows else []
 
@@ -59,27 +62,35 @@ def test_ingest_commits_on_the_store_and_writes_each_dead_letter_once(remote_lak
     src = tmp_path / "t.jsonl"
     src.write_bytes(_post("t1") + b"\nnot json\n" + _post("t2") + b"\n")
 
-    result = ingest(None, lake, "tweets", [str(src)])
+    result = ingest(None, as_lake(lake), as_topic("tweets"), [str(src)])
     assert result.summary() == {"topic": "tweets", "accepted": 2, "rejected": 1}
     assert _ids(lake) == ["t1", "t2"]
-    assert latest_version(lake, "tweets") == 1 and table_id(lake, "tweets")
-    assert lake.exists(topic_key("tweets"), "_delta_log", f"{1:020d}.crc")  # its checksum, on the store
-    (dead,) = read_dead_letters(lake, "tweets")
+    assert latest_version(as_lake(lake), as_topic("tweets")) == 1 and table_id(
+        as_lake(lake), as_topic("tweets")
+    )
+    assert lake.exists(
+        topic_key(as_topic("tweets")), "_delta_log", f"{1:020d}.crc"
+    )  # its checksum, on the store
+    (dead,) = read_dead_letters(as_lake(lake), as_topic("tweets"))
     assert (dead["file"], dead["line"], dead["raw"]) == (str(src), 2, "not json")
     assert "not valid JSON" in dead["reason"]
     (obj,) = lake.list("deadletter", "tweets")
     assert obj.name.startswith("ingest-") and obj.name.endswith(".jsonl")
 
-    again = ingest(None, lake, "tweets", [str(src)])  # its position and dead letters, found on the store
+    again = ingest(
+        None, as_lake(lake), as_topic("tweets"), [str(src)]
+    )  # its position and dead letters, found on the store
     assert again.summary() == {"topic": "tweets", "accepted": 0, "rejected": 0, "already_committed": 3}
-    assert _ids(lake) == ["t1", "t2"] and count_dead_letters(lake, "tweets") == 1
+    assert _ids(lake) == ["t1", "t2"] and count_dead_letters(as_lake(lake), as_topic("tweets")) == 1
 
     rows = [("k.tweets", 0, 0, _post("k1")), ("k.tweets", 0, 1, b"{}")]
     for _ in range(2):  # a batch replayed after a crash: nothing twice
-        copied = copy_batch(lake, {"k.tweets": "tweets"}, rows, app_id="mview.kafka.x", version=0)
+        copied = copy_batch(
+            as_lake(lake), {"k.tweets": as_topic("tweets")}, rows, app_id="mview.kafka.x", version=0
+        )
         assert copied == {"tweets": {"accepted": 1, "rejected": 1}}
     assert _ids(lake) == ["k1", "t1", "t2"]
-    offsets = [d.get("offset") for d in read_dead_letters(lake, "tweets")]
+    offsets = [d.get("offset") for d in read_dead_letters(as_lake(lake), as_topic("tweets"))]
     assert offsets == [None, 1]  # in key order: `ingest-...`, then `kafka-...`
 
 
@@ -100,7 +111,9 @@ def test_mview_ingest_with_lake_dir_on_the_store(remote_lake, tmp_path):
     assert f"rejected lines and reasons are in {lake.uri('deadletter', 'tweets')}" in done.stdout
     assert env.get("AWS_SECRET_ACCESS_KEY", "\0") not in done.stdout + done.stderr
     assert _ids(lake) == ["c1"]
-    assert [(d["file"], d["line"]) for d in read_dead_letters(lake, "tweets")] == [(str(src), 2)]
+    assert [(d["file"], d["line"]) for d in read_dead_letters(as_lake(lake), as_topic("tweets"))] == [
+        (str(src), 2)
+    ]
 
 
 def test_concurrent_ingest_processes_on_the_store_store_every_record_and_dead_letter_once(
@@ -128,7 +141,7 @@ def test_concurrent_ingest_processes_on_the_store_store_every_record_and_dead_le
         assert p.returncode == 0, err[-3000:]
         assert json.loads(out.splitlines()[-1]) == {"topic": "tweets", "accepted": 50, "rejected": 1}
     assert _ids(lake) == sorted(f"p{n}-{i}" for n in range(4) for i in range(50))
-    assert latest_version(lake, "tweets") == 4
-    assert sorted((d["file"], d["line"]) for d in read_dead_letters(lake, "tweets")) == [
+    assert latest_version(as_lake(lake), as_topic("tweets")) == 4
+    assert sorted((d["file"], d["line"]) for d in read_dead_letters(as_lake(lake), as_topic("tweets"))) == [
         (str(f), 51) for f in files
     ]

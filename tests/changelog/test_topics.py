@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from changelog.storage import as_lake
 from changelog.topics import ensure_delta_table, table_version
+from tests.lakehelp import as_topic
 
 
 def test_a_table_whose_creator_died_before_its_first_commit_is_created_then_kept(spark, tmp_path):
@@ -15,14 +17,14 @@ def test_a_table_whose_creator_died_before_its_first_commit_is_created_then_kept
     creates it; a table that exists is left as it is."""
     path = tmp_path / "state" / "held"
     (path / "_delta_log").mkdir(parents=True)
-    ensure_delta_table(spark, path, "k string, v bigint")
-    assert table_version(path) == 0
+    ensure_delta_table(spark, as_lake(path), "k string, v bigint")
+    assert table_version(as_lake(path)) == 0
     assert spark.read.format("delta").load(str(path)).schema.simpleString() == "struct<k:string,v:bigint>"
     spark.createDataFrame([("a", 1)], "k string, v bigint").write.format("delta").mode("append").save(
         str(path)
     )
-    ensure_delta_table(spark, path, "k string, v bigint")
-    assert table_version(path) == 1 and spark.read.format("delta").load(str(path)).count() == 1
+    ensure_delta_table(spark, as_lake(path), "k string, v bigint")
+    assert table_version(as_lake(path)) == 1 and spark.read.format("delta").load(str(path)).count() == 1
 
 
 _V1 = """
@@ -59,7 +61,7 @@ def _log(lake, topic) -> list[dict]:
 
     t = (
         QueryBuilder()
-        .register("t", DeltaTable(str(topic_path(lake, topic))))
+        .register("t", DeltaTable(str(topic_path(as_lake(lake), as_topic(topic)))))
         .execute("SELECT * FROM t")
         .read_all()
     )
@@ -86,31 +88,38 @@ def test_a_topic_that_gains_optional_fields_grows_its_log_and_old_records_hold_n
     from changelog.topics import check_topic, read_batch, table_version, topic_path
 
     lake, v1 = tmp_path / "lake", _orders()
-    ingest(None, lake, v1, [_jsonl(tmp_path / "a.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
+    ingest(
+        None,
+        as_lake(lake),
+        as_topic(v1),
+        [_jsonl(tmp_path / "a.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])],
+    )
     v2 = _orders(
         _V1.replace("amount: double, ts", "amount: double, coupon: string, ts"),
         coupon="string",
         optional=["coupon"],
     )
     assert [n for n, _ in v2.columns()] == ["order_id", "amount", "coupon", "ts"]
-    assert check_topic(lake, v2) == ("grow", [("coupon", "string")])
+    assert check_topic(as_lake(lake), as_topic(v2)) == ("grow", [("coupon", "string")])
     new = [
         {"order_id": "o2", "amount": 1.5, "coupon": "C", "ts": 6},
         {"order_id": "o3", "amount": 3, "ts": 7},
     ]
-    result = ingest(None, lake, v2, [_jsonl(tmp_path / "b.jsonl", new)])
+    result = ingest(None, as_lake(lake), as_topic(v2), [_jsonl(tmp_path / "b.jsonl", new)])
     assert (result.accepted, result.rejected) == (2, 0)
     assert _log(lake, v2) == [
         {"order_id": "o1", "amount": 2.0, "ts": 5, "coupon": None},
         {"order_id": "o2", "amount": 1.5, "ts": 6, "coupon": "C"},
         {"order_id": "o3", "amount": 3.0, "ts": 7, "coupon": None},
     ]
-    path = Path(topic_path(lake, v2))
-    history = [(path / "_delta_log" / f"{v:020d}.json").read_text() for v in range(table_version(path) + 1)]
+    path = Path(topic_path(as_lake(lake), as_topic(v2)))
+    history = [
+        (path / "_delta_log" / f"{v:020d}.json").read_text() for v in range(table_version(as_lake(path)) + 1)
+    ]
     assert ['"operation":"ADD COLUMN"' in h for h in history] == [False, False, True, False]
     assert all((path / "_delta_log" / f"{v:020d}.crc").exists() for v in range(len(history)))
-    assert check_topic(lake, v2) is None
-    rows = read_batch(spark, lake, v2).orderBy("order_id").collect()
+    assert check_topic(as_lake(lake), as_topic(v2)) is None
+    rows = read_batch(spark, as_lake(lake), as_topic(v2)).orderBy("order_id").collect()
     assert [(r["order_id"], r["amount"], r["coupon"], r["ts"]) for r in rows] == [
         ("o1", 2.0, None, 5),
         ("o2", 1.5, "C", 6),
@@ -118,11 +127,18 @@ def test_a_topic_that_gains_optional_fields_grows_its_log_and_old_records_hold_n
     ]
     # declared again without it (another pipeline sharing the topic), the log is read and written as before:
     # its records hold null in `coupon`; a job selects the declared columns
-    ingest(None, lake, v1, [_jsonl(tmp_path / "c.jsonl", [{"order_id": "o4", "amount": 4, "ts": 8}])])
-    assert check_topic(lake, v1) is None and _log(lake, v1)[-1]["coupon"] is None
+    ingest(
+        None,
+        as_lake(lake),
+        as_topic(v1),
+        [_jsonl(tmp_path / "c.jsonl", [{"order_id": "o4", "amount": 4, "ts": 8}])],
+    )
+    assert check_topic(as_lake(lake), as_topic(v1)) is None and _log(lake, v1)[-1]["coupon"] is None
     from joins.sides import own_columns
 
-    rows = read_batch(spark, lake, v1).select(*own_columns(v1)).orderBy("order_id").collect()
+    rows = (
+        read_batch(spark, as_lake(lake), as_topic(v1)).select(*own_columns(v1)).orderBy("order_id").collect()
+    )
     assert [tuple(r) for r in rows][-1] == ("o4", 4.0, 8)
 
 
@@ -149,16 +165,27 @@ def test_any_other_change_of_a_topic_that_holds_records_is_refused_in_one_line(t
     from changelog.topics import check_topic, ensure_topic, table_version, topic_path
 
     lake = tmp_path / "lake"
-    ingest(None, lake, _orders(), [_jsonl(tmp_path / "a.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
+    ingest(
+        None,
+        as_lake(lake),
+        as_topic(_orders()),
+        [_jsonl(tmp_path / "a.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])],
+    )
     changed = _orders(**dict(change))
-    before = table_version(topic_path(lake, changed))
+    before = table_version(as_lake(topic_path(as_lake(lake), as_topic(changed))))
     refusals = [
-        lambda: ingest(None, lake, changed, [_jsonl(tmp_path / "b.jsonl", [{"order_id": "o2"}])]),
-        lambda: copy_batch(
-            lake, {"k.orders": changed}, [("k.orders", 0, 0, b'{"order_id":"o2"}')], app_id="a", version=0
+        lambda: ingest(
+            None, as_lake(lake), as_topic(changed), [_jsonl(tmp_path / "b.jsonl", [{"order_id": "o2"}])]
         ),
-        lambda: check_topic(lake, changed),
-        lambda: ensure_topic(None, lake, changed),
+        lambda: copy_batch(
+            as_lake(lake),
+            {"k.orders": changed},
+            [("k.orders", 0, 0, b'{"order_id":"o2"}')],
+            app_id="a",
+            version=0,
+        ),
+        lambda: check_topic(as_lake(lake), as_topic(changed)),
+        lambda: ensure_topic(None, as_lake(lake), as_topic(changed)),
     ]
     for refuse in refusals:
         with pytest.raises(TopicChanged) as e:
@@ -166,14 +193,16 @@ def test_any_other_change_of_a_topic_that_holds_records_is_refused_in_one_line(t
         text = str(e.value)
         assert says in text and "\n" not in text, text
         assert "declare the new fields as a new topic" in text and "`mview replay`" in text
-        assert e.value.topic == "orders" and e.value.path == str(topic_path(lake, changed))
-    assert table_version(topic_path(lake, changed)) == before and not list(read_dead_letters(lake, "orders"))
+        assert e.value.topic == "orders" and e.value.path == str(topic_path(as_lake(lake), as_topic(changed)))
+    assert table_version(as_lake(topic_path(as_lake(lake), as_topic(changed)))) == before and not list(
+        read_dead_letters(as_lake(lake), changed)
+    )
 
     empty = tmp_path / "empty"
-    ensure_topic(None, empty, _orders())
-    assert check_topic(empty, changed)[0] == "replace"
-    ensure_topic(None, empty, changed)
-    assert check_topic(empty, changed) is None and _log(empty, changed) == []
+    ensure_topic(None, as_lake(empty), as_topic(_orders()))
+    assert check_topic(as_lake(empty), as_topic(changed))[0] == "replace"
+    ensure_topic(None, as_lake(empty), as_topic(changed))
+    assert check_topic(as_lake(empty), as_topic(changed)) is None and _log(empty, changed) == []
 
 
 def test_a_declaration_without_optional_columns_the_log_gained_reads_and_writes_them_as_absent(tmp_path):
@@ -188,15 +217,28 @@ def test_a_declaration_without_optional_columns_the_log_gained_reads_and_writes_
 
     lake, a = tmp_path / "lake", _orders()
     b = _orders(note="string", optional=["note"])
-    ingest(None, lake, a, [_jsonl(tmp_path / "1.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
     ingest(
-        None, lake, b, [_jsonl(tmp_path / "2.jsonl", [{"order_id": "o2", "amount": 1, "note": "n", "ts": 6}])]
+        None,
+        as_lake(lake),
+        as_topic(a),
+        [_jsonl(tmp_path / "1.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])],
     )
-    assert check_topic(lake, a) is None
-    result = ingest(None, lake, a, [_jsonl(tmp_path / "3.jsonl", [{"order_id": "o3", "amount": 3, "ts": 7}])])
+    ingest(
+        None,
+        as_lake(lake),
+        as_topic(b),
+        [_jsonl(tmp_path / "2.jsonl", [{"order_id": "o2", "amount": 1, "note": "n", "ts": 6}])],
+    )
+    assert check_topic(as_lake(lake), as_topic(a)) is None
+    result = ingest(
+        None,
+        as_lake(lake),
+        as_topic(a),
+        [_jsonl(tmp_path / "3.jsonl", [{"order_id": "o3", "amount": 3, "ts": 7}])],
+    )
     assert (result.accepted, result.rejected) == (1, 0)
     copy_batch(
-        lake,
+        as_lake(lake),
         {"k.orders": a},
         [("k.orders", 0, 0, b'{"order_id":"o4","amount":4,"ts":8}')],
         app_id="a",
@@ -210,16 +252,29 @@ def test_a_declaration_without_optional_columns_the_log_gained_reads_and_writes_
     ]
 
     born = tmp_path / "born"  # created by the declaration with the optional column
-    ingest(None, born, b, [_jsonl(tmp_path / "4.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])])
-    ingest(None, born, a, [_jsonl(tmp_path / "5.jsonl", [{"order_id": "o2", "amount": 2, "ts": 5}])])
-    assert check_topic(born, a) is None and [r["note"] for r in _log(born, a)] == [None, None]
+    ingest(
+        None,
+        as_lake(born),
+        as_topic(b),
+        [_jsonl(tmp_path / "4.jsonl", [{"order_id": "o1", "amount": 2, "ts": 5}])],
+    )
+    ingest(
+        None,
+        as_lake(born),
+        as_topic(a),
+        [_jsonl(tmp_path / "5.jsonl", [{"order_id": "o2", "amount": 2, "ts": 5}])],
+    )
+    assert check_topic(as_lake(born), as_topic(a)) is None and [r["note"] for r in _log(born, a)] == [
+        None,
+        None,
+    ]
 
     required = _orders(note="string")  # a log created with `note` required
     ingest(
         None,
-        tmp_path / "req",
-        required,
+        as_lake(tmp_path / "req"),
+        as_topic(required),
         [_jsonl(tmp_path / "6.jsonl", [{"order_id": "o1", "amount": 2, "note": "x", "ts": 5}])],
     )
     with pytest.raises(TopicChanged, match="field 'note' is not declared any more"):
-        check_topic(tmp_path / "req", a)
+        check_topic(as_lake(tmp_path / "req"), as_topic(a))

@@ -84,7 +84,9 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
     assert got == want
     local = make_settings(tmp_path / "lake_local", redis_url.rsplit("/", 1)[0] + "/2", TIMELINE_CAP=CAP)
     for topic, records in (("tweets", tl.tweets), ("follows", tl.follows)):  # one commit each, as the CLI's
-        ingest(spark, local.lake_dir, topic, [write_jsonl(tmp_path / f"local-{topic}.jsonl", records)])
+        ingest(
+            spark, local.lake, local.topic(topic), [write_jsonl(tmp_path / f"local-{topic}.jsonl", records)]
+        )
     run_timeline(spark, local, once=True)
     on_cluster = redis_content(client, "timeline", 1)
     assert len(on_cluster) > 50

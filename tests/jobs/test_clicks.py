@@ -60,8 +60,8 @@ def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int):
             assert piece[topic], "every piece holds both topics, so batch i is piece i"
             ingest(
                 spark,
-                settings.lake_dir,
-                topic,
+                settings.lake,
+                settings.topic(topic),
                 [write_jsonl(tmp_path / f"{topic}{seed}_{chunks}_{i}.jsonl", piece[topic])],
             )
     totals = run_clicks(spark, settings, once=True, max_files_per_trigger=1)
@@ -98,7 +98,7 @@ def test_search_clicks_and_ctr_equal_the_definition_for_any_chunking(
 
 
 def _ingest(spark, settings, tmp_path, topic, records, name):
-    return ingest(spark, settings.lake_dir, topic, [write_jsonl(tmp_path / name, records)])
+    return ingest(spark, settings.lake, settings.topic(topic), [write_jsonl(tmp_path / name, records)])
 
 
 def _search(sid, sess, ts, q="shoes"):
@@ -118,7 +118,7 @@ def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp
     (tmp_path / "bad.jsonl").write_text(
         '{"click_id":"c7","session_id":"a","url":"u","ts":"yesterday"}\nnot json\n'
     )
-    res = ingest(spark, settings.lake_dir, "clicks", [str(tmp_path / "bad.jsonl")])
+    res = ingest(spark, settings.lake, settings.topic("clicks"), [str(tmp_path / "bad.jsonl")])
     assert (res.accepted, res.rejected) == (0, 2)
     _ingest(
         spark, settings, tmp_path, "searches", [_search("s1", "a", T0), _search("s2", "b", T0)], "s1.jsonl"
@@ -160,7 +160,7 @@ def test_early_clicked_final_outcome_late_duplicate_bad_line_and_idle(spark, tmp
         for x in settings.lake.read_bytes(late_key, e.name).splitlines()
     ]
     assert [(r["id"], r["reason"].startswith("late: ts")) for r in late] == [("c3", True)]
-    dead = list(read_dead_letters(settings.lake, "clicks"))
+    dead = list(read_dead_letters(settings.lake, settings.topic("clicks")))
     assert "'ts'" in dead[0]["reason"] and "not valid JSON" in dead[1]["reason"]
 
     # 4. s3 opens, then nothing arrives: after the idle timeout the watermark moves with the wall clock.

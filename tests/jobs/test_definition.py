@@ -32,7 +32,9 @@ def test_a_changed_where_rebuilds_into_a_new_generation_and_status_says_why(spar
     later = [{"search_id": "late", "session_id": "z", "query": "z", "ts": T0 + 3 * H}]  # closes every window
     text = BUILTIN_FILE.read_text()
     settings = _settings(tmp_path, redis_url, text)
-    ingest(None, settings.lake_dir, "searches", [write_jsonl(tmp_path / "s.jsonl", searches + later)])
+    ingest(
+        None, settings.lake, settings.topic("searches"), [write_jsonl(tmp_path / "s.jsonl", searches + later)]
+    )
     spec = job_spec(settings, "clicks")
     spec.run(spark, settings, once=True)
     client = connect(redis_url)

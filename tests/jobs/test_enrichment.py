@@ -11,6 +11,7 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.records import validate
+from changelog.storage import as_lake
 from jobs.core.registry import job_spec
 from jobs.core.runtime import read_status
 from spec.builtin import builtin_pipeline
@@ -30,7 +31,7 @@ LATENESS = "5 minutes"  # the workload's disorder is 4 minutes
 
 
 def export_enriched(spark, lake_dir, generation: int):
-    return export_log(spark, lake_dir, builtin_pipeline().views["enriched_activity"], generation)
+    return export_log(spark, as_lake(lake_dir), builtin_pipeline().views["enriched_activity"], generation)
 
 
 def export_activity_by_country(client):
@@ -45,8 +46,8 @@ def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int, *, chec
             if recs:
                 ingest(
                     spark,
-                    settings.lake_dir,
-                    topic,
+                    settings.lake,
+                    settings.topic(topic),
                     [write_jsonl(tmp_path / f"{topic}{chunks}_{i}.jsonl", recs)],
                 )
         run_enrichment(spark, settings, once=True)

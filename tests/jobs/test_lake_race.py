@@ -24,6 +24,7 @@ from jobs.ops.deploy import deploy, stop
 from tests.conftest import make_settings, write_jsonl
 from tests.devhelp import one_store_param
 from tests.jobs.opshelp import mview, status_of, wait_for
+from tests.lakehelp import as_topic
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +98,10 @@ def _versions(settings) -> list[tuple[int, str, list[tuple]]]:
     """(version, operation, rows) of every version of the follows log, read with delta-rs."""
     from deltalake import DeltaTable, QueryBuilder
 
-    uri, options = settings.lake.delta_uri(topic_key("follows")), settings.lake.delta_options() or None
+    uri, options = (
+        settings.lake.delta_uri(topic_key(as_topic("follows"))),
+        settings.lake.delta_options() or None,
+    )
     ops = {h["version"]: h.get("operation", "") for h in DeltaTable(uri, storage_options=options).history()}
     out = []
     for v in sorted(ops):

@@ -47,8 +47,10 @@ def _timelines(client) -> dict:
 
 
 def _feed(spark, settings, tmp_path, name, tweets, follows) -> None:
-    ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{name}.jsonl", tweets)])
-    ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{name}.jsonl", follows)])
+    ingest(spark, settings.lake, settings.topic("tweets"), [write_jsonl(tmp_path / f"t{name}.jsonl", tweets)])
+    ingest(
+        spark, settings.lake, settings.topic("follows"), [write_jsonl(tmp_path / f"f{name}.jsonl", follows)]
+    )
 
 
 def _mview(settings, *args) -> str:

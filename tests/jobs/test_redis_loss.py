@@ -39,8 +39,10 @@ def test_lost_serving_copy_is_detected_and_run_once_rebuilds_it(spark, tmp_path,
     tw, fo = _parts(wl.tweets, 2), _parts(wl.follows, 2)
 
     def feed(i):
-        ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", tw[i])])
-        ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", fo[i])])
+        ingest(spark, settings.lake, settings.topic("tweets"), [write_jsonl(tmp_path / f"t{i}.jsonl", tw[i])])
+        ingest(
+            spark, settings.lake, settings.topic("follows"), [write_jsonl(tmp_path / f"f{i}.jsonl", fo[i])]
+        )
 
     assert serving_copy_lost(settings, rclient, spec) is None  # never published: nothing to lose
     feed(0)

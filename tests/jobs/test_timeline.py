@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from changelog.ingest import ingest
+from changelog.storage import as_lake
 from spec import load_pipeline
 from tests.builtin import run_timeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
@@ -34,8 +35,18 @@ def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, cap: int, seed: in
     rng = random.Random(seed)
     tw, fo = split_at_random(wl.tweets, chunks, rng), split_at_random(wl.follows, chunks, rng)
     for i in range(chunks):
-        ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{chunks}_{i}.jsonl", tw[i])])
-        ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{chunks}_{i}.jsonl", fo[i])])
+        ingest(
+            spark,
+            settings.lake,
+            settings.topic("tweets"),
+            [write_jsonl(tmp_path / f"t{chunks}_{i}.jsonl", tw[i])],
+        )
+        ingest(
+            spark,
+            settings.lake,
+            settings.topic("follows"),
+            [write_jsonl(tmp_path / f"f{chunks}_{i}.jsonl", fo[i])],
+        )
         run_timeline(spark, settings, once=True)
     client = connect(redis_url)
     return {row["user_id"]: row["tweet_ids"] for row in export_timeline(client)}
@@ -79,10 +90,14 @@ def test_follow_unfollow_delete_refill_and_query(spark, tmp_path, redis_url, rcl
     for i, (tw, fo, want) in enumerate(steps):
         if tw:
             recs = [{"op": o, "tweet_id": t, "user_id": u, "text": f"{t}!", "ts": ts} for o, t, u, ts in tw]
-            ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", recs)])
+            ingest(
+                spark, settings.lake, settings.topic("tweets"), [write_jsonl(tmp_path / f"t{i}.jsonl", recs)]
+            )
         if fo:
             recs = [{"op": o, "follower_id": a, "followee_id": b, "ts": ts} for o, a, b, ts in fo]
-            ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", recs)])
+            ingest(
+                spark, settings.lake, settings.topic("follows"), [write_jsonl(tmp_path / f"f{i}.jsonl", recs)]
+            )
         run_timeline(spark, settings, once=True)
         got = query_timeline(connect(redis_url), "r")
         assert [t["tweet_id"] for t in got["tweets"]] == want, f"step {i}"
@@ -115,7 +130,7 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
     built_in = make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0", TIMELINE_CAP=2).pipeline()
     join = TableJoin(spark, *built_in.sides(JOB), built_in.jobs[JOB].spec.match)
     path = tmp_path / "changes"
-    store = TableStore(spark, path, join, snapshot_every=2)
+    store = TableStore(spark, as_lake(path), join, snapshot_every=2)
     tweets = "op string, tweet_id string, user_id string, text string, ts bigint"
     follows = "op string, follower_id string, followee_id string, ts bigint"
     steps = [
@@ -136,8 +151,8 @@ def test_state_store_compacts_and_restores_the_state_before_any_pending_batch(sp
         store.advance(i, changes)
     # restore(2) and restore(4) compacted: s1 covered b0-b1, s3 covered s1 and b2-b3.
     assert sorted(p.name for p in path.iterdir()) == ["b4", "s3"]
-    assert _rows(TableStore(spark, path, join).restore(5)) == _rows(store.state)
-    assert _rows(TableStore(spark, path, join).restore(4)) == before[4]
+    assert _rows(TableStore(spark, as_lake(path), join).restore(5)) == _rows(store.state)
+    assert _rows(TableStore(spark, as_lake(path), join).restore(4)) == before[4]
     tweets_after, follows_after = _rows(store.state)
     assert [t[:5] for t in tweets_after] == [
         ("t1", "a", "x", 1, True),
@@ -174,7 +189,12 @@ def test_with_a_fanout_limit_the_job_publishes_the_same_views_and_keeps_its_limi
     client = connect(redis_url)
     for i in range(3):
         for topic, records in (("tweets", tw[i]), ("follows", fo[i])):
-            ingest(spark, settings.lake_dir, topic, [write_jsonl(tmp_path / f"{topic}{i}.jsonl", records)])
+            ingest(
+                spark,
+                settings.lake,
+                settings.topic(topic),
+                [write_jsonl(tmp_path / f"{topic}{i}.jsonl", records)],
+            )
             if i or topic == "follows":  # the first run: tweets and follows
                 run_timeline(spark, settings, once=True)
                 expected = expected_timelines(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from changelog.storage import as_lake
 from joins.asof import AsofSides, asof_join, dedupe_events, version_rows, with_identity
 from joins.asof_state import AsofProgress, AsofState
 from spec.builtin import builtin_pipeline
@@ -84,7 +85,7 @@ def test_state_restores_its_mark_and_tables_and_stages_a_batch_once(spark, tmp_p
     """The layout (`mark.json`, Delta `versions` and `held`) restores; staging or advancing a batch id again (a
     replay) appends nothing twice; the held set is replaced only when given."""
     state_dir = tmp_path / "g1"
-    state = AsofState(spark, state_dir, "mview-enrichment-g1", _sides())
+    state = AsofState(spark, as_lake(state_dir), "mview-enrichment-g1", _sides())
     before = state.restore(0)
     assert (before.max_ts, before.held, before.watermark(10)) == (None, 0, None)
     assert before.versions().count() == 0 and before.held_events().count() == 0
@@ -105,4 +106,4 @@ def test_state_restores_its_mark_and_tables_and_stages_a_batch_once(spark, tmp_p
     assert [r["event_id"] for r in after.held_events().collect()] == ["e1"]
     # as the job wrote it before #17
     (state_dir / "mark.json").write_text(json.dumps({"max_ts": 7, "held": 0}))
-    assert AsofState(spark, state_dir, "mview-enrichment-g1", _sides()).restore(3).max_ts == 7
+    assert AsofState(spark, as_lake(state_dir), "mview-enrichment-g1", _sides()).restore(3).max_ts == 7

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import functions as F
 
-from changelog.storage import open_lake
+from changelog.storage import as_lake, open_lake
 from joins.errors import BadJoinArgument
 from joins.interval import MIN_WATERMARK, JoinSide, interval_join
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
@@ -197,7 +197,7 @@ def test_store_steps_replay_idle_tick_and_layout(spark, lake):
     by URI, the versions and their meta go through the lake): the state lives off the local disk."""
     sides = IntervalSides.of(spark, parse_pipeline(PIPELINE, "t.yml"), "j")
     key = "state/j/g1"
-    store = IntervalStore(spark, lake, key=key, sides=sides, lateness_ms=10)
+    store = IntervalStore(spark, as_lake(lake), key=key, sides=sides, lateness_ms=10)
 
     def versions() -> list[str]:
         return [e.name for e in lake.list(key) if e.name.startswith("v")]

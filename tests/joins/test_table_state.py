@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from changelog.storage import open_lake
+from changelog.storage import as_lake, open_lake
 from joins.sparkapi import codegen_compilations
 from joins.table import TableJoin, maintain_join
 from joins.table_state import TableStore
@@ -33,7 +33,7 @@ def test_a_restore_keeps_the_newest_row_per_key_and_staging_compiles_no_code_aft
     before batch 4 from the log: the same rows, t0 as the last batch left it (each row's batch told by its
     directory). Staging batches of one shape compiles no new code in Spark after the first."""
     join = _builtin_join(spark)
-    store = TableStore(spark, tmp_path / "changes", join)
+    store = TableStore(spark, as_lake(tmp_path / "changes"), join)
     follows = spark.createDataFrame([("follow", "r", "a", 1)], _FOLLOWS).localCheckpoint()
     first = maintain_join(join, store.restore(0), (None, follows))
     store.stage(0, first)
@@ -47,7 +47,7 @@ def test_a_restore_keeps_the_newest_row_per_key_and_staging_compiles_no_code_aft
         store.stage(b, changes)
         new_code.append(compiles() - before)
         store.advance(b, changes)
-    restored = TableStore(spark, tmp_path / "changes", join).restore(5)
+    restored = TableStore(spark, as_lake(tmp_path / "changes"), join).restore(5)
     assert (
         sorted(map(tuple, restored.sides[0].collect()))
         == sorted(map(tuple, store.state.sides[0].collect()))
@@ -86,7 +86,7 @@ def test_sides_with_a_composite_key_and_fields_of_every_type_restore_as_they_wer
     `op`: every row staged comes back from the log with its types and flags, the newest per key."""
     p = parse_pipeline(_PIPELINE, "stock.yml")
     join = TableJoin(spark, *p.sides("stocked"), p.jobs["stocked"].spec.match)
-    store = TableStore(spark, tmp_path / "s", join)
+    store = TableStore(spark, as_lake(tmp_path / "s"), join)
     stock = (
         "op string, shop string, sku bigint, qty bigint, price double, open boolean, ts bigint, note string"
     )
@@ -111,7 +111,7 @@ def test_sides_with_a_composite_key_and_fields_of_every_type_restore_as_they_wer
         )
         store.stage(b, changes)
         store.advance(b, changes)
-    restored = TableStore(spark, tmp_path / "s", join).restore(2)
+    restored = TableStore(spark, as_lake(tmp_path / "s"), join).restore(2)
     for i in (0, 1):
         assert restored.sides[i].schema == store.state.sides[i].schema
         assert sorted(map(tuple, restored.sides[i].collect())) == sorted(
@@ -136,7 +136,7 @@ def test_on_hdfs_the_state_restores_compacts_and_drops_what_a_snapshot_covers(sp
     lake = open_lake(f"{hdfs_server.url}/lake-{uuid.uuid4().hex[:8]}")
     key = "state/timeline/g1/table"
     join = _builtin_join(spark)
-    store = TableStore(spark, lake, join, key=key, snapshot_every=2)
+    store = TableStore(spark, as_lake(lake), join, key=key, snapshot_every=2)
     follows = spark.createDataFrame([("follow", "r", "a", 1)], _FOLLOWS)
     tweets = [spark.createDataFrame([("post", t, "a", f"{t}@{ts}", ts)], _TWEETS) for t, ts in _POSTS]
     for b, inputs in enumerate([(None, follows), *((t, None) for t in tweets)]):
@@ -144,9 +144,9 @@ def test_on_hdfs_the_state_restores_compacts_and_drops_what_a_snapshot_covers(sp
         store.stage(b, changes)
         store.advance(b, changes)
     assert [e.name for e in lake.list(key)] == ["b2", "b3", "s1"]  # s1 covers b0 and b1
-    restored = TableStore(spark, lake, join, key=key, snapshot_every=2).restore(4)
+    restored = TableStore(spark, as_lake(lake), join, key=key, snapshot_every=2).restore(4)
     assert [e.name for e in lake.list(key)] == ["s3"]
-    again = TableStore(spark, lake, join, key=key).restore(4)
+    again = TableStore(spark, as_lake(lake), join, key=key).restore(4)
     for i in (0, 1):
         want = sorted(map(tuple, store.state.sides[i].collect()))
         assert sorted(map(tuple, restored.sides[i].collect())) == want

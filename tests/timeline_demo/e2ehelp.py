@@ -126,7 +126,7 @@ def check_dead_letters(settings: Settings, pipeline: Pipeline, files: dict[str, 
     total = 0
     for name, paths in files.items():
         want = [(p, n, text, why) for p in paths for n, text, why in rejections(pipeline.topics[name], p)]
-        got = list(read_dead_letters(settings.lake, name))
+        got = list(read_dead_letters(settings.lake, settings.topic(name)))
         assert [(d["file"], d["line"], d["raw"]) for d in got] == [w[:3] for w in want], name
         for d, (_, _, _, why) in zip(got, want, strict=True):
             named = _FIELD.search(why)
@@ -143,7 +143,7 @@ def check_kafka_dead_letters(settings: Settings, pipeline: Pipeline, files: dict
     total = 0
     for name, paths in files.items():
         want = Counter(text for p in paths for _, text, _ in rejections(pipeline.topics[name], p))
-        got = list(read_dead_letters(settings.lake, name))
+        got = list(read_dead_letters(settings.lake, settings.topic(name)))
         assert Counter(d["raw"] for d in got) == want, name
         assert len({(d["topic"], d["partition"], d["offset"]) for d in got}) == len(got), name
         assert all(d["topic"] == f"{settings.kafka_topic_prefix}{name}" for d in got), name
@@ -270,7 +270,7 @@ def run_here(spark, settings: Settings, pipeline: Pipeline, batches, directory: 
     totals: dict[str, list[dict]] = {j: [] for j in jobs}
     for i, batch in enumerate(batches):
         for topic, path in write_batch(directory, i, batch).items():
-            ingest(None, settings.lake_dir, pipeline.topics[topic], [path], quiet=True)
+            ingest(None, settings.lake, pipeline.topics[topic], [path], quiet=True)
         for job in jobs:
             totals[job].append(job_spec(settings, job).run(spark, settings, once=True))
     return totals

@@ -25,7 +25,9 @@ def test_demo_verifies_every_timeline_and_catches_a_wrong_one(spark, tmp_path, r
     assert line == f"verified: {n}/{n} timelines match the SQL definition" and n > 20
 
     wl = sized("tiny", seed=3)
-    assert sql_timelines(spark, settings.lake_dir, 20) == expected_timelines(wl.tweets, wl.follows, 20)
+    assert sql_timelines(spark, settings.lake, settings.pipeline(), 20) == expected_timelines(
+        wl.tweets, wl.follows, 20
+    )
 
     victim = sorted(expected_timelines(wl.tweets, wl.follows, 20))[0]
     key = timeline_key(1, victim)

@@ -24,7 +24,7 @@ from timeline_demo.web import serve_in_thread
 def _ingest(spark, settings, tmp_path, topic, records, name):
     path = tmp_path / f"{name}.jsonl"
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    ingest(spark, settings.lake_dir, topic, [str(path)])
+    ingest(spark, settings.lake, settings.topic(topic), [str(path)])
 
 
 def post(tid: str, uid: str, ts: int) -> dict:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from changelog.storage import as_lake
 from spec import parse_pipeline
 from tests.shophelp import SHOP
 from views.frame import view_rows
-from views.log import LogSink, export_log, log_path, log_rows, log_schema, time_field
+from views.log import LogSink, export_log, log_key, log_path, log_rows, log_schema, time_field
 
 ROWS = (
     "order_id string, customer_id string, region string, amount double, qty bigint, coupon string, "
@@ -32,10 +33,12 @@ def test_appends_once_per_batch_and_exports_by_id(spark, tmp_path, shop):
     ]
     out = log_rows(view_rows(spark.createDataFrame(rows, ROWS), shop, "orders_enriched"), view, shop)
     assert out.columns == [n for n, _ in view.fields] + ["_id"]
-    sink = LogSink(spark, log_path(tmp_path, view.name, 1), log_schema(out), "orders_enriched-g1-orders_log")
+    sink = LogSink(
+        spark, as_lake(tmp_path), log_schema(out), "orders_enriched-g1-orders_log", key=log_key(view.name, 1)
+    )
     sink.write(out, 0)
     sink.write(out, 0)  # replayed after a crash: appended once
-    assert list(export_log(spark, tmp_path, view, 1)) == [
+    assert list(export_log(spark, as_lake(tmp_path), view, 1)) == [
         {"order_id": "o1", "tier": None, "version": "junk", "ts": 100, "country": None, "customer_ts": None},
         {
             "order_id": "o2",
@@ -55,5 +58,5 @@ def test_export_of_a_generation_whose_log_has_no_commit_yet_is_empty(spark, tmp_
     """Between Spark making the output log's `_delta_log` and its version 0, the generation has published nothing:
     its export is empty, not an error."""
     view = shop.views["orders_log"]
-    (Path(log_path(tmp_path, view.name, 1)) / "_delta_log").mkdir(parents=True)
-    assert list(export_log(spark, tmp_path, view, 1)) == []
+    (Path(log_path(as_lake(tmp_path), view.name, 1)) / "_delta_log").mkdir(parents=True)
+    assert list(export_log(spark, as_lake(tmp_path), view, 1)) == []

@@ -16,7 +16,9 @@ from tests.jobs.opshelp import metric_samples
 
 def test_a_batch_moves_the_counters_and_the_status_file_feeds_the_rest(tmp_path, redis_url):
     settings = make_settings(tmp_path / "lake", redis_url)
-    write_dead_letters(settings.lake, "tweets", "ingest-1", [{"reason": "x"}, {"reason": "y"}])
+    write_dead_letters(
+        settings.lake, settings.topic("tweets"), "ingest-1", [{"reason": "x"}, {"reason": "y"}]
+    )
     write_status(settings, "timeline", generation=3, held=0, last_batch_ms=1_700_000_000_000)
     m = JobMetrics(settings, "timeline")
     before = metric_samples(generate_latest(m.registry).decode())

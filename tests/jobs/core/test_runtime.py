@@ -176,7 +176,9 @@ def test_topics_moved_names_exactly_the_topics_with_input_in_each_batch(spark, t
     for i, topics in enumerate([TOPICS, ("tweets",), ("follows",), ("follows",), TOPICS, ("tweets",)]):
         for t in topics:
             record = {**(tweet if t == "tweets" else follow), "ts": i + 1}
-            ingest(spark, settings.lake_dir, t, [write_jsonl(tmp_path / f"{t}{i}.jsonl", [record])])
+            ingest(
+                spark, settings.lake, settings.topic(t), [write_jsonl(tmp_path / f"{t}{i}.jsonl", [record])]
+            )
         run_stream(
             _source(spark, settings, join),
             process,

@@ -57,9 +57,7 @@ def test_views_equal_the_definition_for_any_chunking(
     for chunks in chunkings:
         rclient.flushall()
         settings = _run_chunked(spark, tmp_path, redis_url, shop, wl, chunks, seed)
-        assert list(export_log(spark, settings.lake_dir, shop.views["orders_log"], 1)) == log, (
-            f"chunks={chunks}"
-        )
+        assert list(export_log(spark, settings.lake, shop.views["orders_log"], 1)) == log, f"chunks={chunks}"
         client = connect(redis_url)
         assert list(export_view(client, "by_tier", pipeline=shop)) == [
             want["by_tier"][k] for k in sorted(want["by_tier"])

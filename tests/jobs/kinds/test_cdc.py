@@ -213,7 +213,9 @@ def test_enrichment_of_the_captured_table_equals_the_as_of_truth_of_the_database
         {"event_id": f"e{n}", "user_id": f"u{n % 7}", "action": "view", "ts": ts}
         for n, ts in enumerate(probes)
     ]
-    ingest(None, settings.lake_dir, "activity", [write_jsonl(tmp_path / "activity.jsonl", events)])
+    ingest(
+        None, settings.lake, settings.topic("activity"), [write_jsonl(tmp_path / "activity.jsonl", events)]
+    )
     run_enrichment(spark, settings, once=True)
     got = {r["event_id"]: r for r in export_enriched(spark, settings.lake_dir, 1)}
     assert got == {e["event_id"]: _as_of(history, e) for e in events}
@@ -430,7 +432,7 @@ def test_a_captured_row_over_the_record_limit_is_a_dead_letter_exactly_as_ingest
 
     kept = {r["user_id"]: r for c in log_commits(settings.lake_dir) for r in c}
     assert sorted(kept) == ["h2", "h5"] and kept["h2"]["name"] == fits  # at the limit: kept whole
-    dead = list(read_dead_letters(settings.lake, "profiles"))
+    dead = list(read_dead_letters(settings.lake, settings.topic("profiles")))
     assert [d["raw"][:30] for d in dead] == [
         '{"op":"upsert","user_id":"h1",',
         '{"op":"upsert","user_id":"h3",',
@@ -451,6 +453,8 @@ def test_a_captured_row_over_the_record_limit_is_a_dead_letter_exactly_as_ingest
     (tmp_path / "same.jsonl").write_bytes(line("h3", over) + b"\n" + line("h2", fits) + b"\n")
     ingested = mview(settings, "ingest", "profiles", str(tmp_path / "same.jsonl"), "--json")
     assert json.loads(ingested.stdout.splitlines()[-1]) == {"topic": "profiles", "accepted": 1, "rejected": 1}
-    by_ingest = list(read_dead_letters(settings.lake, "profiles"))[-1]  # `ingest-...` sorts after `cdc-...`
+    by_ingest = list(read_dead_letters(settings.lake, settings.topic("profiles")))[
+        -1
+    ]  # `ingest-...` sorts after `cdc-...`
     assert by_ingest["reason"] == dead[1]["reason"].split(": ", 1)[1]
     assert (by_ingest["raw"], by_ingest["raw_bytes"]) == (dead[1]["raw"], dead[1]["raw_bytes"])

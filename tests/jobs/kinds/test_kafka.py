@@ -30,12 +30,14 @@ import orjson
 from changelog.deadletters import read_dead_letters
 from changelog.ingest import ingest
 from changelog.records import MAX_RECORD_BYTES
+from changelog.storage import as_lake
 from changelog.topics import table_version, topic_columns, topic_path
 from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.ops.deploy import deploy, settings_env, stop
 from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import batch_in_flight, mview_here, status_of, wait_for
+from tests.lakehelp import as_topic
 
 JOB = "kafka"
 TOPICS = tuple(builtin_pipeline().topics)  # the built-in pipeline's topics: the kafka job copies every one
@@ -45,17 +47,17 @@ def _records(lake, topic) -> list[dict]:
     """Every record of the topic's Delta log (read with delta-rs, no Spark)."""
     from deltalake import DeltaTable, QueryBuilder
 
-    path = topic_path(lake, topic)
-    if table_version(path) < 0:  # not created yet, or _delta_log made before its first commit
+    path = topic_path(as_lake(lake), as_topic(topic))
+    if table_version(as_lake(path)) < 0:  # not created yet, or _delta_log made before its first commit
         return []
-    cols = [n for n, _ in topic_columns(topic)]
+    cols = [n for n, _ in topic_columns(as_topic(topic))]
     t = QueryBuilder().register("t", DeltaTable(str(path))).execute("select * from t").read_all()
     data = [t.column(c).to_pylist() for c in cols]
     return [dict(zip(cols, row, strict=True)) for row in zip(*data, strict=True)]
 
 
 def _dead(lake, topic) -> list[dict]:
-    return list(read_dead_letters(lake, topic))
+    return list(read_dead_letters(as_lake(lake), as_topic(topic)))
 
 
 def _mview(settings, *args, check=True) -> subprocess.CompletedProcess:
@@ -141,7 +143,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
         files[topic] = tmp_path / f"{topic}.jsonl"
         files[topic].write_bytes(b"\n".join(lines) + b"\n")
         _mview(settings, "produce", topic, str(files[topic]))
-        ingest(None, direct, topic, [str(files[topic])])
+        ingest(None, as_lake(direct), as_topic(topic), [str(files[topic])])
 
     assert status_of(settings, JOB)["lag_versions"] == sum(len(lines) for lines in _workload().values())
     out = json.loads(_here(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
@@ -159,11 +161,15 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
         assert all(c[0] == f"{kafka['KAFKA_TOPIC_PREFIX']}{topic}" for c in coords)
     assert out["tweets"] == {"accepted": 300, "rejected": 9}
 
-    versions = {t: sorted(os.listdir(Path(topic_path(settings.lake_dir, t)) / "_delta_log")) for t in TOPICS}
+    versions = {
+        t: sorted(os.listdir(Path(topic_path(settings.lake, settings.topic(t))) / "_delta_log"))
+        for t in TOPICS
+    }
     again = json.loads(_here(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
     assert again == {t: {"accepted": 0, "rejected": 0} for t in TOPICS}
     assert versions == {
-        t: sorted(os.listdir(Path(topic_path(settings.lake_dir, t)) / "_delta_log")) for t in TOPICS
+        t: sorted(os.listdir(Path(topic_path(settings.lake, settings.topic(t))) / "_delta_log"))
+        for t in TOPICS
     }
     assert sum(len(_dead(settings.lake_dir, t)) for t in TOPICS) == 9 + 2 + 1 + 1 + 1 + 1
     assert status_of(settings, JOB)["lag_versions"] == 0
@@ -184,7 +190,7 @@ def _views_equal(spark, via_kafka, via_ingest) -> None:
             spec.run(spark, settings, once=True)
             client = connect(settings.redis_url)
             for view in spec.views:
-                rows = export_view(client, view, job=name, lake_dir=settings.lake_dir, spark=lambda: spark)
+                rows = export_view(client, view, job=name, lake=settings.lake, spark=lambda: spark)
                 views[view] = sorted(orjson.dumps(r, option=orjson.OPT_SORT_KEYS) for r in rows)
         exports.append(views)
     assert all(exports[0].values()), {
@@ -333,7 +339,7 @@ def test_timeline_through_kafka_equals_ingest_and_replay_outlives_retention(
             path = tmp_path / f"{topic}{half}.jsonl"
             path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in halves[topic][half]))
             _mview(via_kafka, "produce", topic, str(path))
-            ingest(None, via_ingest.lake_dir, topic, [str(path)])
+            ingest(None, via_ingest.lake, via_ingest.topic(topic), [str(path)])
         if half == 1:
             assert deleted()
         _here(via_kafka, "run", JOB, "--once")

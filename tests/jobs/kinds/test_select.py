@@ -63,7 +63,7 @@ def _run_all(spark, settings, pipeline, jobs=tuple(JOBS)) -> None:
 def _export(spark, settings, pipeline, view: str) -> list[dict]:
     v = pipeline.views[view]
     if v.kind == "log":
-        return list(export_log(spark, settings.lake_dir, v, 1))
+        return list(export_log(spark, settings.lake, v, 1))
     return list(export_view(connect(settings.redis_url), view, pipeline=pipeline))
 
 
@@ -309,7 +309,7 @@ def test_ingested_files_with_bad_lines_reach_the_views_as_the_brute_force_says(
         for topic, topic_lines in batch.items():
             path = tmp_path / f"{topic}-{i}.jsonl"
             path.write_text("".join(x + "\n" for x in topic_lines))
-            result = ingest(None, settings.lake_dir, tickets.topic(topic), [str(path)])
+            result = ingest(None, settings.lake, settings.topic(tickets.topic(topic)), [str(path)])
             got[topic][0] += result.accepted
             got[topic][1] += result.rejected
         _run_all(spark, settings, tickets, ("gate_flow", "seat_map"))

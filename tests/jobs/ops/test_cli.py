@@ -21,10 +21,12 @@ import pytest
 import redis
 
 from changelog.deadletters import read_dead_letters
+from changelog.storage import as_lake
 from jobs.core.registry import jobs
 from jobs.core.settings import Settings
 from tests.conftest import make_settings, write_jsonl
 from tests.jobs.opshelp import wait_for
+from tests.lakehelp import as_topic
 
 JOBS = jobs(Settings.from_env({}))  # the built-in pipeline's jobs
 
@@ -173,7 +175,7 @@ def test_ingest_with_and_without_json_and_its_errors(world):
     assert "accepted 4, rejected 2" in out[0]
     text = cli("ingest", "follows", files["follows"]).stdout
     assert "accepted 3, rejected 0" in text and not text.strip().splitlines()[-1].startswith("{")
-    dead = list(read_dead_letters(world["settings"].lake, "tweets"))
+    dead = list(read_dead_letters(world["settings"].lake, world["settings"].topic("tweets")))
     assert [(d["file"], d["line"]) for d in dead] == [(str(bad), 5), (str(bad), 6)]
     # The other topics: ingest starts no JVM, so it works where Java cannot be found.
     no_java = {"JAVA_HOME": str(tmp / "no-java"), "PATH": str(tmp / "no-bin")}
@@ -446,7 +448,9 @@ def test_ingest_of_a_pipelines_own_topics_through_the_command_line(tmp_path):
             "accepted": accepted,
             "rejected": rejected,
         }
-    reasons = {topic: [d["reason"] for d in read_dead_letters(lake, topic)] for topic in files}
+    reasons = {
+        topic: [d["reason"] for d in read_dead_letters(as_lake(lake), as_topic(topic))] for topic in files
+    }
     assert reasons == {
         "orders": ["field 'amount' must be a number, got str"],
         "payments": ["missing field 'method'"],

@@ -120,7 +120,7 @@ class _Service:
         if extra_lines:
             with open(path, "a") as fh:
                 fh.write(extra_lines)
-        ingest(self.spark, self.settings.lake_dir, topic, [str(path)])
+        ingest(self.spark, self.settings.lake, self.settings.topic(topic), [str(path)])
         (self.tweets if topic == "tweets" else self.follows).extend(records)
 
     def feed_part(self, i: int, topics=("tweets", "follows")) -> None:

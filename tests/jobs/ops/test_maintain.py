@@ -32,8 +32,8 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     )
     th, half = len(wl.tweets) // 2, len(wl.follows) // 2
     for i, (t, f) in enumerate([(wl.tweets[:th], wl.follows[:half]), (wl.tweets[th:], wl.follows[half:])]):
-        ingest(spark, settings.lake_dir, "tweets", [write_jsonl(tmp_path / f"t{i}.jsonl", t)])
-        ingest(spark, settings.lake_dir, "follows", [write_jsonl(tmp_path / f"f{i}.jsonl", f)])
+        ingest(spark, settings.lake, settings.topic("tweets"), [write_jsonl(tmp_path / f"t{i}.jsonl", t)])
+        ingest(spark, settings.lake, settings.topic("follows"), [write_jsonl(tmp_path / f"f{i}.jsonl", f)])
     # Generation 2 serves; generation 1 is a leftover (keys, checkpoint and state dirs) of an earlier replay.
     set_generation(rclient, "timeline", 2)
     run_timeline(spark, settings, once=True)
@@ -43,7 +43,7 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     for d in (checkpoint_dir(settings, "timeline", 1), state_dir(settings, "timeline", 1)):
         Path(d).mkdir(parents=True)
     before = redis_content(rclient, "timeline", 2)
-    follows_files = _parquet_files(topic_path(settings.lake_dir, "follows"))
+    follows_files = _parquet_files(topic_path(settings.lake, settings.topic("follows")))
     assert len(follows_files) >= 2
 
     report = maintain(spark, settings)
@@ -57,12 +57,14 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     assert (Path(state_dir(settings, "timeline", 2)) / "table" / "b0" / "_SUCCESS").exists()
     ops = [
         r[0]
-        for r in spark.sql(f"DESCRIBE HISTORY delta.`{topic_path(settings.lake_dir, 'follows')}`")
+        for r in spark.sql(f"DESCRIBE HISTORY delta.`{topic_path(settings.lake, settings.topic('follows'))}`")
         .select("operation")
         .collect()
     ]
     assert "VACUUM END" in ops
-    assert not set(_parquet_files(topic_path(settings.lake_dir, "follows"))) & set(follows_files)  # vacuumed
+    assert not set(_parquet_files(topic_path(settings.lake, settings.topic("follows")))) & set(
+        follows_files
+    )  # vacuumed
     assert report["dropped_generations"] == {"timeline": [1]}
     assert list(rclient.scan_iter(match="mv:*:1:*")) == [] and not rclient.exists("mv:meta:timeline:1")
     assert (
@@ -76,8 +78,11 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
     assert redis_content(connect(redis_url), "timeline", 3) == before
 
     # Ingest (delta-rs) appends after Spark's compaction, OPTIMIZE and VACUUM of the log: one record more.
-    follows = spark.read.format("delta").load(str(topic_path(settings.lake_dir, "follows")))
+    follows = spark.read.format("delta").load(str(topic_path(settings.lake, settings.topic("follows"))))
     n = follows.count()
     extra = {"op": "follow", "follower_id": "new1", "followee_id": "new2", "ts": 1767225600000}
-    ingest(None, settings.lake_dir, "follows", [write_jsonl(tmp_path / "f-after.jsonl", [extra])])
-    assert spark.read.format("delta").load(str(topic_path(settings.lake_dir, "follows"))).count() == n + 1
+    ingest(None, settings.lake, settings.topic("follows"), [write_jsonl(tmp_path / "f-after.jsonl", [extra])])
+    assert (
+        spark.read.format("delta").load(str(topic_path(settings.lake, settings.topic("follows")))).count()
+        == n + 1
+    )
