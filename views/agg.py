@@ -201,7 +201,7 @@ class AggView(StateView):
     def __init__(
         self,
         spark,
-        lake: Lake | str,
+        lake: Lake,
         view: View,
         pipeline: Pipeline,
         key: str,
@@ -318,7 +318,7 @@ class AggView(StateView):
         return len(rows)
 
 
-def agg_views(spark, lake: Lake | str, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[AggView]:
+def agg_views(spark, lake: Lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[AggView]:
     """An `AggView` for each agg view of `job`, its state under `<state_key>/views/<view>` of `lake` (keyword
     arguments `append_only`, `redis_url`, `generation`, `fence`: `AggView`'s)."""
     return views_of(AggView, "agg", spark, lake, pipeline, job, state_key, **kw)

@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from changelog.current import quoted
-from changelog.storage import Lake, as_lake
+from changelog.storage import Lake
 from joins.state import complete_dirs, empty_frame
 
 __all__ = ["LakeState", "StateStep", "StateView", "changed_rows", "touched", "fresh", "ddl", "views_of"]
@@ -64,8 +64,8 @@ class LakeState:
     """The state of one view under key `root` of `lake` (see the module docstring): rows of `_sid`, `_key` and the
     `payload` columns ((name, type) pairs). `snapshot_every`: batch directories between two compactions."""
 
-    def __init__(self, spark, lake: Lake | str, root: str, payload: list, *, snapshot_every: int = 100):
-        self.spark, self.lake, self.root = spark, as_lake(lake), root.strip("/")
+    def __init__(self, spark, lake: Lake, root: str, payload: list, *, snapshot_every: int = 100):
+        self.spark, self.lake, self.root = spark, lake, root.strip("/")
         self.snapshot_every = snapshot_every
         self.partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions")))
         self._complete: set[str] = set()  # directories known to be complete (`joins.state.complete_dirs`)

@@ -85,7 +85,7 @@ class TopList(StateView):
     def __init__(
         self,
         spark,
-        lake: Lake | str,
+        lake: Lake,
         view: View,
         pipeline: Pipeline,
         key: str,
@@ -196,7 +196,7 @@ class TopList(StateView):
         return self.sink.write_phases(step.ops, 3, step.batch_id)
 
 
-def list_views(spark, lake: Lake | str, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[TopList]:
+def list_views(spark, lake: Lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[TopList]:
     """A `TopList` for each list view of `job` (none for a `join` job, whose lists are `views.list.ListView`'s), its
     state under `<state_key>/views/<view>` of `lake` (keyword arguments `append_only`, `redis_url`, `generation`,
     `fence`: `TopList`'s)."""

@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from changelog.storage import as_lake
 from spec import parse_pipeline
 from views.agg import AggView, export_aggs, query_agg
 from views.errors import Fenced
@@ -166,7 +167,7 @@ def _agg(spark, tmp_path, pipeline, redis_url, append_only, **kw):
     job, name = MODES[append_only]
     return AggView(
         spark,
-        str(tmp_path / "lake"),
+        as_lake(tmp_path / "lake"),
         pipeline.views[name],
         pipeline,
         f"state/{job}/g1/views/{name}",

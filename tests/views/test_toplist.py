@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from changelog.storage import as_lake
 from spec import parse_pipeline
 from tests.views.test_agg import _changes  # a batch's row changes from the live rows before and after it
 from views.fence import Fence, raise_fence
@@ -135,7 +136,7 @@ def _lists(spark, lake, pipeline, redis_url, append_only, **kw) -> list[TopList]
     return [
         TopList(
             spark,
-            str(lake),
+            as_lake(lake),
             v,
             pipeline,
             f"state/{job}/g1/views/{v.name}",
@@ -320,7 +321,7 @@ def test_semantics(semantics, n):
 
 
 def test_list_views_of_each_job_kind(spark, tmp_path, pipeline, redis_server_url):
-    made = list_views(spark, str(tmp_path), pipeline, "score_lists", "state/s", append_only=True,
+    made = list_views(spark, as_lake(tmp_path), pipeline, "score_lists", "state/s", append_only=True,
                       redis_url=redis_server_url, generation=1)  # fmt: skip
     assert [v.view.name for v in made] == ["s_best", "s_first"] and made[0].root.endswith("views/s_best/top")
     check_job(spark, pipeline, "score_lists")
