@@ -257,7 +257,7 @@ def exports_here(spark, settings: Settings, pipeline: Pipeline) -> dict[str, lis
     """Every view's export lines read in this process (`views.read.export_view`, as `mview export` reads them)."""
     client = connect(settings.redis_url)
     return {
-        v: list(export_view(client, v, lake_dir=settings.lake_dir, spark=lambda: spark, pipeline=pipeline))
+        v: list(export_view(client, v, lake=settings.lake, spark=lambda: spark, pipeline=pipeline))
         for v in pipeline.views
     }
 
