@@ -12,6 +12,7 @@ import pytest
 from changelog.storage import as_lake
 from jobs.dev.postgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
+from spec.model import Topic
 from tests.devhelp import servers_allowed
 from tests.lakehelp import as_topic
 
@@ -105,8 +106,9 @@ def password_role(pg_server, pg: PgTable, password: str) -> str:
     raise AssertionError(f"the server does not check the password of {role} after a reload of {hba}")
 
 
-def log_commits(lake_dir, topic: str = "profiles") -> list[list[dict]]:
-    """The records per Delta commit (version 1 on) of the log of `topic` (default: the built-in `profiles`), each
+def log_commits(lake_dir, topic: Topic | str = "profiles") -> list[list[dict]]:
+    """The records per Delta commit (version 1 on) of the log of `topic` (a Topic, or a topic of the built-in pipeline
+    by name; default: `profiles`), each
     commit's in the order written, read with delta-rs (no Spark)."""
     from collections import Counter
 

@@ -13,6 +13,7 @@ from changelog.deadletters import read_dead_letters
 from changelog.errors import CdcFailed, PostgresUnavailable
 from changelog.postgres import PgSource, capture, drop_slot, wal_lag
 from changelog.storage import as_lake
+from spec.model import Topic
 from tests.lakehelp import as_topic
 from tests.pghelp import fold, log_commits
 
@@ -300,8 +301,8 @@ def _own(pg, tables: bool = True):
     return PgSource(pg.dsn, captured, pg.slot), topics
 
 
-def _dead(lake, topic: str) -> list[dict]:
-    return list(read_dead_letters(as_lake(lake), as_topic(topic)))
+def _dead(lake, topic: Topic) -> list[dict]:
+    return list(read_dead_letters(as_lake(lake), topic))
 
 
 _JAN1 = 1767225600000  # 2026-01-01T00:00:00Z
@@ -313,7 +314,7 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
     not fit (NaN, a numeric past a float's range) and a delete of a topic without `op:` dead letters in their
     topic's log; each change once across runs."""
     lake = tmp_path / "lake"
-    source, _topics = _own(pg)
+    source, topics = _own(pg)
     pg.sql(
         "INSERT INTO {t}_customers VALUES ('c1', 'Ann', 'gold', 3, 12.50, true, '2026-01-01 10:00:00+00'),"
         " ('c2', 'Bob', 'silver', 0, -0.25, false, NULL)",
@@ -325,8 +326,8 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
         "customers": {"appended": 2, "rejected": 0},
         "stores": {"appended": 2, "rejected": 0},
     }
-    ((c1, c2),) = log_commits(lake, "customers")
-    ((s1, s2),) = log_commits(lake, "stores")
+    ((c1, c2),) = log_commits(lake, topics["customers"])
+    ((s1, s2),) = log_commits(lake, topics["stores"])
     taken = c2["ts"]  # no updated_at: the time the snapshot was taken
     assert c1 == {
         "op": "upsert", "customer_id": "c1", "name": "Ann", "tier": "gold", "visits": 3, "balance": 12.5,
@@ -358,8 +359,8 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
         "customers": {"appended": 5, "rejected": 2},
         "stores": {"appended": 2, "rejected": 1},
     }
-    customers = [r for c in log_commits(lake, "customers")[1:] for r in c]
-    stores = [r for c in log_commits(lake, "stores")[1:] for r in c]
+    customers = [r for c in log_commits(lake, topics["customers"])[1:] for r in c]
+    stores = [r for c in log_commits(lake, topics["stores"])[1:] for r in c]
     assert [(r["op"], r["customer_id"], r.get("visits"), r.get("balance")) for r in customers] == [
         ("upsert", "c1", 4, 99.75),
         ("delete", "c2", None, None),
@@ -377,13 +378,13 @@ def test_the_captured_tables_of_a_pipelines_own_topics_fill_them_by_column_and_t
         {"store_id": 9000000000, "city": "Rome", "opened": _JAN1 + 31 * 86_400_000},
     ]
     assert stores[0]["opened"] > taken  # no opened: the commit time
-    dead = _dead(lake, "customers")
+    dead = _dead(lake, topics["customers"])
     assert [d["reason"].split(": ", 1)[1] for d in dead] == [
         "field 'balance' must be a finite number, got nan",
         "field 'balance' must be a finite number, got inf",
     ]
     assert all(d["file"] == f"postgresql:public.{pg.name}_customers" and "/" in d["lsn"] for d in dead)
-    (gone,) = _dead(lake, "stores")
+    (gone,) = _dead(lake, topics["stores"])
     assert (
         "topic stores has no remove records" in gone["reason"]
         and orjson.loads(gone["raw"])["store_id"] == "1"
@@ -434,7 +435,7 @@ def test_a_first_start_killed_between_the_topics_snapshot_commits_completes_them
     from changelog import postgres
 
     lake = tmp_path / "lake"
-    source, _topics = _own(pg)
+    source, topics = _own(pg)
     pg.sql(
         "INSERT INTO {t}_customers SELECT 'c' || i, 'n', 'gold', i, i, true, NULL FROM generate_series(1, 20) i",
         "INSERT INTO {t}_stores SELECT i, 'city', NULL FROM generate_series(1, 5) i",
@@ -451,12 +452,18 @@ def test_a_first_start_killed_between_the_topics_snapshot_commits_completes_them
     with pytest.raises(SystemExit):
         capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     monkeypatch.undo()
-    assert calls == ["customers"] and len(log_commits(lake, "customers")) == 1
-    assert len(log_commits(lake, "stores")) == 0 and (lake / "state" / f"snapshot-{pg.slot}" / "lsn").exists()
+    assert calls == ["customers"] and len(log_commits(lake, topics["customers"])) == 1
+    assert (
+        len(log_commits(lake, topics["stores"])) == 0
+        and (lake / "state" / f"snapshot-{pg.slot}" / "lsn").exists()
+    )
     pg.sql("UPDATE {t}_stores SET city = 'moved' WHERE store_id = 3")  # after the slot's consistent point
     again = capture(source, as_lake(lake), as_lake(lake / "state"), once=True)
     assert again["snapshot_rows"] == 0 and again["topics"]["stores"]["appended"] == 5 + 1
-    assert [len(c) for c in log_commits(lake, "customers")] == [20]
-    assert [sorted(r["store_id"] for r in c) for c in log_commits(lake, "stores")] == [[1, 2, 3, 4, 5], [3]]
-    assert log_commits(lake, "stores")[1][0]["city"] == "moved"
+    assert [len(c) for c in log_commits(lake, topics["customers"])] == [20]
+    assert [sorted(r["store_id"] for r in c) for c in log_commits(lake, topics["stores"])] == [
+        [1, 2, 3, 4, 5],
+        [3],
+    ]
+    assert log_commits(lake, topics["stores"])[1][0]["city"] == "moved"
     assert not (lake / "state" / f"snapshot-{pg.slot}").exists()

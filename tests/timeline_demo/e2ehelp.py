@@ -151,7 +151,7 @@ def check_kafka_dead_letters(settings: Settings, pipeline: Pipeline, files: dict
     return total
 
 
-def log_records(lake_dir: Path, topic: str, first_commit: int = 0) -> list[dict]:
+def log_records(lake_dir: Path, topic: Topic, first_commit: int = 0) -> list[dict]:
     """The records of `topic`'s log (read with delta-rs, no Spark) in commit order, from its `first_commit`-th
     commit on (0: all), each with its non-null fields."""
     from tests.pghelp import log_commits

@@ -133,11 +133,11 @@ def test_whole_through_the_installed_cli_with_customers_captured_from_postgres(
         }
     assert check_dead_letters(settings, pipeline, files) == sum(from_files.rejected.values())
 
-    ingested = len(log_commits(settings.lake_dir, "customers"))
+    ingested = len(log_commits(settings.lake_dir, settings.topic("customers")))
     start = _now_ms() - 1_000
     snapshot, stream = _capture(settings, pg, table)
     end = _now_ms() + 1_000
-    captured = log_records(settings.lake_dir, "customers", ingested)
+    captured = log_records(settings.lake_dir, settings.topic("customers"), ingested)
     got = [(r["customer_id"], r["op"], r.get("tier"), r["ts"]) for r in captured]
     got_snapshot, got_stream = sorted(got[: len(snapshot)], key=str), got[len(snapshot) :]
     assert len(got) == len(snapshot) + len(stream), got
