@@ -1,9 +1,9 @@
 """The read side of every view: `query_view` (one key) and `export_view` (all keys), by the view's kind.
 
 A view is looked up in the pipeline (`spec.builtin.default_pipeline`: `MVIEW_PIPELINE` or the built-in one, unless
-the caller passes one) and read by its kind, never by its name:
-- `row` (`views.row`), `count` (`views.count`), `agg` (`views.agg`): from Redis, without Spark;
-- `list` (`views.list`): from Redis, without Spark;
+the caller passes one) and read by its kind (`views.kinds`), never by its name:
+- `row` (`views.row`), `count` (`views.count`), `agg` (`views.agg`), `list` (`views.list`): from Redis, without
+  Spark;
 - `log` (`views.log`): an output log in the lake, exported with Spark; it has no query.
 Readers resolve the job's serving generation first, so a replay that switches generations is seen atomically.
 
@@ -20,13 +20,8 @@ from collections.abc import Iterator
 from changelog.storage import Lake
 from spec.builtin import default_pipeline
 from spec.model import Pipeline, View
-from views.agg import export_aggs, query_agg
-from views.count import export_counts, query_count
 from views.errors import UnknownView, ViewError, WrongJob, WrongViewKind
-from views.list import export_list, query_list
-from views.log import export_log
-from views.redis_io import current_generation
-from views.row import export_rows, query_row
+from views.kinds import view_kind
 
 __all__ = ["query_view", "export_view", "format_result", "printable", "resolve_view"]
 
@@ -55,15 +50,10 @@ def query_view(
     """The view's entry for `key` by kind, `{}` when the key has none (every kind alike; a list: no item to show).
     `job`: the view's job (default: the one the pipeline says; given, it must be that one)."""
     v = resolve_view(view, pipeline, job=job)
-    if v.kind == "row":
-        return query_row(client, v, key)
-    if v.kind == "count":
-        return query_count(client, v, key)
-    if v.kind == "agg":
-        return query_agg(client, v, key)
-    if v.kind == "list":
-        return query_list(client, v, key, limit)
-    raise ViewError(f"{v.name} is an output log, not a Redis view: use `mview export {v.name}`")
+    kind = view_kind(v)
+    if kind.query is None:
+        raise ViewError(f"{v.name} is an output log, not a Redis view: use `mview export {v.name}`")
+    return kind.query(client, v, key, limit)
 
 
 def export_view(
@@ -78,17 +68,10 @@ def export_view(
     """Every key of the view as export lines, by kind. A log view is an output log in the lake: it needs `lake`
     (a `changelog.storage.Lake`, e.g. `Settings.lake`) and `spark`, a callable returning a SparkSession, called only for such a view."""
     v = resolve_view(view, pipeline, job=job)
-    if v.kind == "row":
-        return export_rows(client, v)
-    if v.kind == "count":
-        return export_counts(client, v)
-    if v.kind == "agg":
-        return export_aggs(client, v)
-    if v.kind == "list":
-        return export_list(client, v)
-    if lake is None:
+    kind = view_kind(v)
+    if not kind.in_redis and lake is None:
         raise ViewError(f"{v.name} is an output log in the lake: pass the lake to export it")
-    return export_log(spark(), lake, v, current_generation(client, v.job))
+    return kind.export(client, v, lake, spark)
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
@@ -106,8 +89,9 @@ def format_result(view: str | View, result: dict, *, pipeline=None) -> str:
     if not result:
         return ""
     v = resolve_view(view, pipeline)
-    if v.kind == "list":
-        items = result.get(v.items_name, [])
+    items_name = view_kind(v).items
+    if items_name is not None:
+        items = result.get(items_name(v), [])
         if v.show is None:
             return "\n".join(printable(json.dumps(item)) for item in items)
         return "\n".join(printable(v.show.format(**item)) for item in items)

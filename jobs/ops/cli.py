@@ -261,13 +261,14 @@ def cmd_query(args) -> int:
 
 def cmd_export(args) -> int:
     from jobs.core.registry import view_job
+    from views.kinds import view_kind
     from views.read import export_view
 
     out = sys.stdout
     settings = _settings()
     job = view_job(settings, args.view)
     pipeline = settings.pipeline()
-    if pipeline.views[args.view].kind == "log":  # an output log in the lake, read with Spark
+    if not view_kind(pipeline.views[args.view]).in_redis:  # an output log in the lake, read with Spark
         _lake(settings, write=False)
     rows = export_view(
         _redis(settings),
