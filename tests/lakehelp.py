@@ -5,11 +5,18 @@ with `changelog.storage.as_lake`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from spec.builtin import default_pipeline
-from spec.model import Topic
+from spec.load import load_pipeline
+from spec.model import Pipeline, Topic
 
 
-def as_topic(topic: Topic | str) -> Topic:
-    """`topic` itself, or the topic of that name in the pipeline of this process's `MVIEW_PIPELINE` (the built-in
-    pipeline when unset)."""
-    return topic if isinstance(topic, Topic) else default_pipeline().topics[topic]
+def as_topic(topic: Topic | str, pipeline: Pipeline | Path | None = None) -> Topic:
+    """`topic` itself, or the topic of that name in `pipeline` (a Pipeline or its file; default: the pipeline of
+    this process's `MVIEW_PIPELINE`, the built-in pipeline when unset)."""
+    if isinstance(topic, Topic):
+        return topic
+    if isinstance(pipeline, Path):
+        pipeline = load_pipeline(pipeline)
+    return (pipeline or default_pipeline()).topics[topic]

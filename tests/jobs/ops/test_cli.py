@@ -449,7 +449,8 @@ def test_ingest_of_a_pipelines_own_topics_through_the_command_line(tmp_path):
             "rejected": rejected,
         }
     reasons = {
-        topic: [d["reason"] for d in read_dead_letters(as_lake(lake), as_topic(topic))] for topic in files
+        topic: [d["reason"] for d in read_dead_letters(as_lake(lake), as_topic(topic, SHOP))]
+        for topic in files
     }
     assert reasons == {
         "orders": ["field 'amount' must be a number, got str"],
