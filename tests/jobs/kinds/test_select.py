@@ -309,7 +309,7 @@ def test_ingested_files_with_bad_lines_reach_the_views_as_the_brute_force_says(
         for topic, topic_lines in batch.items():
             path = tmp_path / f"{topic}-{i}.jsonl"
             path.write_text("".join(x + "\n" for x in topic_lines))
-            result = ingest(None, settings.lake, settings.topic(tickets.topic(topic)), [str(path)])
+            result = ingest(None, settings.lake, tickets.topic(topic), [str(path)])
             got[topic][0] += result.accepted
             got[topic][1] += result.rejected
         _run_all(spark, settings, tickets, ("gate_flow", "seat_map"))
