@@ -250,11 +250,11 @@ def _trim(cap: int, descending: bool) -> tuple[str, str]:
 
 
 def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluster: bool, fence: Fence):
-    """payload (the operation's commands, one fenced call: `views.fence`), replies (1), lists (1 for a list), entries (added), tag (the hash
-    tag of the operation's keys on a Redis Cluster, else null), and last `_phase` when `ops_df` has it. One SQL text per column (see `views.wire`); the key
-    and the array sizes are a projection of their own, computed once per row and referred to by name (written out
-    in every command, they made a tree the optimizer and code generator took a few hundred ms to plan in every
-    batch)."""
+    """payload (the operation's commands, one fenced call: `views.fence`), replies (1), lists (1 for a list),
+    entries (added), tag (the hash tag of the operation's keys on a Redis Cluster, else null), and last `_phase` when
+    `ops_df` has it. One SQL text per column (see `views.wire`); the key and the array sizes are a projection of
+    their own, computed once per row and referred to by name (written out in every command, they made a tree the
+    optimizer and code generator took a few hundred ms to plan in every batch)."""
     phase = ["_phase"] if "_phase" in ops_df.columns else []  # kept last (`ListViewSink.write_phases`)
     keyed = ops_df.selectExpr(
         "kind",
