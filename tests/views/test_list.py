@@ -336,12 +336,11 @@ def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(
 @pytest.mark.parametrize(
     "redis_url, limit",
     [
-        ("server", 0),
-        ("server", 2),
-        ("server", None),
-        ("cluster", 2),
-    ],  # limit 2 has both modes, on the cluster too
-    ids=["server-limit 0", "server-limit 2", "server-no limit", "cluster-limit 2"],
+        pytest.param("server", 0, marks=pytest.mark.slow, id="server-limit 0"),
+        pytest.param("server", 2, id="server-limit 2"),
+        pytest.param("server", None, marks=pytest.mark.slow, id="server-no limit"),
+        pytest.param("cluster", 2, marks=pytest.mark.slow, id="cluster-limit 2"),
+    ],  # limit 2 has both modes, on the cluster too; make test-fast keeps that one case
     indirect=["redis_url"],
 )
 def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_url, limit):
@@ -520,8 +519,11 @@ class _Job:
 
 @pytest.mark.parametrize(
     "redis_url, seed, chunks",
-    [("server", 1, 1), ("server", 2, 5), ("cluster", 3, 3)],
-    ids=["server-one batch", "server-five batches", "cluster-three batches"],
+    [
+        pytest.param("server", 1, 1, id="server-one batch"),
+        pytest.param("server", 2, 5, marks=pytest.mark.slow, id="server-five batches"),
+        pytest.param("cluster", 3, 3, marks=pytest.mark.slow, id="cluster-three batches"),
+    ],
     indirect=["redis_url"],
 )
 def test_every_list_view_of_any_shape_reads_as_the_definition(spark, redis_url, seed, chunks):

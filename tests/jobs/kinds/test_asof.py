@@ -43,7 +43,9 @@ def _run_chunked(spark, tmp_path, redis_url, shop, wl, chunks: int, seed: int):
     return settings
 
 
-@pytest.mark.parametrize("seed, chunkings", [(1, (1, 3)), (2, (2,))])  # each with both shops
+@pytest.mark.parametrize(
+    "seed, chunkings", [pytest.param(1, (1, 3), marks=pytest.mark.slow), (2, (2,))]
+)  # each with both shops
 def test_views_equal_the_definition_for_any_chunking(
     spark, tmp_path, redis_url, rclient, shop, seed, chunkings
 ):

@@ -219,8 +219,17 @@ def test_run_once_every_job_with_and_without_json(world):
     )
 
 
-def test_query_every_view_with_and_without_json(world):
-    cli, here = world["cli"], world["here"]
+@pytest.fixture(scope="module")
+def ran(world):
+    """Every built-in job run once here over the ingested records: the views the read commands read (a no-op fast
+    path where test_run_once_every_job ran them, a slow test that `make test-fast` leaves out)."""
+    for job in ("timeline", "clicks", "enrichment"):
+        world["here"]("run", job, "--once")
+    return world
+
+
+def test_query_every_view_with_and_without_json(ran):
+    cli, here = ran["cli"], ran["here"]
     got = cli.json_line("query", "timeline", "b")
     assert got["user_id"] == "b" and got["generation"] == 1
     assert [t["tweet_id"] for t in got["tweets"]] == ["t3", "t1"] and "tweet_ids" not in got
@@ -248,8 +257,8 @@ def test_query_every_view_with_and_without_json(world):
     cli.error("query", "timeline", "b", env={"REDIS_URL": "redis://127.0.0.1:1/0"}, says="cannot reach Redis")
 
 
-def test_export_every_view(world):
-    cli, here = world["cli"], world["here"]
+def test_export_every_view(ran):
+    cli, here = ran["cli"], ran["here"]
 
     def lines(view, cli=here):
         return [json.loads(x) for x in cli("export", view).stdout.splitlines()]
