@@ -72,9 +72,7 @@ def _run_chunked(spark, tmp_path, redis_url, wl, chunks: int, seed: int):
     return settings, sc, ctr
 
 
-@pytest.mark.parametrize(
-    "seed, chunkings", [pytest.param(1, (1, 3), marks=pytest.mark.slow), (2, (2,))]
-)
+@pytest.mark.parametrize("seed, chunkings", [pytest.param(1, (1, 3), marks=pytest.mark.slow), (2, (2,))])
 def test_search_clicks_and_ctr_equal_the_definition_for_any_chunking(
     spark, tmp_path, redis_url, rclient, seed, chunkings
 ):
