@@ -388,6 +388,7 @@ class _File:
                     table,
                     key=ctx.key,
                     note=f"ingest {self.name}",
+                    time=ctx.declared.time,
                     transactions=transactions,
                     metadata={_META: json.dumps(piece)},
                     delta_table=ctx.table,

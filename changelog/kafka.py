@@ -561,6 +561,7 @@ def _append(lake, log, topic: Topic, lines: list[dict], app_id: str, version: in
         table,
         key=topic_key(topic),
         note=f"kafka batch {version}",
+        time=topic.time,
         transactions=((app_id, version),),
         delta_table=log,
     )

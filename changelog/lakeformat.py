@@ -16,7 +16,10 @@ from changelog.storage import Lake, NotFound
 
 __all__ = ["LAKE_FORMAT", "record_format", "format_problem"]
 
-LAKE_FORMAT = 1  # raised with every change of the lake's layout that this version cannot read the old way
+LAKE_FORMAT = (
+    2  # raised with every change of the lake's layout that this version cannot read the old way (2: each
+)
+# topic log carries its watermark, `changelog.topics.MAX_BEFORE`)
 _KEY = "format.json"
 
 

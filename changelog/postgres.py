@@ -579,7 +579,9 @@ class _Log:
         if table.unfit is not None:
             raise NotStored(name, f"postgresql:{note}", len(records), table.unfit)
         txns = ((self.app_id, lsn), (f"{self.app_id}:snapshot", lsn)) if snapshot else ((self.app_id, lsn),)
-        append_table(self.lake, arrow, key=self.keys[name], note=note, transactions=txns)
+        append_table(
+            self.lake, arrow, key=self.keys[name], note=note, time=self.topics[name].time, transactions=txns
+        )
         self.commits += 1
         self.done[name] = lsn
         self.appended += len(records)

@@ -37,6 +37,17 @@ local file system.
 
 Every commit made here is followed by its version checksum (`changelog.checksums`), as Spark's commits are.
 
+**The log carries its own watermark.** Each log has, besides its declared columns, the column `MAX_BEFORE`
+(`_max_before`, bigint, marked optional so no declaration needs it): in every record, the greatest time of the
+topic's records in the versions committed before the record's own (null for the records of a log's first append).
+`append_table` stamps it and records the greatest time including its own records in the commit's `commitInfo`
+(`mview.maxTime`), so the next append reads it from the log's newest commit that has it (commits without it, a
+compaction, an OPTIMIZE, a schema change, add no records). To stamp the right value an append is one attempt at
+its version: one that finds its version taken reads the log again, stamps again and tries the next. Whether an
+event is behind its topic's watermark (`MAX_BEFORE` minus `ALLOWED_LATENESS`) is so a property of the log, the
+same for every run that reads it, however it cuts the log into batches: a replay judges each event as the first
+run did. Readers take the declared columns, so the stamp reaches only a job that asks for it.
+
 **Concurrent writers.** Creating a topic is safe under concurrency: a creation (or a schema change) is one
 attempt at its version, never retried at the next one, and one that fails because another writer made it first
 counts as done; creators and schema changes take the writers' lock exclusive (`topic_lock`). Appends of records (`append_table`: `mview ingest`, the kafka and cdc jobs, all through delta-rs)
@@ -91,7 +102,12 @@ __all__ = [
     "topic_lock",
     "RecordTable",
     "table_version",
+    "MAX_BEFORE",
 ]
+
+MAX_BEFORE = "_max_before"  # per record: the topic's greatest time in the versions before the record's own
+_MAX_TIME = "mview.maxTime"  # commitInfo: the topic's greatest time up to and including the commit
+_APPEND_ATTEMPTS = 1000  # versions an append tries before it gives up (each one taken by another writer)
 
 _BATCH_ROWS = 50_000  # records per Arrow record batch of a RecordTable
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # a topic's name (spec.load's rule): safe as a directory name
@@ -158,6 +174,14 @@ def topic_arrow_schema(topic: Topic):
     )
 
 
+def _log_schema(topic: Topic):
+    """The Arrow schema a new log of `topic` is created with: `topic_arrow_schema` and the stamp `MAX_BEFORE`."""
+    from arro3.core import Field, Schema
+
+    fields = list(topic_arrow_schema(topic))
+    return Schema([*fields, Field(MAX_BEFORE, _ARROW["bigint"], True, metadata=_OPTIONAL)])
+
+
 def _log(key: str) -> str:
     return f"{key}/_delta_log" if key else "_delta_log"
 
@@ -200,7 +224,7 @@ def _create(lake: Lake, key: str, topic: Topic) -> None:
             try:
                 DeltaTable.create(
                     lake.delta_uri(key),
-                    topic_arrow_schema(topic),
+                    _log_schema(topic),
                     mode="ignore",
                     storage_options=lake.delta_options() or None,
                     commit_properties=_once(),
@@ -332,7 +356,7 @@ def _change(lake: Lake, key: str, table, topic: Topic, change: tuple[str, list])
 
         write_deltalake(
             lake.delta_uri(key),
-            Table.from_batches([], schema=topic_arrow_schema(topic)),
+            Table.from_batches([], schema=_log_schema(topic)),
             mode="overwrite",
             schema_mode="overwrite",
             storage_options=lake.delta_options() or None,
@@ -383,42 +407,86 @@ def append_table(
     table,
     *,
     note: str,
+    time: str,
     transactions: tuple[tuple[str, int], ...] = (),
     metadata: dict[str, str] | None = None,
     delta_table=None,
     key: str = "",
 ) -> None:
-    """Append the Arrow `table` (the topic's `topic_arrow_schema`) to the topic log at `key` of `lake` (the lake's
-    root when `key` is empty) in one delta-rs commit with `userMetadata` `note` and the string
-    fields of `metadata` in its `commitInfo`, recording each Delta transaction `(app_id, version)` of
+    """Append the Arrow `table` (the topic's `topic_arrow_schema`; `time`, the name of its time column) to the topic
+    log at `key` of `lake` (the lake's root when `key` is empty) in one delta-rs commit with `userMetadata` `note`
+    and the string fields of `metadata` in its `commitInfo`, recording each Delta transaction `(app_id, version)` of
     `transactions` (the idempotent writes of the kafka and cdc jobs, the positions of `mview ingest`), under the
-    shared writers' lock; then the commit's version checksum (`changelog.checksums`), which spares every streaming
-    reader a Spark job per new version. `delta_table`, a `deltalake.DeltaTable` of that log already loaded, is
-    written through instead of loading the log again (a commit that finds its version taken is retried on the next
-    one either way). An empty `table` makes a commit too, holding only its transactions and metadata."""
+    shared writers' lock; each record stamped with `MAX_BEFORE` (module docstring); then the commit's version
+    checksum (`changelog.checksums`), which spares every streaming reader a Spark job per new version.
+    `delta_table`, a `deltalake.DeltaTable` of that log already loaded, is written through instead of loading the
+    log again. A commit that finds its version taken is stamped again and tried on the next one. An empty `table`
+    makes a commit too, holding only its transactions and metadata."""
     from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake.exceptions import CommitFailedError
 
-    props = CommitProperties(
-        custom_metadata={**(metadata or {}), "userMetadata": note},
-        app_transactions=[Transaction(app, version) for app, version in transactions] or None,
-        max_commit_retries=100,
-    )
     with topic_lock(lake, key=key, exclusive=False):
-        if delta_table is None:
-            table = _fitted(table, _delta_table(lake, key).schema().to_arrow())
-            write_deltalake(
-                lake.delta_uri(key),
-                table,
-                mode="append",
-                commit_properties=props,
-                storage_options=lake.delta_options() or None,
+        log = delta_table if delta_table is not None else _delta_table(lake, key)
+        table = _fitted(table, log.schema().to_arrow())
+        stamped = MAX_BEFORE in table.column_names
+        top = _max_time(table, time) if stamped else None
+        for _ in range(_APPEND_ATTEMPTS):
+            before = _max_time_before(log) if stamped else None
+            done = max((t for t in (before, top) if t is not None), default=None)
+            props = CommitProperties(
+                custom_metadata={
+                    **(metadata or {}),
+                    "userMetadata": note,
+                    **({_MAX_TIME: str(done)} if done is not None else {}),
+                },
+                app_transactions=[Transaction(app, version) for app, version in transactions] or None,
+                max_commit_retries=0,
             )
-            version = table_version(lake, key=key)
+            rows = _stamped(table, before) if stamped else table
+            try:
+                write_deltalake(log, rows, mode="append", commit_properties=props)
+                break
+            except CommitFailedError:
+                log.update_incremental()  # another writer took the version: read what it added, try the next
         else:
-            table = _fitted(table, delta_table.schema().to_arrow())
-            write_deltalake(delta_table, table, mode="append", commit_properties=props)
-            version = delta_table.version()  # the table's state after its own commit: no listing of the log
-        write_checksums(lake, version, key=key)
+            raise CommitFailedError(f"no version of {lake.uri(key)} taken in {_APPEND_ATTEMPTS} attempts")
+        write_checksums(lake, log.version(), key=key)  # the table's state after its own commit: no listing
+
+
+def _max_time(table: Table, time: str) -> int | None:
+    """The greatest non-null value of the column `time` of the Arrow `table`, or None."""
+    best = None
+    for chunk in table.column(time).chunks:
+        values = (
+            chunk.to_numpy() if chunk.null_count == 0 else [v for v in chunk.to_pylist() if v is not None]
+        )
+        if len(values):
+            top = int(max(values))
+            best = top if best is None else max(best, top)
+    return best
+
+
+def _max_time_before(log) -> int | None:
+    """The topic's greatest time up to the loaded log's version: `mview.maxTime` of its newest commit that records
+    one (None: no commit does, a log with no stamped append yet)."""
+    depth = 1
+    while True:
+        infos = log.history(depth)
+        for info in infos:
+            if _MAX_TIME in info:
+                return int(info[_MAX_TIME])
+        if len(infos) < depth:
+            return None
+        depth *= 8
+
+
+def _stamped(table: Table, before: int | None) -> Table:
+    """`table` with each record's `MAX_BEFORE` set to `before`."""
+    i = table.column_names.index(MAX_BEFORE)
+    field = table.schema.field(MAX_BEFORE)
+    lengths = [len(c) for c in table.column(i).chunks]
+    stamp = ChunkedArray([Array([before] * n, type=field.type) for n in lengths], type=field.type)
+    return table.set_column(i, field, stamp)
 
 
 def _fitted(table: Table, schema) -> Table:

@@ -48,7 +48,7 @@ def test_every_commit_gets_an_exact_checksum_that_spark_validates(spark, tmp_pat
     log = Path(path) / "_delta_log"
     assert checksum_path(log, 0).exists()
     for k in range(3):
-        append_table(as_lake(path), _tweets(5 + k, f"a{k}"), note="test")
+        append_table(as_lake(path), _tweets(5 + k, f"a{k}"), note="test", time="ts")
     assert all(checksum_path(log, v).exists() for v in range(4))
     got = _validate(spark, path)
     assert got == {"ok": True, "files": 3, "bytes": got["bytes"], "version": 3}
@@ -63,7 +63,7 @@ def test_concurrent_appenders_leave_a_complete_exact_chain(spark, tmp_path):
     def appender(w: int) -> None:
         try:
             for k in range(4):
-                append_table(as_lake(path), _tweets(3, f"w{w}-{k}"), note="test")
+                append_table(as_lake(path), _tweets(3, f"w{w}-{k}"), note="test", time="ts")
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -83,11 +83,11 @@ def test_a_chain_resumes_from_a_spark_checksum_and_spark_goes_on_from_ours(spark
     """Spark's compaction of a topic (remove + add, its own checksum), then delta-rs appends again."""
     path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
     for k in range(3):
-        append_table(as_lake(path), _tweets(4, f"b{k}"), note="test")
+        append_table(as_lake(path), _tweets(4, f"b{k}"), note="test", time="ts")
     spark.read.format("delta").load(path).repartition(1).write.format("delta").mode("overwrite").option(
         "dataChange", "false"
     ).save(path)
-    append_table(as_lake(path), _tweets(2, "after"), note="test")
+    append_table(as_lake(path), _tweets(2, "after"), note="test", time="ts")
     got = _validate(spark, path)
     assert got["ok"] and got["version"] == 5 and got["files"] == 2
     assert spark.read.format("delta").load(path).count() == 14
@@ -115,7 +115,7 @@ def test_a_chain_resumes_from_a_spark_checksum_and_spark_goes_on_from_ours(spark
 )
 def test_no_checksum_where_it_could_be_wrong(tmp_path, action, why):
     path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
-    append_table(as_lake(path), _tweets(2, "c"), note="test")
+    append_table(as_lake(path), _tweets(2, "c"), note="test", time="ts")
     log = Path(path) / "_delta_log"
     (log / f"{2:020d}.json").write_text(json.dumps(action) + "\n")  # a commit by some other writer
     assert write_checksums(as_lake(path), 2) == 0, why
@@ -130,9 +130,9 @@ def test_a_long_log_without_checksums_gets_none_until_a_spark_commit(tmp_path):
     path = ensure_topic(None, as_lake(tmp_path), as_topic("tweets"))
     log = Path(path) / "_delta_log"
     for k in range(checksums._MAX_WALK + 1):
-        append_table(as_lake(path), _tweets(1, f"d{k}"), note="test")
+        append_table(as_lake(path), _tweets(1, f"d{k}"), note="test", time="ts")
     for crc in log.glob("*.crc"):
         crc.unlink()
-    append_table(as_lake(path), _tweets(1, "last"), note="test")
+    append_table(as_lake(path), _tweets(1, "last"), note="test", time="ts")
     assert not list(log.glob("*.crc"))
     assert write_checksums(as_lake(path), 3) == 4  # a short log is derived from version 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from changelog.storage import as_lake
-from changelog.topics import ensure_delta_table, table_version
+from changelog.topics import MAX_BEFORE, ensure_delta_table, table_version
 from tests.lakehelp import as_topic
 
 
@@ -65,7 +65,7 @@ def _log(lake, topic) -> list[dict]:
         .execute("SELECT * FROM t")
         .read_all()
     )
-    cols = {n: t.column(n).to_pylist() for n in t.column_names}
+    cols = {n: t.column(n).to_pylist() for n in t.column_names if n != MAX_BEFORE}  # the stamp: its own test
     return sorted(
         (dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)),
         key=lambda r: r["order_id"],
@@ -278,3 +278,71 @@ def test_a_declaration_without_optional_columns_the_log_gained_reads_and_writes_
     )
     with pytest.raises(TopicChanged, match="field 'note' is not declared any more"):
         check_topic(as_lake(tmp_path / "req"), as_topic(a))
+
+
+def _versions(lake, topic) -> list[list[tuple[str, int, int | None]]]:
+    """Per version of the topic's log, the (id, time, stamp) of the records it added."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    from changelog.topics import topic_path
+
+    uri, seen, out = str(topic_path(as_lake(lake), topic)), set(), []
+    for v in range(table_version(as_lake(uri)) + 1):
+        t = (
+            QueryBuilder()
+            .register("t", DeltaTable(uri, version=v))
+            .execute(f"SELECT order_id, ts, {MAX_BEFORE} FROM t")
+            .read_all()
+        )
+        rows = list(zip(*[t.column(i).to_pylist() for i in range(3)], strict=True))
+        out.append(sorted(r for r in rows if r[0] not in seen))
+        seen |= {r[0] for r in rows}
+    return out
+
+
+def test_each_record_carries_the_topics_greatest_time_of_the_versions_before_its_own(tmp_path):
+    """`MAX_BEFORE` of a record is the greatest time of the topic's records in the versions committed before the
+    record's: null in the first append, whatever the order of times (late records, equal times, appends of no
+    record); writers appending side by side (each one's commit racing the others') stamp exactly the same rule,
+    an append that found its version taken stamping again on the next."""
+    import random
+    import threading
+
+    from changelog.topics import RecordTable, append_table, ensure_topic, topic_key
+
+    lake, orders = as_lake(tmp_path / "lake"), _orders()
+    ensure_topic(None, lake, orders)
+
+    def append(tag: str, times: list[int]) -> None:
+        t = RecordTable(orders)
+        for i, ts in enumerate(times):
+            t.add({"order_id": f"{tag}-{i}", "amount": 1.0, "ts": ts})
+        append_table(lake, t.table(), key=topic_key(orders), note="test", time="ts")
+
+    append("a", [50, 20])
+    append("b", [10])  # late: its stamp still 50
+    append("c", [])  # a commit without records
+    append("d", [50, 70])
+    assert _versions(tmp_path / "lake", orders) == [
+        [],
+        [("a-0", 50, None), ("a-1", 20, None)],
+        [("b-0", 10, 50)],
+        [],
+        [("d-0", 50, 50), ("d-1", 70, 50)],
+    ]
+
+    def writer(k: int) -> None:
+        rng = random.Random(k)
+        for j in range(6):
+            append(f"w{k}-{j}", [rng.randrange(200) for _ in range(rng.randrange(1, 4))])
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    greatest = None
+    for added in _versions(tmp_path / "lake", orders)[1:]:
+        assert all(stamp == greatest for _, _, stamp in added), (added, greatest)
+        times = [ts for _, ts, _ in added] + ([greatest] if greatest is not None else [])
+        greatest = max(times, default=None)
