@@ -290,28 +290,14 @@ def _holds_records(table) -> bool:
     return bool(table.file_uris())
 
 
-def _where(topic: Topic) -> str | None:
-    """`<file>:<line>: topics.<name>.fields` of the topic's declaration in the pipeline of the environment, when
-    it is declared there."""
-    try:
-        from spec.builtin import default_pipeline
-
-        pipeline = default_pipeline()
-    except Exception:  # noqa: BLE001 - only a better message: the place is left out
-        return None
-    if pipeline.topics.get(topic.name) != topic:
-        return None
-    return pipeline.where("topics", topic.name, "fields")
-
-
-def open_topic(lake: Lake, topic: Topic, *, where: str | None = None):
+def open_topic(lake: Lake, topic: Topic):
     """The topic's log, ready for records of its declaration: (its URI for Spark, the log loaded as a
     `deltalake.DeltaTable`).
 
     Creates it (version 0, empty) if it does not exist; otherwise brings its schema to the declaration (module
     docstring): grows it by new optional fields, takes any new columns when it holds no record, and raises
-    `TopicChanged` for any other change of a log that holds records (`where`: the declaration's place for the
-    message, default: looked up in the pipeline of the environment). Needs no Spark. Concurrent callers, in this
+    `TopicChanged` for any other change of a log that holds records (naming the declaration's place,
+    `Topic.declared_at`). Needs no Spark. Concurrent callers, in this
     process or others, create or change it once: the rest wait for the first (or lose the race to commit) and go
     on."""
     key = topic_key(topic)
@@ -326,7 +312,7 @@ def open_topic(lake: Lake, topic: Topic, *, where: str | None = None):
         if change is None:
             return lake.uri(key), table
         if change[0] != "grow" and _holds_records(table):
-            raise TopicChanged(topic.name, lake.uri(key), change[1], where or _where(topic))
+            raise TopicChanged(topic.name, lake.uri(key), change[1], topic.declared_at)
         try:
             _change(lake, key, table, topic, change)
         except Exception:
@@ -370,7 +356,7 @@ def ensure_topic(spark, lake: Lake, topic: Topic) -> str:
     return open_topic(lake, topic)[0]
 
 
-def check_topic(lake: Lake, topic: Topic, *, where: str | None = None) -> tuple[str, list] | None:
+def check_topic(lake: Lake, topic: Topic) -> tuple[str, list] | None:
     """What `open_topic` would do to the topic's log, without writing: None (nothing, or no log yet), ("grow",
     columns) or ("replace", changes) for a log without records; raises `TopicChanged` as `open_topic` would."""
     key = topic_key(topic)
@@ -382,7 +368,7 @@ def check_topic(lake: Lake, topic: Topic, *, where: str | None = None) -> tuple[
         return change
     if not _holds_records(table):
         return "replace", change[1]
-    raise TopicChanged(topic.name, lake.uri(key), change[1], where or _where(topic))
+    raise TopicChanged(topic.name, lake.uri(key), change[1], topic.declared_at)
 
 
 @contextmanager

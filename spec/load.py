@@ -13,6 +13,7 @@ import builtins
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -712,7 +713,9 @@ def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -
             jobs[name] = Job(name, kind, spec, tuple(views))
     if out.found:
         raise PipelineError(_seen(out.found))
-    return Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
+    read = Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
+    placed = {n: replace(t, declared_at=read.where("topics", n, "fields")) for n, t in topics.items()}
+    return replace(read, topics=placed)
 
 
 def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> Pipeline:

@@ -76,7 +76,8 @@ class Topic:
 
     fields: (name, type) in declared order. optional: fields that may be absent or null. op: (upsert name, remove
     name) of the record's field `op`, or None (every record is an upsert). remove_fields: fields a remove record
-    must carry besides the key and the time (none by default)."""
+    must carry besides the key and the time (none by default). declared_at: `<file>:<line>: topics.<name>.fields`
+    of the declaration it was read from, for messages (None for a topic made in code; not compared)."""
 
     name: str
     fields: tuple[tuple[str, str], ...]
@@ -88,6 +89,7 @@ class Topic:
     final_deletes: bool = False
     remove_fields: tuple[str, ...] = ()
     capture: Capture | None = None
+    declared_at: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def kind(self) -> Literal["event", "table"]:

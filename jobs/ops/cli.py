@@ -66,9 +66,8 @@ def _check_topics(settings, topics) -> None:
     it is opened)."""
     from changelog.topics import check_topic
 
-    pipeline = _pipeline(settings)
     for topic in topics:
-        check_topic(settings.lake, topic, where=pipeline.where("topics", topic.name, "fields"))
+        check_topic(settings.lake, topic)
 
 
 def _job_topics(settings, job: str) -> list:
@@ -379,9 +378,9 @@ def _changed_topics(pipeline) -> list[str]:
             problem = format_problem(lake)
             if problem:
                 return [f"LAKE_DIR {lake.uri()} {problem}"]
-            for name, topic in pipeline.topics.items():
+            for topic in pipeline.topics.values():
                 try:
-                    check_topic(lake, topic, where=pipeline.where("topics", name, "fields"))
+                    check_topic(lake, topic)
                 except TopicChanged as e:
                     problems.append(str(e))
         except StorageError:  # a store that does not answer (or refuses): the file alone is checked
