@@ -27,11 +27,15 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   `kafka` and `timeline` deployed) beside the Delta path's.
 - nexmark: `bench.nexmark`: Nexmark q3, q8, q13 and q20 (`timeline_demo/pipelines/nexmark.yml`), events/s per core
   of each job's `run --once` over 2.5M seeded Nexmark events (10M over the four queries), beside Flink's figures.
+- pipelines: `bench.pipelines`: two jobs of the shop pipeline (`timeline_demo/pipelines/shop.yml`), the join
+  `customer_orders` and the select `order_totals` (unwindowed aggregates): per-batch time of 100-, 1,000- and
+  10,000-record batches beside the built-in timeline's per-record cost at 1,000, a no-op `run --once`, freshness
+  (append -> every view of the job, both deployed) p50/p99, and every view checked against the brute force.
 - fanout: celebrities, `bench.fanout`: a 1M-follower tweet to visible everywhere, fan-out on write vs FANOUT_LIMIT
   (deployed); `read_timeline` reads/s and p50/p99 plain vs hybrid while the jobs write; Redis bytes per entry.
 
-The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks`, `bench.enrichment`, `bench.nexmark` and the
-modules named above; the table and the plot in `bench.report`.
+The parts are in `bench.timeline`, `bench.freshness`, `bench.clicks`, `bench.enrichment`, `bench.nexmark`,
+`bench.pipelines` and the modules named above; the table and the plot in `bench.report`.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ PARTS = (
     "enrichment",
     "cdc",
     "nexmark",
+    "pipelines",
     "kafka",
     "fanout",
 )
@@ -106,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         default=10_000,
         help="nexmark: events of the untimed warm-up run of the four jobs (0: none, e.g. for a smoke run)",
     )
+    p.add_argument("--pipelines-probes", type=int, default=100, help="pipelines: freshness probes per job")
     p.add_argument("--cdc-rows", type=int, default=100_000, help="rows of the cdc bench's bulk UPDATE")
     p.add_argument(
         "--cdc-seconds", type=float, default=60.0, help="cdc: seconds of profile changes (one every 2 s)"
@@ -289,6 +295,10 @@ def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
         settings = scratch_settings(tmp / "lake-nexmark", port, 12)
         kw = {"warmup_events": args.nexmark_warmup_events}
         _part(res, "nexmark", _other, run_nexmark, settings, (events,), **kw)
+    if "pipelines" in want:
+        from bench.pipelines import run as run_pipelines
+
+        _part(res, "pipelines", run_pipelines, args.scale, tmp=tmp, port=port, probes=args.pipelines_probes)
     if "cdc" in want:
         from bench.cdc import run as run_cdc
 

@@ -302,10 +302,10 @@ def _kafka_rows(res: dict) -> list[dict]:
 
 
 def _other_rows(res: dict) -> list[dict]:
-    """The clicks, enrichment and nexmark benches: their own rows (in this table's columns), else a summary of their
-    figures, or one row saying they were not available or failed."""
+    """The clicks, enrichment, nexmark and pipelines benches: their own rows (in this table's columns), else a summary
+    of their figures, or one row saying they were not available or failed."""
     rows = []
-    for name in ("clicks", "enrichment", "nexmark"):
+    for name in ("clicks", "enrichment", "nexmark", "pipelines"):
         o = res.get(name)
         if not o:
             continue
