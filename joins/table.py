@@ -100,6 +100,9 @@ def state_columns(topic: Topic) -> list[str]:
     return [quoted(n) for n in topic.names] + ["_upsert", "_remove"]
 
 
+_PLAIN = re.compile(r"^`?([A-Za-z][A-Za-z0-9_]*)`?(?:\s*\.\s*`?([A-Za-z][A-Za-z0-9_]*)`?)?$")
+
+
 class TableJoin:
     """A `join` job's two sides and `match`, and the SQL it evaluates over each side's rows. Made once per job run:
     every expression is analysed by Spark on an empty frame here, so a bad one fails at start.
@@ -163,6 +166,22 @@ class TableJoin:
             return True
         except BadJoinArgument:
             return False
+
+    def side_field(self, i: int, sql: str, *, own: bool = False) -> str | None:
+        """The field of side `i` that `sql` is (a bare name visible there, or `<topic>.<field>`; `own`: every field
+        of the side bare, as in the match expressions), else None."""
+        m = _PLAIN.match(sql.strip())
+        if not m:
+            return None
+        a, b = m.groups()
+        topic = self.topics[i]
+        if b is None:
+            return a if a in (topic.names if own else self.visible(i)) else None
+        return b if a == topic.name and b in topic.names else None
+
+    def one_side(self, sql: str) -> int | None:
+        """The side whose fields alone `sql` (in a view's naming) reads, the left first; None when it reads both."""
+        return next((i for i in (0, 1) if self.reads_only(i, sql)), None)
 
     def eval(
         self, i: int, rows: DataFrame, exprs: Sequence[tuple[str, str]], keep: Sequence[str] = ()

@@ -1,15 +1,15 @@
 """List views of a `join` job: per list key, the first `cap` entries in order, maintained from the join's step.
 
-A list view (`spec.model.View`, kind `list`) keys the join's rows by an expression (the *list key*), names each row's
-*entry* by another, orders them by a number (ties by the entry, in the same direction) and keeps the first `cap`
-per key. Two algorithms maintain it, with the same result:
+A list keys the join's rows by an expression (the *list key*), names each row's *entry* by another, orders them by a
+number (ties by the entry, in the same direction) and keeps the first `cap` per key. Two algorithms maintain it,
+with the same result, each run from a spec of SQL texts and numbers (`ListShape`, `GenericList`); which one serves
+a list view, and its spec, `views.list_join` tells from the view's declaration.
 
-**The list shape (`ListShape`, `list_shape`)**, for a list whose key is an expression of one side's columns (the
-*list side*; the built-in timeline: `follows.follower_id`), whose entry is the other side's key (the *entry side*:
-`tweets.tweet_id`), whose order is over the entry side (`ts`), where the list key and the list side's match fields
-are exactly the list side's key (one list-side row per list key and match value) and the view has no `where`. It
-takes part in the join's step (`joins.table.ListPart`) and plans, per batch, by the product rule
-d(E join S) = dE join S' + E' join dS:
+**The list shape (`ListShape`)**, for a list whose key is a field of one side (the *list side*; the built-in
+timeline: `follows.follower_id`), whose entry is the other side's key (the *entry side*: `tweets.tweet_id`), whose
+order is over the entry side (`ts`), where the list key and the list side's match fields are exactly the list
+side's key (one list-side row per list key and match value) and every joined row is listed. It takes part in the
+join's step (`joins.table.ListPart`) and plans, per batch, by the product rule d(E join S) = dE join S' + E' join dS:
 - an entry that becomes live (or moves) is added to the list of every list-side row current before the batch and
   still current (fan-out on write), with its `carry` value (an expression over `_o`, the order value, and `_e`, the
   entry id) evaluated once per entry, before the fan-out;
@@ -44,7 +44,6 @@ are left out.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, Window
@@ -65,7 +64,6 @@ from joins.table import (
     TableState,
     count_parts,
 )
-from spec.model import View
 
 __all__ = [
     "ListShape",
@@ -73,9 +71,7 @@ __all__ = [
     "ListChanges",
     "GenericList",
     "GenericChanges",
-    "list_shape",
     "generic_list",
-    "generic_spec",
     "entries_type",
 ]
 
@@ -522,55 +518,6 @@ def _finish(c: Counted, shape: ListShape, fanned: int, posts: ListPosts | None) 
     )
 
 
-_PLAIN = re.compile(r"^`?([A-Za-z][A-Za-z0-9_]*)`?(?:\s*\.\s*`?([A-Za-z][A-Za-z0-9_]*)`?)?$")
-
-
-def _field(join: TableJoin, i: int, sql: str, *, own: bool = False) -> str | None:
-    """The field of side `i` that `sql` is (a bare visible name, or `<topic>.<field>`), else None."""
-    m = _PLAIN.match(sql.strip())
-    if not m:
-        return None
-    a, b = m.groups()
-    topic = join.topics[i]
-    if b is None:
-        return a if a in (topic.names if own else join.visible(i)) else None
-    return b if a == topic.name and b in topic.names else None
-
-
-def list_shape(join: TableJoin, view: View, *, carry: str | None = None) -> ListShape | None:
-    """The `ListShape` of list view `view` when it has that shape (see the module docstring), else None (the view is
-    maintained by `generic_list`). `carry`: SQL over `_o` (the order value) and `_e` (the entry id)."""
-    if view.where is not None or view.kind != "list":
-        return None
-    for side in (0, 1):
-        e = 1 - side
-        key_field = _field(join, side, view.key[1])
-        entry_field = _field(join, e, view.entry)
-        match_fields = {_field(join, side, pair[side], own=True) for pair in join.match}
-        if key_field is None or entry_field is None or None in match_fields:
-            continue
-        if join.topics[e].key != (entry_field,) or set(join.topics[side].key) != {key_field, *match_fields}:
-            continue
-        order, descending = view.order[0]
-        if not join.reads_only(e, order) or not all(join.reads_only(e, sql) for _, sql in view.fields):
-            continue
-        return ListShape(
-            name=view.name,
-            side=side,
-            key=view.key[1],
-            entry=view.entry,
-            order=order,
-            descending=descending,
-            cap=view.cap,
-            order_type=join.type_of(e, order),
-            match_type=join.type_of(e, join.match_sql(e), own=True),
-            carry=carry,
-            fanout_limit=view.fanout_limit,
-            many_match=len(join.match) > 1,
-        )
-    return None
-
-
 @dataclass(frozen=True)
 class GenericList:
     """A list view maintained from the join's delta (`generic_list`; see the module docstring). SQL texts over the
@@ -597,53 +544,6 @@ class GenericList:
     @property
     def entries_type(self) -> str:
         return entries_type(self.order_type)
-
-
-def _uniqueness(join: TableJoin, view: View) -> tuple[bool, bool]:
-    """(unique_pairs, unique_body) of `view`, told from the declarations: the entry is side A's key and side B's
-    match fields cover B's key (one joined row per entry), or the list key and B's match fields cover B's key and
-    the fields read A only. Anything else is taken as not unique (every touched key is recomputed)."""
-    for a in (0, 1):
-        f, b = _field(join, a, view.entry), 1 - a
-        if f is None or join.topics[a].key != (f,):
-            continue
-        matched = {_field(join, b, pair[b], own=True) for pair in join.match}
-        if None in matched:
-            continue
-        if set(join.topics[b].key) <= matched:
-            return True, True
-        key_field = _field(join, b, view.key[1])
-        if key_field is not None and set(join.topics[b].key) <= {key_field, *matched}:
-            return True, all(join.reads_only(a, sql) for _, sql in view.fields)
-    return False, False
-
-
-def _one_side(join: TableJoin, sql: str) -> int | None:
-    return next((i for i in (0, 1) if join.reads_only(i, sql)), None)
-
-
-def generic_spec(
-    join: TableJoin, view: View, *, carry: str | None = None, body: str | None = None
-) -> GenericList:
-    """The `GenericList` of list view `view` (its SQL in the view's naming; `carry` and `body` given by the view)."""
-    unique_pairs, unique_body = _uniqueness(join, view)
-    order, descending = view.order[0]
-    return GenericList(
-        name=view.name,
-        key=view.key[1],
-        entry=view.entry,
-        order=order,
-        descending=descending,
-        cap=view.cap,
-        order_type=join.view_type(order),
-        where=view.where,
-        carry=carry,
-        body=body,
-        key_side=_one_side(join, view.key[1]),
-        entry_side=_one_side(join, view.entry),
-        unique_pairs=unique_pairs,
-        unique_body=unique_body,
-    )
 
 
 @dataclass

@@ -7,6 +7,7 @@ jobs.core < jobs.kinds < jobs.ops (jobs.dev, the development launchers, apart: n
 its own layer and of the layers below it, never above: jobs never imports timeline_demo or bench, the demo never
 imports the benchmarks (the benchmarks use the demo's workload generators). Every import counts, those inside
 functions too. Among the modules' module-level imports (what runs when a module is imported) there is no cycle.
+A join reads no view: no module of `joins` imports `views` or takes a view's declaration (`spec.model.View`).
 The modules are read with `ast`, not imported, so the test needs no Spark and no Redis.
 """
 
@@ -43,10 +44,23 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+def _package(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _from_base(package: str, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` of a module of `package` imports from."""
+    base = node.module or ""
+    if node.level:  # relative: from the package, up level - 1
+        anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+    return base
+
+
 def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
     """(imported project module, line, at module level) for every import statement of `module`."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = _package(module, path)
     found: list[tuple[str, int, bool]] = []
 
     def visit(node: ast.AST, top: bool) -> None:
@@ -54,10 +68,7 @@ def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
             if isinstance(child, ast.Import):
                 names = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:  # relative: from the package, up level - 1
-                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
-                    base = ".".join(anchor + ([base] if base else []))
+                base = _from_base(package, child)
                 # `from pkg import mod` imports the module pkg.mod when there is one
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in child.names]
             else:
@@ -187,3 +198,62 @@ def test_no_module_of_the_service_imports_the_development_launchers():
         if t.startswith("jobs.dev")
     )
     assert not found, "service modules importing jobs.dev:\n" + "\n".join(found)
+
+
+def _view_declarations(module: str, path: Path) -> list[int]:
+    """Lines where `module` takes `spec.model.View` (a view's declaration), at any depth: `from spec.model import
+    View` (or `*`), or `.View` of `spec.model` or of a name bound to it (`import spec.model as m`, `from spec import
+    model`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package, bound, lines = _package(module, path), {"spec.model"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _from_base(package, node)
+            if base == "spec.model":
+                lines |= {node.lineno for a in node.names if a.name in ("View", "*")}
+            elif base == "spec":
+                bound |= {a.asname or a.name for a in node.names if a.name == "model"}
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname for a in node.names if a.name == "spec.model" and a.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "View" and ast.unparse(node.value) in bound:
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize(
+    "source, lines",
+    [
+        ("from spec.model import Topic, View\n", [1]),
+        ("def f():\n    from spec import model\n    return model.View\n", [3]),
+        ("import spec.model as m\n\n\ndef f(v: m.View): ...\n", [4]),
+        ("import spec.model\nx = spec.model.View\n", [2]),
+        ("from ..spec.model import *\n", [1]),
+        ("from spec.model import Topic\nView = 1\n", []),
+    ],
+)
+def test_a_view_declaration_is_found_wherever_it_is_taken(tmp_path, source, lines):
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    assert _view_declarations("joins.mod", path) == lines
+
+
+def test_no_join_module_reads_a_view():
+    """`joins/` is an operator per join kind with its state and knows nothing of views: none of its modules imports
+    `views` or takes a view's declaration (`spec.model.View`). Which of a join's algorithms serves a view, and the
+    join-level spec it runs with, `views` decides from the declaration (`views.list_join`)."""
+    joins = {m: p for m, p in MODULES.items() if m.split(".")[0] == "joins"}
+    found = sorted(
+        [
+            f"{MODULES[m].relative_to(ROOT)}:{line}: imports {t}"
+            for m in joins
+            for t, line, _ in IMPORTS[m]
+            if t.split(".")[0] == "views"
+        ]
+        + [
+            f"{p.relative_to(ROOT)}:{line}: takes spec.model.View"
+            for m, p in joins.items()
+            for line in _view_declarations(m, p)
+        ]
+    )
+    assert not found, "join modules reading a view:\n" + "\n".join(found)

@@ -1,7 +1,8 @@
 """Views: one module per view kind (`row`, `count`, `agg`, `list`, `log`) that turns a job's rows into the kind's
 changes (through `frame`: what a view's expressions see), applies them with a sink (`sink.Sink`: `write(changes,
-batch_id)`) and reads them back; the key layout (`keys`), Redis I/O (`redis_io`, `wire`), the kinds by name and
-how each is read (`kinds`), the read side of every view (`read`), errors (`errors`)."""
+batch_id)`) and reads them back; which of a join's list algorithms serves a list view (`list_join`); the key
+layout (`keys`), Redis I/O (`redis_io`, `wire`), the kinds by name and how each is read (`kinds`), the read side of
+every view (`read`), errors (`errors`)."""
 
 __all__ = [
     "sink",
@@ -10,6 +11,7 @@ __all__ = [
     "count",
     "agg",
     "list",
+    "list_join",
     "log",
     "keys",
     "redis_io",

@@ -10,8 +10,9 @@ Redis (`<v>`: the view's name, `<g>`: the job's generation):
   and `mv:<v>.reads:<g>:{<key>}`, the heavy values a list key reads (set); readers merge them (`read_list`).
 The generation's meta hash (`mv:meta:<job>:<g>`) keeps the `<view>.cap` and `fanout_limit` it was built with.
 
-`ListView(join, view)` chooses how the join maintains the list (`joins.table_list`: the list shape's own algorithm, or
-the join's delta for any other shape) and turns one micro-batch's changes into operations (`LIST_OPS_SCHEMA`):
+`ListView(join, view)` chooses, from the view's declaration, which of the join's list algorithms (`joins.table_list`)
+maintains the list (`views.list_join`: the list shape's own algorithm, or the join's delta for any other shape) and
+turns one micro-batch's changes into operations (`LIST_OPS_SCHEMA`):
 - `kind="list"`, `id=<key>`, `mode="add"`: ZREM the `removes`, ZADD the `entries`, then keep the first `cap`;
   `mode="replace"`: the entries are the key's whole new list (a refill after a removal);
 - `kind="entry"`, `id=<entry>`: `body` is the entry's JSON to store, or null to delete it;
@@ -53,7 +54,7 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from joins.table import JoinChanges, TableJoin
-from joins.table_list import GenericChanges, ListChanges, ListPosts, generic_list, generic_spec, list_shape
+from joins.table_list import GenericChanges, ListChanges, ListPosts, generic_list
 from spec.model import Pipeline, View
 from views.errors import ViewError
 from views.fence import GATE_LUA, UNFENCED, Fence
@@ -69,6 +70,7 @@ from views.keys import (
     reads_key,
     view_pattern,
 )
+from views.list_join import generic_spec, list_shape
 from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
 from views.wire import args, array_args, bulk, gated, hash_tag_column, lit, view_key_column
 
