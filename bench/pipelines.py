@@ -22,7 +22,8 @@ records) in its arrival order; each job reads only its topics' records (`custome
   arrival order), its base caught up, then `REPEATS` batches of the middle size (1,000 records at scale 1),
   timed the same way: its per-record cost. The ratio is the join job's per-record cost at that size over it;
 - a no-op `mview run JOB --once` (nothing new in the logs): the whole command (`python -m jobs run JOB --once`, a
-  new process and JVM) and the same run in this warm JVM;
+  new process; it starts no Spark when the job has caught up, `jobs.core.replay.caught_up`) and the same run in
+  this warm JVM;
 - freshness: each job's probe customer (a customer with a tier and a country no other has) is ingested before
   both jobs are deployed (`mview deploy`, `TRIGGER_INTERVAL` as set, 500 ms by default). Then, per probe and job
   in turn, one record is appended (`customer_orders`: an open order of the probe customer; `order_totals`: an
