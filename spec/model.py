@@ -286,11 +286,12 @@ class Pipeline:
     def definition(self, job: str) -> dict:
         """What a generation of `job` is built from, as plain data: the job with its views (`job`) and the
         declarations of the topics it reads (`topics`; where a topic's records come from, its capture, does not
-        change what they mean)."""
+        change what they mean, nor where in a file it was declared)."""
         j = self.jobs[job]
+        topics = {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics}
         body = {
             "job": asdict(j),
-            "topics": {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics},
+            "topics": {t: {k: v for k, v in d.items() if k != "declared_at"} for t, d in topics.items()},
         }
         return json.loads(json.dumps(body, default=_plain))
 
