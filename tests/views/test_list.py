@@ -337,10 +337,10 @@ def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(
     "redis_url, limit",
     [
         pytest.param("server", 0, marks=pytest.mark.slow, id="server-limit 0"),
-        pytest.param("server", 2, id="server-limit 2"),
-        pytest.param("server", None, marks=pytest.mark.slow, id="server-no limit"),
+        pytest.param("server", 2, marks=pytest.mark.slow, id="server-limit 2"),
+        pytest.param("server", None, id="server-no limit"),
         pytest.param("cluster", 2, marks=pytest.mark.slow, id="cluster-limit 2"),
-    ],  # limit 2 has both modes, on the cluster too; make test-fast keeps that one case
+    ],  # limit 2 has both modes, on the cluster too; make test-fast keeps the case without a limit
     indirect=["redis_url"],
 )
 def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_url, limit):
