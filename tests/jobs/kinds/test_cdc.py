@@ -48,9 +48,18 @@ def _scrape(url: str) -> dict:
     return out
 
 
-def test_cdc_once_deployed_killed_and_redeployed_captures_each_change_once(pg, redis_url, tmp_path):
+def _scraped(url: str) -> dict | None:
+    """`_scrape(url)`, or None while nothing answers there yet (a job just deployed starts serving soon after)."""
+    try:
+        return _scrape(url)
+    except OSError:
+        return None
+
+
+def test_cdc_once_deployed_killed_and_redeployed_captures_each_change_once(pg, redis_url, tmp_path, request):
     lake = tmp_path / "lake"
     settings = make_settings(lake, redis_url, METRICS_PORT=free_port(), **pg.env())
+    request.addfinalizer(lambda: _mview(settings, "stop", "cdc"))  # no deployed job outlives a failed check
     pg.sql("INSERT INTO {t} SELECT 'u' || i, 'n' || i, 'DE', NULL FROM generate_series(1, 500) i")
     once = _mview(settings, "run", "cdc", "--once", "--json")
     assert once.returncode == 0, once.stderr
@@ -91,7 +100,7 @@ def test_cdc_once_deployed_killed_and_redeployed_captures_each_change_once(pg, r
 
     # Its metrics: the input counter moves by exactly the changes committed (7 in 3 transactions, one a delete).
     url = status["metrics_url"]
-    start = _scrape(url)
+    start = wait_for(lambda: _scraped(url), "the redeployed job's metrics to answer", 60)
     pg.sql("UPDATE {t} SET country = 'FR' WHERE user_id IN ('u1', 'u2', 'u3')")
     pg.sql(
         "UPDATE {t} SET name = 'again' WHERE user_id IN ('u4', 'u5')", "DELETE FROM {t} WHERE user_id = 'u6'"
