@@ -443,11 +443,11 @@ def _max_time(table: Table, time: str) -> int | None:
     """The greatest non-null value of the column `time` of the Arrow `table`, or None."""
     best = None
     for chunk in table.column(time).chunks:
-        values = (
-            chunk.to_numpy() if chunk.null_count == 0 else [v for v in chunk.to_pylist() if v is not None]
-        )
-        if len(values):
-            top = int(max(values))
+        if chunk.null_count == 0:
+            top = int(chunk.to_numpy().max()) if len(chunk) else None
+        else:
+            top = max((v for v in chunk.to_pylist() if v is not None), default=None)
+        if top is not None:
             best = top if best is None else max(best, top)
     return best
 
@@ -470,9 +470,12 @@ def _stamped(table: Table, before: int | None) -> Table:
     """`table` with each record's `MAX_BEFORE` set to `before`."""
     i = table.column_names.index(MAX_BEFORE)
     field = table.schema.field(MAX_BEFORE)
-    lengths = [len(c) for c in table.column(i).chunks]
-    stamp = ChunkedArray([Array([before] * n, type=field.type) for n in lengths], type=field.type)
-    return table.set_column(i, field, stamp)
+    return table.set_column(i, field, _filled(before, [len(c) for c in table.column(i).chunks], field.type))
+
+
+def _filled(value, lengths: list[int], kind) -> ChunkedArray:
+    """A column of Arrow type `kind` holding `value` in every row, in chunks of `lengths` rows."""
+    return ChunkedArray([Array([value] * n, type=kind) for n in lengths], type=kind)
 
 
 def _fitted(table: Table, schema) -> Table:
@@ -482,12 +485,7 @@ def _fitted(table: Table, schema) -> Table:
     if [f.name for f in schema] == table.column_names or not have <= {f.name for f in schema}:
         return table  # the same columns, or ones the log lacks (delta-rs refuses them, as before)
     lengths = [len(c) for c in table.column(0).chunks] if table.column_names else []
-    cols = [
-        table.column(f.name)
-        if f.name in have
-        else ChunkedArray([Array([None] * n, type=f.type) for n in lengths], type=f.type)
-        for f in schema
-    ]
+    cols = [table.column(f.name) if f.name in have else _filled(None, lengths, f.type) for f in schema]
     return Table.from_arrays(cols, schema=schema)
 
 
