@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from changelog.storage import Lake
-from changelog.topics import ensure_delta_table
+from changelog.topics import MAX_BEFORE, ensure_delta_table
 from joins.errors import BadJoinArgument
 from joins.sides import dedupe_records, identity_sql, key_text_sql
 from joins.table import BORN, DIED, TableState, replace_rows, side_changes, state_columns
@@ -49,15 +49,28 @@ class EventSelect:
             raise BadJoinArgument("from", self.topic.name, "an event select reads an event topic")
 
     def candidates(self, records: DataFrame) -> DataFrame:
-        """The batch's records (the topic's log columns), one per `_id`, with `_id` and `_time`."""
+        """The batch's records (the topic's log columns, and the log's stamp `MAX_BEFORE` when they have it), one
+        per `_id`, with `_id` and `_time` (and the stamp: the earliest copy's)."""
         t = self.topic
-        ided = records.selectExpr(*[quoted(n) for n in t.names], f"{identity_sql(t)} AS _id")
-        return dedupe_records(ided, t).withColumn("_time", F.col(quoted(t.time)).cast("bigint"))
+        stamp = (MAX_BEFORE,) if MAX_BEFORE in records.columns else ()
+        ided = records.selectExpr(*[quoted(n) for n in t.names], f"{identity_sql(t)} AS _id", *stamp)
+        return dedupe_records(ided, t, least=stamp).withColumn("_time", F.col(quoted(t.time)).cast("bigint"))
 
-    def rows(self, candidates: DataFrame, seen: DataFrame | None) -> DataFrame:
-        """The row changes of `candidates` (`candidates`) whose `_id` is not in `seen` (a frame of `_id`, or None)."""
+    def rows(
+        self, candidates: DataFrame, seen: DataFrame | None, *, lateness_ms: int | None = None
+    ) -> DataFrame:
+        """The row changes of `candidates` (`candidates`) whose `_id` is not in `seen` (a frame of `_id`, or None).
+        With `lateness_ms` (the candidates carry the stamp), each with `_late`: its time is behind its topic's
+        watermark as of the log versions before its own (`_time` < stamp - lateness)."""
         fresh = candidates if seen is None else candidates.join(seen, "_id", "left_anti")
-        return fresh.select(*[quoted(n) for n in self.topic.names], "_id", F.lit(1).alias("_sign"), "_time")
+        late = (
+            []
+            if lateness_ms is None
+            else [F.expr(f"coalesce(_time < {MAX_BEFORE} - {int(lateness_ms)}, false)").alias("_late")]
+        )
+        return fresh.select(
+            *[quoted(n) for n in self.topic.names], "_id", F.lit(1).alias("_sign"), "_time", *late
+        )
 
 
 class SelectedIds:

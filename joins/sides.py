@@ -48,16 +48,20 @@ def identity_sql(topic: Topic) -> str:
     return f"to_json(array({', '.join(f'CAST({quoted(n)} AS string)' for n in names)}))"
 
 
-def dedupe_records(records: DataFrame, topic: Topic) -> DataFrame:
+def dedupe_records(records: DataFrame, topic: Topic, *, least: tuple[str, ...] = ()) -> DataFrame:
     """One row per `_id` of `records` (`topic`'s fields and `_id`): a record delivered twice has the effect of one;
     of records sharing an id with different content, the smallest by (time, the other fields in declared order) is
-    kept."""
+    kept. Each column of `least` is carried as its least value among the id's copies (the log's stamp
+    `changelog.topics.MAX_BEFORE`: the earliest copy's)."""
     others = [n for n in topic.names if n not in topic.identity and n != topic.time]
     order = [topic.time, *others, *topic.identity]  # the id fields last: equal in every copy of one id
     return (
         records.groupBy("_id")
-        .agg(F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"))
-        .select(*[F.col("e")[n].alias(n) for n in topic.names], "_id")
+        .agg(
+            F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"),
+            *[F.min(quoted(c)).alias(c) for c in least],
+        )
+        .select(*[F.col("e")[n].alias(n) for n in topic.names], "_id", *least)
     )
 
 

@@ -34,6 +34,7 @@ from spec.model import (
     Select,
     Topic,
     View,
+    Window,
 )
 from spec.source import YamlProblem, read_yaml
 from spec.sql import outside_reach, parse_aggregate
@@ -126,6 +127,8 @@ class _View(_Strict):
     fanout_limit: int | None = None
     where: Expr | None = None
     show: str | None = None
+    window: dict[str, Any] | None = None
+    retain: str | None = None
 
 
 class _Job(_Strict):
@@ -497,13 +500,100 @@ def _seen_names(job_kind: str, sides: tuple[Topic, Topic]) -> Mapping[str, Topic
     return names
 
 
+_WINDOWED = {"window", "retain"}
 _KIND_KEYS = {
     "row": {"fields", "where", "show"},
-    "count": {"values", "where", "show"},
-    "agg": {"values", "where", "show"},
-    "list": {"entry", "order", "cap", "entries", "items", "fanout_limit", "fields", "where", "show"},
+    "count": {"values", "where", "show", *_WINDOWED},
+    "agg": {"values", "where", "show", *_WINDOWED},
+    "list": {
+        "entry",
+        "order",
+        "cap",
+        "entries",
+        "items",
+        "fanout_limit",
+        "fields",
+        "where",
+        "show",
+        *_WINDOWED,
+    },
     "log": {"where"},
 }
+_WINDOW_KINDS = ("tumble", "hop", "session")
+_UNBUILT_WINDOWS = ("interval", "asof", "list")
+
+
+def _window_placed(v: _View, kind: str | None, vk: str, event: bool, path: tuple, out: _Problems) -> bool:
+    """Whether the view has a `window` where one may be (its job's rows have an event time); `retain` without a
+    window is a problem too."""
+    if v.window is None:
+        if v.retain is not None:
+            out.add((*path, "retain"), "`retain` is of a windowed view: add a `window` or remove it")
+        return False
+    p = (*path, "window")
+    if kind == "join" or (kind == "select" and not event):
+        rows = "a join's rows" if kind == "join" else "a table's rows"
+        out.add(
+            p,
+            f"{rows} have no event time: a window is for select (of an event topic), interval and asof jobs",
+        )
+        return False
+    if kind in _UNBUILT_WINDOWS or vk in _UNBUILT_WINDOWS:
+        what = f"an {kind} job" if kind in _UNBUILT_WINDOWS else f"a {vk} view"
+        out.add(p, f"windows on {what} are not built yet (count and agg views of a select job have them)")
+        return False
+    return True
+
+
+def _window(
+    v: _View, kind: str | None, vk: str, event: bool, path: tuple, out: _Problems
+) -> tuple[Window | None, int | None]:
+    """The view's `window` and `retain` (ms), checked: one of tumble, hop (with `every`, at most its size) or session,
+    positive durations, on a job whose rows have an event time (a select of an event topic, interval, asof)."""
+    p = (*path, "window")
+    if not _window_placed(v, kind, vk, event, path, out):
+        return None, None
+    given = [k for k in _WINDOW_KINDS if k in v.window]
+    extra = sorted(set(v.window) - {*_WINDOW_KINDS, "every"})
+    if len(given) != 1 or extra:
+        out.add(
+            p,
+            "a window is one of `{tumble: 1 h}`, `{hop: 1 h, every: 10 min}`, `{session: 5 min}`"
+            + (f" (unknown key {extra[0]!r})" if extra else ""),
+        )
+        return None, None
+    (wk,) = given
+    size = _duration(str(v.window[wk]), (*p, wk), out)
+    every = None
+    if wk == "hop":
+        if "every" not in v.window:
+            out.add(
+                p,
+                "a hopping window needs `every`: how often a window starts, e.g. `{hop: 1 h, every: 10 min}`",
+            )
+            return None, None
+        every = _duration(str(v.window["every"]), (*p, "every"), out)
+    elif "every" in v.window:
+        out.add((*p, "every"), f"`every` is of a hopping window (`hop`), not of a {wk} one")
+    retain = None if v.retain is None else _duration(str(v.retain), (*path, "retain"), out)
+    for what, ms, at in (
+        (wk, size, (*p, wk)),
+        ("every", every, (*p, "every")),
+        ("retain", retain, (*path, "retain")),
+    ):
+        if ms is not None and ms <= 0 and not (what == "retain" and ms == 0):
+            out.add(at, f"`{what}` is a duration above 0")
+            return None, None
+    if size is None or (wk == "hop" and every is None) or (v.retain is not None and retain is None):
+        return None, None
+    if every is not None and every > size:
+        out.add(
+            (*p, "every"),
+            f"`every` ({v.window['every']}) is longer than the window ({v.window[wk]}): rows "
+            "between two windows would be in none",
+        )
+        return None, None
+    return Window(wk, size, every), retain
 
 
 # long: one rule per view kind, as the contract lists them
@@ -536,6 +626,8 @@ def _view(
             "fanout_limit",
             "where",
             "show",
+            "window",
+            "retain",
         )
         if getattr(v, k) not in (None, {}, [])
     }
@@ -636,6 +728,9 @@ def _view(
             out.add((*path, "cap"), "a list view needs `cap`, a number >= 1: the entries kept per key")
         if v.fanout_limit is not None and v.fanout_limit < 0:
             out.add((*path, "fanout_limit"), "a number >= 0, or empty for no limit")
+    window, retain = (
+        _window(v, kind, vk, event, path, out) if vk in ("count", "agg", "list") else (None, None)
+    )
     if len(out.found) > before:
         return None
     return View(
@@ -653,6 +748,8 @@ def _view(
         fanout_limit=v.fanout_limit,
         where=_expr(v.where) if v.where is not None else None,
         show=v.show,
+        window=window,
+        retain_ms=retain,
     )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "Asof",
     "Join",
     "Select",
+    "Window",
     "View",
     "Job",
     "Pipeline",
@@ -184,6 +185,23 @@ class Select:
 
 
 @dataclass(frozen=True)
+class Window:
+    """An event-time window of a count, agg or list view (`window:`): `kind` tumble, hop or session. A tumbling
+    window holds the times in `[k*size_ms, (k+1)*size_ms)`; a hopping one of size `size_ms` starts every `every_ms`
+    (a row is in each window that holds its time); a session (`size_ms`: its gap) holds a key's rows each less than
+    the gap away from another of them, and ends at its last row's time plus the gap. Aligned to the epoch (ms)."""
+
+    kind: Literal["tumble", "hop", "session"]
+    size_ms: int
+    every_ms: int | None = None
+
+    @property
+    def step_ms(self) -> int:
+        """The distance between two windows' starts (a tumbling window's size; a session has none)."""
+        return self.every_ms or self.size_ms
+
+
+@dataclass(frozen=True)
 class View:
     """What Redis (or an output log) holds of a job's rows. kind: row | count | agg | list | log.
 
@@ -192,7 +210,9 @@ class View:
     (`aggregates`: parsed). entry, order ((expression, descending) pairs), cap,
     entries (the export's name of the entry list), items (the name of the entries with their fields in `query
     --json`; default: `entries`'s), fanout_limit: a list view's. where: only the rows for which it holds. show: the
-    plain `mview query` output of one row or entry (Python format fields named as the view's names)."""
+    plain `mview query` output of one row or entry (Python format fields named as the view's names). window: a
+    count, agg or list view's event-time window (`Window`; its key becomes `<key>|<window start>`), retain_ms: how
+    long after the watermark passed its end a final window stays (None: always)."""
 
     name: str
     job: str
@@ -208,6 +228,8 @@ class View:
     fanout_limit: int | None = None
     where: str | None = None
     show: str | None = None
+    window: Window | None = None
+    retain_ms: int | None = None
 
     @property
     def key_name(self) -> str | None:

@@ -365,6 +365,8 @@ class _Row:
     ident: str
     final: bool | None = None
     counted: bool = True
+    time: int | None = None
+    late: bool = False
 
 
 def _columns(pipeline: Pipeline, job: Job) -> dict[str, str]:
@@ -434,6 +436,7 @@ class _JobOut:
     rows: list[_Row]
     late: int = 0
     held: int = 0
+    watermark: int | None = None
 
 
 def _interval(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _JobOut:
@@ -567,17 +570,30 @@ def _join(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
     return _JobOut(rows)
 
 
-def _select(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
+def _select(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _JobOut:
     """A select's rows: each event of an event topic once (the dedupe rule across and within batches), or the
-    current table of a table topic (a row's identity: its key's text)."""
+    current table of a table topic (a row's identity: its key's text). An event's row is late when its time is
+    below the topic's greatest time in the batches before its own (each batch is one commit of the topic's log)
+    minus the lateness; the watermark is the greatest time of all minus the lateness."""
     (topic,) = pipeline.sides(job.name)
     if topic.kind == "table":
         table = current_table(topic, (r for b in batches for r in b.get(topic.name, ())))
         return _JobOut([_Row(_side_row(topic, rec), _key_text(k)) for k, rec in table.items()])
     kept: dict[tuple, dict] = {}
+    rows, top = [], None
     for batch in batches:
-        kept.update(_dedupe(topic, list(batch.get(topic.name, ())), kept))
-    return _JobOut([_Row(_side_row(topic, rec), _ident(topic, rec)) for rec in kept.values()])
+        records = list(batch.get(topic.name, ()))
+        fresh = _dedupe(topic, records, kept)
+        kept.update(fresh)
+        for rec in fresh.values():
+            t = rec[topic.time]
+            late = top is not None and t < top - lateness
+            rows.append(_Row(_side_row(topic, rec), _ident(topic, rec), time=t, late=late))
+        times = [r[topic.time] for r in records] + ([] if top is None else [top])
+        top = max(times, default=None)
+    windowed = any(v.window is not None for v in job.views)
+    late = sum(r.late for r in rows) if windowed else 0
+    return _JobOut(rows, late=late, watermark=None if top is None else top - lateness)
 
 
 # --- views -----------------------------------------------------------------------------------------------------
@@ -598,7 +614,9 @@ def _true(where: Expr | None, row: _Row) -> bool:
 
 
 # long: one branch per view kind, as the module docstring states them
-def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) -> _ViewOut:
+def _view(
+    view: View, rows: list[_Row], cols: dict[str, str], interval: bool, watermark: int | None = None
+) -> _ViewOut:
     out = _ViewOut(view)
     where = compile_expr(view.where, cols) if view.where else None
     key = compile_expr(view.key[1], cols) if view.key else None
@@ -612,11 +630,14 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
     for row in rows:
         if view.kind in ("count", "agg", "list") and interval and not row.counted:
             continue
-        if not _true(where, row):
+        if not _true(where, row) or (view.window is not None and row.late):
             continue
         k = cast_string(key(row.cols))
         if k is not None:
             chosen[k].append(row)
+    groups = {k: (k, group, {}) for k, group in chosen.items()}
+    if view.window is not None:
+        groups = _windows(view, chosen, watermark)
     if view.kind == "row":
         for k, group in chosen.items():
             lines = [(row, {n: e(row.cols) for n, e in fields}) for row in group]
@@ -628,25 +649,25 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
         for n, e in values:
             if e.type not in ("bigint", "double", "null"):
                 raise ExprError(f"view {view.name}: value {n} = {e.text!r} is a {e.type}, not a number")
-        for k, group in chosen.items():
+        for at, (k, group, extra) in groups.items():
             sums = {n: 0.0 if e.type == "double" else 0 for n, e in values}
             for row in group:
                 for n, e in values:
                     v = e(row.cols)
                     sums[n] += v if v is not None else 0
             if any(v != 0 for v in sums.values()):
-                out.lines[k] = {view.key_name: k, **sums}
+                out.lines[at] = {view.key_name: k, **sums, **extra}
     elif view.kind == "agg":
         aggs = _aggregates(view, cols)
-        for k, group in chosen.items():
-            out.lines[k] = {view.key_name: k, **{n: _aggregate(a, e, group) for n, a, e in aggs}}
+        for at, (k, group, extra) in groups.items():
+            out.lines[at] = {view.key_name: k, **{n: _aggregate(a, e, group) for n, a, e in aggs}, **extra}
     else:
         entry = compile_expr(view.entry, cols)
         (order_text, desc), *_ = view.order
         order = compile_expr(order_text, cols)
         if order.type not in ("bigint", "double"):
             raise ExprError(f"view {view.name}: order {order_text!r} is a {order.type}, not a number")
-        for k, group in chosen.items():
+        for at, (k, group, extra) in groups.items():
             cand = []
             for row in group:
                 e, o = cast_string(entry(row.cols)), order(row.cols)
@@ -662,8 +683,41 @@ def _view(view: View, rows: list[_Row], cols: dict[str, str], interval: bool) ->
                 if len(ids) == view.cap:
                     break
             if ids:
-                out.lines[k] = {view.key_name: k, view.entries: ids}
-                out.items[k] = items
+                out.lines[at] = {view.key_name: k, view.entries: ids, **extra}
+                out.items[at] = items
+    return out
+
+
+def _windows(view: View, chosen: dict[str, list[_Row]], watermark: int | None) -> dict[str, tuple]:
+    """A windowed view's groups: `{"<key>|<window start>": (key, rows, {"window_start", "window_end", "final"})}`
+    from each key's rows (not late): a tumbling or hopping window `[s, s + size)` (s a multiple of the step) holds
+    the rows whose time it holds; a session, a key's rows sorted by time, cut where two are the gap or more apart
+    (its end: the last row's time plus the gap). Final: the watermark is at or beyond the end; a final window whose
+    end is more than `retain` behind the watermark is left out."""
+    w = view.window
+    spans: dict[tuple, list[_Row]] = defaultdict(list)
+    for k, group in chosen.items():
+        if w.kind == "session":
+            run: list[_Row] = []
+            for row in sorted(group, key=lambda r: r.time):
+                if run and row.time - run[-1].time >= w.size_ms:
+                    spans[(k, run[0].time, run[-1].time + w.size_ms)] = run
+                    run = []
+                run.append(row)
+            if run:
+                spans[(k, run[0].time, run[-1].time + w.size_ms)] = run
+            continue
+        for row in group:
+            s = row.time - row.time % w.step_ms
+            while s + w.size_ms > row.time:
+                spans[(k, s, s + w.size_ms)].append(row)
+                s -= w.step_ms
+    out = {}
+    for (k, start, end), rows in spans.items():
+        final = watermark is not None and end <= watermark
+        if final and view.retain_ms is not None and end < watermark - view.retain_ms:
+            continue
+        out[f"{k}|{start}"] = (k, rows, {"window_start": start, "window_end": end, "final": final})
     return out
 
 
@@ -842,12 +896,14 @@ def brute_force(
             got = _asof(pipeline, job, valid, lateness)
             held[job.name], late_kept[job.name] = got.held, got.late
         elif job.kind == "select":
-            got = _select(pipeline, job, valid)
+            got = _select(pipeline, job, valid, lateness)
+            if got.late:
+                late[job.name] = got.late
         else:
             got = _join(pipeline, job, valid)
         cols = _columns(pipeline, job)
         for view in job.views:
-            views[view.name] = _view(view, got.rows, cols, job.kind == "interval")
+            views[view.name] = _view(view, got.rows, cols, job.kind == "interval", got.watermark)
     return BruteResult(pipeline, views, accepted, rejected, reasons, late, held, late_kept)
 
 

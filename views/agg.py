@@ -49,11 +49,13 @@ from changelog.current import quoted
 from changelog.storage import Lake
 from spec.model import Pipeline, View
 from spec.sql import Aggregate
+from views import window
+from views.errors import ViewError
 from views.fence import GATE_LUA, GATE_SHA, UNFENCED, Fence
 from views.frame import ExpressionError, _quiet, empty_rows, evaluate, select_view, view_path, view_rows
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import Forwarder, current_generation, is_cluster, pack, sink_client
-from views.state import LakeState, StateStep, StateView, changed_rows, touched, views_of
+from views.state import LakeState, StateStep, StateView, changed_rows, touched
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
 __all__ = ["AggView", "AggStep", "agg_views", "check_agg", "query_agg", "export_aggs"]
@@ -122,17 +124,25 @@ class _Value:
         return f"_s{i}" if f == "sum" else f"CASE WHEN _c{i} > 0 THEN _s{i} / _c{i} END"
 
 
+def _aggregates(view: View) -> tuple[tuple[str, Aggregate], ...]:
+    """(name, aggregate) of the view's values: an agg view's as written; a (windowed) count view's each the `sum`
+    of its expression (a null adding nothing)."""
+    if view.kind == "count":
+        return tuple((n, Aggregate("sum", e)) for n, e in view.values)
+    return view.aggregates
+
+
 def _inputs(frame: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
-    """`frame` (row changes, `views.frame.view_rows`) as `_id`, `_sign` (those it has), `_key`, `_where` and each
-    aggregate's input `_a<i>`; `ExpressionError` names an expression Spark cannot analyse."""
+    """`frame` (row changes, `views.frame.view_rows`) as `_id`, `_sign`, `_time`, `_late` (those it has), `_key`,
+    `_where` and each aggregate's input `_a<i>`; `ExpressionError` names an expression Spark cannot analyse."""
     sel = select_view(frame, view, pipeline, parts=("key", "where"), keep=frame.columns)
     texts = dict(view.values)
     exprs = [
         (f"_a{i}", a.expr, texts[n], view_path(view, "values", n))
-        for i, (n, a) in enumerate(view.aggregates)
+        for i, (n, a) in enumerate(_aggregates(view))
         if a.expr is not None
     ]
-    keep = [c for c in ("_id", "_sign", "_key", "_where") if c in sel.columns]
+    keep = [c for c in ("_id", "_sign", "_time", "_late", "_key", "_where") if c in sel.columns]
     return evaluate(sel, exprs, pipeline, keep=keep)
 
 
@@ -141,7 +151,7 @@ def _values(spark, view: View, pipeline: Pipeline) -> tuple[_Value, ...]:
     schema = _inputs(frame, view, pipeline).schema
     return tuple(
         _Value(n, a, i, None if a.expr is None else schema[f"_a{i}"].dataType)
-        for i, (n, a) in enumerate(view.aggregates)
+        for i, (n, a) in enumerate(_aggregates(view))
     )
 
 
@@ -216,63 +226,126 @@ class AggView(StateView):
         self.spark, self.view, self.pipeline, self.append_only = spark, view, pipeline, append_only
         self.url, self.generation, self.fence = redis_url, generation, fence
         self.driver_max = driver_max
+        self.window = view.window
+        if self.window is not None and not append_only:
+            raise ViewError(f"view {view.name!r}: a window is of a job whose rows are never removed")
         self.values = _values(spark, view, pipeline)
-        root = f"{key.strip('/')}/{'parts' if append_only else 'rows'}".lstrip("/")
+        mode = "windows" if self.window is not None else "parts" if append_only else "rows"
+        root = f"{key.strip('/')}/{mode}".lstrip("/")
         self.store = LakeState(spark, lake, root, self._payload(), snapshot_every=snapshot_every)
 
     def _payload(self) -> list[tuple[str, DataType | str]]:
         """(name, type) of a state row's columns after `_sid` and `_key`."""
         if not self.append_only:
             return [(v.col, v.kind) for v in self.values if v.agg.expr is not None]
-        return [("_n", "bigint"), *[(c, t) for v in self.values for c, t, _, _ in v.parts()]]
+        parts = [("_n", "bigint"), *[(c, t) for v in self.values for c, t, _, _ in v.parts()]]
+        return [*window.COLUMNS, *parts] if self.window is not None else parts
 
     # -- a micro-batch
 
     def _merged_parts(self, state: DataFrame, changes: DataFrame) -> DataFrame:
         """`parts` mode: the batch's state rows (`b<N>`): the parts of each key the batch adds rows to, its parts
-        before merged with the rows'."""
+        before merged with the rows'. Windowed: of each window the batch adds rows to (`views.window`)."""
         parts = [p for v in self.values for p in v.parts()]
+        merges = [("_n", "sum(_n)"), *[(c, m) for c, _, _, m in parts]]
         ev = _inputs(changes, self.view, self.pipeline).where(_LIVE)
-        rows = ev.selectExpr("_key", "CAST(1 AS bigint) AS _n", *[f"{sql} AS {c}" for c, _, sql, _ in parts])
+        cols = ["CAST(1 AS bigint) AS _n", *[f"{sql} AS {c}" for c, _, sql, _ in parts]]
+        if self.window is not None:
+            return self._merged_windows(state, ev.where(window.NOT_LATE), cols, merges)
+        rows = ev.selectExpr("_key", *cols)
         keys = rows.select("_key").distinct()
         old = state.join(F.broadcast(keys), "_key", "left_semi").select("_key", "_n", *[p[0] for p in parts])
-        merged = (
-            old.unionByName(rows)
-            .groupBy("_key")
-            .agg(F.expr("sum(_n)").alias("_n"), *[F.expr(m).alias(c) for c, _, _, m in parts])
-        )
+        merged = old.unionByName(rows).groupBy("_key").agg(*[F.expr(m).alias(c) for c, m in merges])
         payload = self.store.cols[2:]
         return merged.selectExpr(
             "_key AS _sid", "false AS _gone", "CAST(NULL AS string) AS _was", "_key", *payload
         )
 
+    def _merged_windows(self, state: DataFrame, ev: DataFrame, cols: list[str], merges) -> DataFrame:
+        """Windowed `parts` mode: each window the rows `ev` (not late) fall in, its parts before merged with theirs;
+        sessions merged where they overlap, a session merged into another leaving (`_gone`)."""
+        spans = window.in_windows(ev, self.window).selectExpr("_k0", "_ws", "_we", "_key", *cols)
+        names = [c for c, _ in merges]
+        head = "_sid", "false AS _gone", "CAST(NULL AS string) AS _was", "_key"
+        payload = self.store.cols[2:]
+        if self.window.kind != "session":
+            keys = spans.select("_key").distinct()
+            old = state.join(F.broadcast(keys), "_key", "left_semi").select(
+                "_k0", "_ws", "_we", "_key", *names
+            )
+            merged = (
+                old.unionByName(spans)
+                .groupBy("_key")
+                .agg(
+                    F.first("_k0").alias("_k0"),
+                    F.first("_ws").alias("_ws"),
+                    F.first("_we").alias("_we"),
+                    *[F.expr(m).alias(c) for c, m in merges],
+                )  # fmt: skip
+            )
+            return merged.selectExpr(
+                "_key AS _sid", "false AS _fin", *head[1:], *[c for c in payload if c != "_fin"]
+            )
+        k0s = spans.select("_k0").distinct()
+        old = state.where("NOT _fin").join(F.broadcast(k0s), "_k0", "left_semi")
+        merged = window.merge_sessions(
+            old.select("_k0", "_ws", "_we", *names).unionByName(spans.drop("_key")), merges
+        )
+        kept = merged.selectExpr(
+            "_key AS _sid", "false AS _fin", *head[1:], *[c for c in payload if c != "_fin"]
+        )
+        gone = old.join(merged.select("_key"), "_key", "left_anti").selectExpr(
+            "_sid", "true AS _gone", "_key AS _was", "CAST(NULL AS string) AS _key", *payload
+        )
+        return kept.unionByName(gone)
+
     def _line_sql(self) -> str:
-        pairs = [f"{lit(self.view.key_name)}, _key"] + [
+        key = "_k0" if self.window is not None else "_key"
+        pairs = [f"{lit(self.view.key_name)}, {key}"] + [
             f"{lit(v.name)}, {quoted(v.name)}" for v in self.values
         ]
+        if self.window is not None:
+            pairs += ["'window_start', _ws", "'window_end', _we", "'final', _fin"]
         return f"to_json(named_struct({', '.join(pairs)}), map('ignoreNullFields', 'false'))"
+
+    def _present(self) -> str:
+        """SQL: whether a key with rows has a line (a count view's key whose sums are all 0 has none)."""
+        if self.view.kind != "count":
+            return "_live"
+        return "_live AND (" + " OR ".join(f"{quoted(v.name)} <> 0" for v in self.values) + ")"
+
+    def _over_parts(self, v: _Value) -> str:
+        """A value over a key's parts; a count view's sum of no non-null value is 0, not null."""
+        if self.view.kind == "count":
+            return f"coalesce({v.over_parts()}, CAST(0 AS {v.total}))"
+        return v.over_parts()
 
     def _lines(self, state: DataFrame, touched: DataFrame) -> DataFrame:
         """`_key`, `line` of each key of `touched` over `state` (the state after the batch); `line` null for a key
         with no live row."""
         live = state.join(F.broadcast(touched), "_key", "left_semi")
         if self.append_only:
+            extra = [c for c, _ in window.COLUMNS] if self.window is not None else []
             per_key = live.selectExpr(
-                "_key", "true AS _live", *[f"{v.over_parts()} AS {quoted(v.name)}" for v in self.values]
+                "_key",
+                "true AS _live",
+                *extra,
+                *[f"{self._over_parts(v)} AS {quoted(v.name)}" for v in self.values],
             )
         else:
             per_key = live.groupBy("_key").agg(
                 F.lit(True).alias("_live"), *[F.expr(v.over_rows()).alias(v.name) for v in self.values]
             )
         return touched.join(per_key, "_key", "left").selectExpr(
-            "_key", f"CASE WHEN _live THEN {self._line_sql()} END AS line"
+            "_key", f"CASE WHEN {self._present()} THEN {self._line_sql()} END AS line"
         )
 
-    def step(self, changes: DataFrame, batch_id: int) -> AggStep:
+    def step(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> AggStep:
         """Batch `batch_id`'s state rows, the state after it and its keys' lines (`AggStep`), from `changes` (the
         batch's row changes, `views.frame.view_rows`) and the state before it (`restore`); when an earlier attempt
-        of the batch staged `b<batch_id>` whole, from that instead (see the module docstring). Materializes both (in
-        memory); the lines are computed when `publish` reads them."""
+        of the batch staged `b<batch_id>` whole, from that instead (see the module docstring). A windowed view's
+        windows become final or leave under `watermark`, the job's after the batch (`views.window.settle`).
+        Materializes both (in memory); the lines are computed when `publish` reads them."""
         state, log = self.store.before(batch_id)
         staged = log is not None
         if not staged:
@@ -281,6 +354,8 @@ class AggView(StateView):
             else:
                 ev = _inputs(changes, self.view, self.pipeline)
                 log = changed_rows(state, ev, _LIVE, self.store.cols[2:])
+            if self.window is not None:
+                log = window.settle(state, log, watermark, self.view.retain_ms)
             log = log.localCheckpoint(eager=True)
         after = self.store.after(state, log)
         return AggStep(batch_id, log, staged, after, self._lines(after, touched(log)))
@@ -319,9 +394,14 @@ class AggView(StateView):
 
 
 def agg_views(spark, lake: Lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[AggView]:
-    """An `AggView` for each agg view of `job`, its state under `<state_key>/views/<view>` of `lake` (keyword
+    """An `AggView` for each agg view and each windowed count view of `job`, its state under `<state_key>/views/<view>` of `lake` (keyword
     arguments `append_only`, `redis_url`, `generation`, `fence`: `AggView`'s)."""
-    return views_of(AggView, "agg", spark, lake, pipeline, job, state_key, **kw)
+    views = pipeline.jobs[job].views
+    return [
+        AggView(spark, lake, v, pipeline, f"{state_key}/views/{v.name}", **kw)
+        for v in views
+        if v.kind == "agg" or (v.kind == "count" and v.window is not None)
+    ]
 
 
 def _loads(raw):

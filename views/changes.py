@@ -4,7 +4,7 @@ written by one call per micro-batch.
 `ChangeViews(...).write(rows, batch_id)`, with `rows` the batch's row changes in the job's row layout:
 - `row` views: a removed row's entry is removed, an added row's set (`views.row.row_delta`), absolute content;
 - `count` views: each key's sums move by the rows' values times their sign (`views.count.count_delta`), fenced per
-  key by the batch id, so a batch applied twice adds once;
+  key by the batch id, so a batch applied twice adds once; a windowed count view is kept like an agg view of sums;
 - `log` views: the added rows that satisfy `where` are appended to the output log once per batch id
   (`views.log.LogSink`; a log is of a job whose rows are never removed);
 - `agg` views: each key the batch touches is recomputed from the view's state and written whole (`views.agg.AggView`,
@@ -90,13 +90,14 @@ class ChangeViews:
             if v.kind == "row":
                 sink = RowSink(self.url, v.name, self.generation, self.fence)
                 out.append(sink.commands(row_delta(frame, v, self.pipeline)))
-            elif v.kind == "count":
+            elif v.kind == "count" and v.window is None:
                 sink = CountSink(self.url, v, self.generation, self.fence)
                 out.append(sink.commands(count_delta(frame, v, self.pipeline), batch_id))
         return out
 
-    def write(self, rows: DataFrame, batch_id: int) -> dict:
-        """Apply batch `batch_id`'s row changes `rows` to every view (see the module docstring). Returns {}."""
+    def write(self, rows: DataFrame, batch_id: int, *, watermark: int | None = None) -> dict:
+        """Apply batch `batch_id`'s row changes `rows` to every view (see the module docstring); `watermark`: the
+        job's after the batch, under which a windowed view's windows close (`views.window`). Returns {}."""
         frame = view_rows(rows, self.pipeline, self.job)
         commands = self._commands(frame, batch_id)
         if commands:
@@ -108,7 +109,7 @@ class ChangeViews:
                 scripts=(GATE_LUA, COUNT_LUA),
             )
         for agg in self.aggs:
-            agg.write(frame, batch_id)
+            agg.write(frame, batch_id, watermark=watermark)
         by_name = {v.name: v for v in self.views}
         for name, sink in self.logs.items():
             sink.write(log_rows(frame.where("_sign > 0"), by_name[name], self.pipeline), batch_id)

@@ -65,5 +65,8 @@ KINDS: dict[str, ViewKind] = {
 
 
 def view_kind(view: View) -> ViewKind:
-    """The kind of `view` (every kind the pipeline model accepts is registered)."""
+    """The kind of `view` (every kind the pipeline model accepts is registered). A windowed count view is kept as an
+    agg view of sums (`views.agg`) and read as one."""
+    if view.kind == "count" and view.window is not None:
+        return KINDS["agg"]
     return KINDS[view.kind]

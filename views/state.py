@@ -198,7 +198,7 @@ class StateView:
         """The state before micro-batch `batch_id` (`LakeState.before`)."""
         return self.store.before(batch_id)[0]
 
-    def step(self, changes: DataFrame, batch_id: int) -> StateStep:
+    def step(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> StateStep:
         raise NotImplementedError
 
     def publish(self, step: StateStep) -> dict:
@@ -210,10 +210,10 @@ class StateView:
     def advance(self, step: StateStep) -> None:
         self.store.advance(step)
 
-    def write(self, changes: DataFrame, batch_id: int) -> dict:
+    def write(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> dict:
         """Apply batch `batch_id`'s row changes: `step`, then `stage` beside `publish`, then `advance`. Returns what
-        `publish` returns."""
-        step = self.step(changes, batch_id)
+        `publish` returns. `watermark`: the job's after the batch (a windowed view's windows close under it)."""
+        step = self.step(changes, batch_id, watermark=watermark)
         with ThreadPoolExecutor(max_workers=1) as pool:
             staged = pool.submit(self.stage, step)
             done = self.publish(step)

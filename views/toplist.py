@@ -172,7 +172,7 @@ class TopList(StateView):
         bodies = _op(bodies, "entry", "_e", body="_b").withColumn("_phase", F.expr("IF(body IS NULL, 2, 0)"))
         return bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
 
-    def step(self, changes: DataFrame, batch_id: int) -> ListStep:
+    def step(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> ListStep:
         """Batch `batch_id`'s state rows, the state after it and its Redis operations (`ListStep`), from `changes`
         (the batch's row changes, `views.frame.view_rows`) and the state before it; when an earlier attempt of the
         batch staged `b<batch_id>` whole, from that instead (`views.state`). Materializes the state rows and the

@@ -3,8 +3,12 @@
 Source: the topic's log, one stream. Per micro-batch N:
 - an event topic: the batch's records, one per id, less the ids an earlier batch selected, are added rows; every
   view gets them (`views.changes.ChangeViews`), then their ids are recorded (`joins.select.SelectedIds`, once per
-  N). A record whose id was selected before is counted as a duplicate (`duplicates` in `mview status`). Late
-  records are kept: a view without a window has no window that closed.
+  N). A record whose id was selected before is counted as a duplicate (`duplicates` in `mview status`). A view
+  without a window keeps late records (it has no window that closed); a windowed view leaves out a record whose
+  time is behind the topic's watermark as of the log versions before its own (`_time < MAX_BEFORE -
+  ALLOWED_LATENESS`, the log's stamp: the same in every run however it cuts the log), counted as `late`. The job's
+  watermark after N (its windows close under it) is the topic's greatest time in the versions read so far minus
+  the lateness: the batch's greatest time or stamp.
 - a table topic: the batch's records change the current table (state: `joins.table_state.TableStore`); the keys
   whose row changed give removed and added rows; every view gets them, then the state is staged and advanced.
 The views are written before the state, so a crash at any point replays N with the effect of one.
@@ -17,6 +21,7 @@ import functools
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from changelog.topics import MAX_BEFORE
 from jobs.core.runtime import state_key
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
@@ -30,32 +35,48 @@ from views.frame import check_job
 __all__ = ["run"]
 
 
-def _batch(topic: str, events: int, added: int, removed: int, duplicates: int) -> Batch:
+def _batch(
+    topic: str, events: int, added: int, removed: int, duplicates: int, late: int | None = None
+) -> Batch:
+    counters = {"rows_added": added, "rows_removed": removed, "duplicates": duplicates}
     return Batch(
         events=events,
-        summary=f"{events:,} records -> {added:,} rows added, {removed:,} removed",
-        counters={"rows_added": added, "rows_removed": removed, "duplicates": duplicates},
+        summary=f"{events:,} records -> {added:,} rows added, {removed:,} removed"
+        + (f", {late:,} late (left out of windowed views)" if late else ""),
+        counters=counters if late is None else {**counters, "late": late},
         totals={"rows_added": added, "rows_removed": removed},
         inputs={topic: events},
     )
 
 
-def _events(run: JobRun, select: EventSelect, views: ChangeViews):
+def _events(run: JobRun, select: EventSelect, views: ChangeViews, windowed: bool):
     key = state_key(run.job, run.generation)
     ids = SelectedIds(
         run.spark, run.settings.lake, f"mview-{run.job}-g{run.generation}-ids", key=f"{key}/ids"
     )
+    lateness = run.settings.allowed_lateness_ms if windowed else None
+    time = quoted(select.topic.time)
 
     def process(batch_df, batch_id: int) -> Batch | None:
         candidates = select.candidates(batch_df).localCheckpoint(eager=True)
         n = candidates.count()
         if n == 0:
             return None
-        rows = select.rows(candidates, ids.among(candidates)).localCheckpoint(eager=True)
-        added = rows.count()
-        views.write(rows, batch_id)
+        rows = select.rows(candidates, ids.among(candidates), lateness_ms=lateness).localCheckpoint(
+            eager=True
+        )
+        if not windowed:
+            added, late, records, watermark = rows.count(), None, batch_df.count(), None
+        else:
+            added, late = rows.selectExpr("count(1)", "count_if(_late)").first()
+            # the topic's greatest time so far: the batch's, or before the batch's first version (its stamp)
+            records, top = batch_df.selectExpr(
+                "count(1)", f"max(greatest(CAST({time} AS bigint), {MAX_BEFORE}))"
+            ).first()
+            watermark = None if top is None else top - lateness
+        views.write(rows, batch_id, watermark=watermark)
         ids.record(batch_id, rows)
-        return _batch(select.topic.name, batch_df.count(), added, 0, n - added)
+        return _batch(select.topic.name, records, added, 0, n - added, late)
 
     return process
 
@@ -94,12 +115,19 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
         fence=run.fence,
     )
     run.totals.update(rows_added=0, rows_removed=0)
+    windowed = any(v.window is not None for v in pipeline.jobs[run.job].views)
     if topic.kind == "event":
-        process = _events(run, EventSelect(topic), views)
+        process = _events(run, EventSelect(topic), views, windowed)
     else:
         process = _table(run, TableSelect(topic), views)
     source = topic_stream(run.spark, run.settings.lake, topic)
-    return Wiring(source=source.select(*[F.col(quoted(n)) for n, _ in topic.columns()]), process=process)
+    stamp = (
+        F.col(MAX_BEFORE) if MAX_BEFORE in source.columns else F.lit(None).cast("bigint").alias(MAX_BEFORE)
+    )
+    stamp = [stamp] if windowed else []
+    return Wiring(
+        source=source.select(*[F.col(quoted(n)) for n, _ in topic.columns()], *stamp), process=process
+    )
 
 
 def run(

@@ -301,6 +301,82 @@ BROKEN = [
         "jobs.j.join",
         "name of a field",
     ),
+    *[
+        (
+            f"window: {case}",
+            _job(f"  s:\n    select: {{from: {topic}}}\n    views:\n      v:\n        {view}\n{extra}"),
+            16,
+            key,
+            says,
+        )
+        for case, topic, view, extra, key, says in [
+            (
+                "on a join's rows",
+                "open_orders",
+                "count: {k: order_id}",
+                "        values: {n: 1}\n        window: {tumble: 1 h}\n",
+                "jobs.s.views.v.window",
+                "no event time",
+            ),
+            (
+                "hop without every",
+                "orders",
+                "agg: {k: order_id}",
+                "        values: {n: count(*)}\n        window: {hop: 1 h}\n",
+                "jobs.s.views.v.window",
+                "needs `every`",
+            ),
+            (
+                "every beyond the size",
+                "orders",
+                "agg: {k: order_id}",
+                "        values: {n: count(*)}\n        window: {hop: 1 h, every: 2 h}\n",
+                "jobs.s.views.v.window.every",
+                "longer than the window",
+            ),
+            (
+                "two kinds",
+                "orders",
+                "agg: {k: order_id}",
+                "        values: {n: count(*)}\n        window: {tumble: 1 h, session: 1 min}\n",
+                "jobs.s.views.v.window",
+                "one of",
+            ),
+            (
+                "a duration without a unit",
+                "orders",
+                "agg: {k: order_id}",
+                "        values: {n: count(*)}\n        window: {session: 5}\n",
+                "jobs.s.views.v.window.session",
+                "cannot parse duration",
+            ),
+            (
+                "zero",
+                "orders",
+                "agg: {k: order_id}",
+                "        values: {n: count(*)}\n        window: {tumble: 0 s}\n",
+                "jobs.s.views.v.window.tumble",
+                "above 0",
+            ),
+            (
+                "on a row view",
+                "orders",
+                "row: {k: order_id}",
+                "        fields: {a: amount}\n        window: {tumble: 1 h}\n",
+                "jobs.s.views.v.window",
+                "not a key of a row view",
+            ),
+        ]
+    ],
+    (
+        "retain without a window",
+        _job(
+            "  s:\n    select: {from: orders}\n    views:\n      v:\n        agg: {k: order_id}\n        values: {n: count(*)}\n        retain: 1 d\n"
+        ),
+        16,
+        "jobs.s.views.v.retain",
+        "add a `window`",
+    ),
     ("not YAML", "topics: [\n", 2, "", "not valid YAML"),
     ("no topics", "jobs: {}\n", 1, "topics", "missing"),
 ]
