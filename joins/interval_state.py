@@ -292,11 +292,12 @@ class IntervalStore:
         before: IntervalSnapshot,
         new: DataFrame,
         watermark_after: int,
-        publish: Callable[[DataFrame, int], object],
+        publish: Callable[[DataFrame, int, int], object],
     ) -> dict:
         """Step `fence` of the join: the step's records `new` (the stream's layout, none late) joined with the state
         `before` (`joins.interval.interval_join`: a right event matches a left event of equal keys when its time
-        is in [left time + lower, left time + upper]); `publish(result.left, fence)` (the views' write, first),
+        is in [left time + lower, left time + upper]); `publish(result.left, fence, watermark_after)` (the views'
+        write, first),
         then `stage(fence, result)`; `before.progress` moves past the step. The caller advances the store once its
         own part is done. Returns the counts of `stage`."""
         p, s = before.progress, self.sides
@@ -311,7 +312,7 @@ class IntervalStore:
             watermark_after=watermark_after,
         )
         try:
-            publish(res.left, fence)
+            publish(res.left, fence, watermark_after)
             out = self.stage(fence, res)
         finally:
             res.release()
@@ -322,7 +323,7 @@ class IntervalStore:
         self,
         fence: int,
         batch: DataFrame,
-        publish: Callable[[DataFrame, int], object],
+        publish: Callable[[DataFrame, int, int], object],
         on_late: Callable[[DataFrame, int], object],
         mark: Callable[[str], None] = _no_mark,
     ) -> StepOutcome | None:
@@ -360,7 +361,7 @@ class IntervalStore:
         return StepOutcome(fence, p, counts)
 
     def idle_step(
-        self, now_ms: int, timeout_ms: int, publish: Callable[[DataFrame, int], object]
+        self, now_ms: int, timeout_ms: int, publish: Callable[[DataFrame, int, int], object]
     ) -> StepOutcome | None:
         """The idle rule (`IntervalProgress.idle_watermark`) at `now_ms`: a step with no new records, fenced
         right after the newest version (its fence + 1), that closes the windows the idle watermark passes;

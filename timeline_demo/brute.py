@@ -476,10 +476,11 @@ def _interval(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) 
         n = bisect.bisect_right(found, t + spec.upper_ms) - bisect.bisect_left(found, t + spec.lower_ms)
         closed = watermark is not None and t + spec.upper_ms < watermark
         if n > 0 or (spec.unmatched and closed):
-            row = _Row({**cols, MATCHES: n}, _ident(left, rec), final=closed)
+            row = _Row({**cols, MATCHES: n}, _ident(left, rec), final=closed, time=t)
             row.counted = closed
             rows.append(row)
-    return _JobOut(rows, late=late)
+    # a window of left events is final once every left event before its end closed
+    return _JobOut(rows, late=late, watermark=None if watermark is None else watermark - spec.upper_ms)
 
 
 def _beside(first: Topic, second: Topic) -> list[tuple[str, str, bool]]:

@@ -251,7 +251,7 @@ class AggView(StateView):
         ev = _inputs(changes, self.view, self.pipeline).where(_LIVE)
         cols = ["CAST(1 AS bigint) AS _n", *[f"{sql} AS {c}" for c, _, sql, _ in parts]]
         if self.window is not None:
-            return self._merged_windows(state, ev.where(window.NOT_LATE), cols, merges)
+            return self._merged_windows(state, window.not_late(ev), cols, merges)
         rows = ev.selectExpr("_key", *cols)
         keys = rows.select("_key").distinct()
         old = state.join(F.broadcast(keys), "_key", "left_semi").select("_key", "_n", *[p[0] for p in parts])

@@ -30,10 +30,15 @@ from pyspark.sql import functions as F
 
 from spec.model import Window as EventWindow
 
-__all__ = ["COLUMNS", "in_windows", "merge_sessions", "settle", "windowed_key", "NOT_LATE"]
+__all__ = ["COLUMNS", "in_windows", "merge_sessions", "settle", "windowed_key", "not_late"]
 
 COLUMNS = [("_k0", "string"), ("_ws", "bigint"), ("_we", "bigint"), ("_fin", "boolean")]
-NOT_LATE = "_time IS NOT NULL AND NOT coalesce(_late, false)"
+
+
+def not_late(rows: DataFrame) -> DataFrame:
+    """The rows of `rows` a windowed view takes: with a time, and not `_late` (when the job judged it)."""
+    late = " AND NOT coalesce(_late, false)" if "_late" in rows.columns else ""
+    return rows.where("_time IS NOT NULL" + late)
 
 
 def windowed_key(k0: str = "_k0", start: str = "_ws") -> str:

@@ -105,20 +105,22 @@ def _aggs(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int, epo
 
 
 def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs: list | None = None):
-    """`publish(left, fence)` of `IntervalStore.step`: every view's write of one step, the row and count views' in
-    one Spark job, then each agg and list view's (`aggs`: made here when None), its batch id the step's fence."""
+    """`publish(left, fence, watermark)` of `IntervalStore.step`: every view's write of one step, the row and
+    count views' in one Spark job, then each agg and list view's (`aggs`: made here when None), its batch id the
+    step's fence. A windowed view's window is final once every left event before its end closed: the view's
+    watermark is the job's minus `upper`."""
     j, url = pipeline.jobs[job], settings.redis_url
     unmatched = "true" if j.spec.unmatched else "false"
     scripts = (GATE_LUA, COUNT_LUA) if any(v.kind == "count" for v in j.views) else (GATE_LUA,)
     epoch = writer_fence(job)  # the lease this process holds for the job: its writes' fence
     time_sql = quoted(pipeline.sides(job)[0].time)
 
-    def publish(left, fence: int) -> None:
+    def publish(left, fence: int, watermark: int | None = None) -> None:
         frame = view_rows(left.where("_changed OR _closed"), pipeline, job)
         parts = [
             _view_commands(frame, v, pipeline, settings, gen, fence, unmatched, epoch)
             for v in j.views
-            if v.kind in ("row", "count")
+            if v.kind == "row" or (v.kind == "count" and v.window is None)
         ]
         if parts:
             commands = functools.reduce(lambda a, b: a.unionByName(b), parts)
@@ -129,8 +131,9 @@ def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs:
         if views:
             closed = frame.where(f"_closed AND (_matches > 0 OR {unmatched})")
             rows = closed.selectExpr("*", "1 AS _sign", f"CAST({time_sql} AS bigint) AS _time")
+            closes = None if watermark is None else watermark - j.spec.upper_ms
             for agg in views:
-                agg.write(rows, fence)
+                agg.write(rows, fence, watermark=closes)
 
     return publish
 

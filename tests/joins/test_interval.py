@@ -204,7 +204,7 @@ def test_store_steps_replay_idle_tick_and_layout(spark, lake):
 
     published, late = {}, []
 
-    def publish(left, fence):
+    def publish(left, fence, watermark):
         got = left.where("_changed OR _closed").collect()
         published[fence] = sorted((r["sid"], r["_matches"], r["_closed"]) for r in got)
 

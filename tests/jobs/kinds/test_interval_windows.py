@@ -1,0 +1,109 @@
+"""Windowed `count` and `agg` views of an `interval` job (tumbling and hopping windows, sessions) end to end, against
+the brute force of the contract's definitions (`timeline_demo.brute`): page views joined with purchases of the same
+user within two minutes, `unmatched: true`, random records with late and duplicate ones, the job run after every
+piece; a left event enters its windows once its own window closed, and a window is final once every left event
+before its end has closed."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from changelog.ingest import ingest
+from jobs.kinds.interval import run
+from spec import load_pipeline
+from tests.conftest import make_settings
+from timeline_demo.brute import brute_force
+from views.read import export_view, query_view
+from views.redis_io import connect
+
+T0 = 1_700_000_040_000
+LATENESS_MS = 15_000
+PIPELINE = """\
+topics:
+  visits: {fields: {visit_id: id, user: string, page: string, ts: timestamp}, id: visit_id, time: ts}
+  buys:
+    fields: {buy_id: id, user: string, amount: double, ts: timestamp}
+    optional: [amount]
+    id: buy_id
+    time: ts
+jobs:
+  converted:
+    interval: {left: visits, right: buys, match: {user: user}, within: [0 s, 2 min], unmatched: true}
+    views:
+      pages:
+        agg: {page: page}
+        window: {tumble: 1 min}
+        values: {visits: "count(*)", bought: "sum(if(matches > 0, 1, 0))", users: "count(distinct user)"}
+      sliding:
+        count: {page: page}
+        window: {hop: 2 min, every: 30 s}
+        values: {visits: 1, matched: "matches"}
+      browsing:
+        agg: {user: user}
+        window: {session: 40 s}
+        values: {visits: "count(*)", pages: "count(distinct page)", most: "max(matches)"}
+"""
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("converted") / "converted.yml"
+    path.write_text(PIPELINE)
+    return load_pipeline(path, {})
+
+
+def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
+    out = []
+    for i in range(n):
+        t = T0 + int(i * 600_000 / n) + rng.randrange(-10_000, 10_000)
+        if rng.random() < 0.08:
+            t -= rng.randrange(15_000, 90_000)  # behind the watermark, mostly
+        user = rng.choice(["u1", "u2", "u3", "u4", "u5"])
+        if rng.random() < 0.7:
+            rec = {"visit_id": f"v{i}", "user": user, "page": rng.choice(["home", "cart", "shoe"]), "ts": t}
+            out.append(("visits", rec))
+        else:
+            out.append(
+                ("buys", {"buy_id": f"b{i}", "user": user, "amount": rng.choice([None, 5.5, 20.0]), "ts": t})
+            )
+        if rng.random() < 0.06:
+            out.append(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_windowed_views_of_an_interval_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
+    rng = random.Random(seed)
+    arrivals = _arrivals(rng, 260)
+    cuts = sorted(rng.sample(range(1, len(arrivals)), 6))
+    settings = make_settings(
+        tmp_path / "lake",
+        redis_url,
+        ALLOWED_LATENESS=f"{LATENESS_MS} ms",
+        METRICS_PORT="off",
+        MVIEW_PIPELINE=pipeline.file,
+    )
+    batches = []
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(arrivals)], strict=True)):
+        batch: dict[str, list] = {}
+        for topic, rec in arrivals[a:b]:
+            batch.setdefault(topic, []).append(rec)
+        for topic, records in batch.items():
+            path = tmp_path / f"{topic}-{i}.jsonl"
+            path.write_text("".join(json.dumps(r) + "\n" for r in records))
+            ingest(None, settings.lake, pipeline.topic(topic), [str(path)])
+        run(spark, settings, pipeline, "converted", once=True)
+        batches.append(batch)
+    want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
+    assert want.late["converted"] > 3
+    finals = [line["final"] for line in want.export("pages")]
+    assert any(finals) and not all(finals)
+    client = connect(settings.redis_url)
+    for name in ("pages", "sliding", "browsing"):
+        assert list(export_view(client, name, pipeline=pipeline)) == want.export(name), name
+        for key in want.keys(name)[:3]:
+            got = query_view(client, name, key, pipeline=pipeline)
+            assert got == want.query(name, key), (name, key)
