@@ -52,9 +52,9 @@ def _docs() -> str:
 
 
 # docs/extending.md's worked examples name the files, targets and variables a new view kind (`set`), join kind
-# (`window`) and source (`mysql`) would add: not in the code, by design. The checks that the docs name only what
+# (`union`) and source (`mysql`) would add: not in the code, by design. The checks that the docs name only what
 # exists skip the spans of that page that name them.
-EXAMPLES = re.compile(r"(?<![A-Za-z])(?:set|window|mysql)(?![a-z])", re.I)
+EXAMPLES = re.compile(r"(?<![A-Za-z])(?:set|union|mysql)(?![a-z])", re.I)
 
 
 def _named_docs() -> str:
