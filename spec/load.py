@@ -520,7 +520,7 @@ _KIND_KEYS = {
     "log": {"where"},
 }
 _WINDOW_KINDS = ("tumble", "hop", "session")
-_UNBUILT_WINDOWS = ("asof", "list")
+_UNBUILT_WINDOWS = ("asof",)
 
 
 def _window_placed(v: _View, kind: str | None, vk: str, event: bool, path: tuple, out: _Problems) -> bool:
@@ -542,7 +542,7 @@ def _window_placed(v: _View, kind: str | None, vk: str, event: bool, path: tuple
         what = f"an {kind} job" if kind in _UNBUILT_WINDOWS else f"a {vk} view"
         out.add(
             p,
-            f"windows on {what} are not built yet (count and agg views of select and interval jobs have them)",
+            f"windows on {what} are not built yet (select and interval jobs have them)",
         )
         return False
     return True

@@ -839,11 +839,13 @@ class BruteResult:
             items = out.items.get(key, [])[:limit]
             if not items:
                 return {}
-            ids = out.lines[key][v.entries][:limit]
+            line = out.lines[key]
+            ids = line[v.entries][:limit]
             name = _item_entry(v)
             if name is not None:
                 items = [{name: e, **item} for e, item in zip(ids, items, strict=True)]
-            return {v.key_name: key, "generation": generation, v.items_name: items}
+            window = {k: line[k] for k in ("window_start", "window_end", "final") if k in line}
+            return {v.key_name: line[v.key_name], "generation": generation, v.items_name: items, **window}
         line = out.lines.get(key)
         if line is None:
             return {}

@@ -33,6 +33,8 @@ __all__ = [
     "ENTRY",
     "HEAVY",
     "READS",
+    "WINDOW",
+    "window_key",
 ]
 
 # `%` first when encoding and last when decoding, so an id holding the text "%7D" survives both ways.
@@ -79,6 +81,7 @@ def key_id(redis_key: str | bytes) -> str:
 
 # A list view's other keys are `mv:<view>.<part>:<g>:{<id>}`, part one of these (the design's names).
 ENTRY, HEAVY, READS = "entry", "heavy", "reads"
+WINDOW = "window"  # a windowed list's window of a list key: `{"<key name>", "window_start", "window_end", "final"}`
 
 
 def list_key(view: str, generation: int, key: str) -> str:
@@ -89,6 +92,11 @@ def list_key(view: str, generation: int, key: str) -> str:
 def entry_key(view: str, generation: int, entry: str) -> str:
     """A list view's body of entry `entry` (the JSON of its fields)."""
     return view_key(f"{view}.{ENTRY}", generation, entry)
+
+
+def window_key(view: str, generation: int, key: str) -> str:
+    """A windowed list view's window of list key `key` (JSON: the view's key, the window's bounds, `final`)."""
+    return view_key(f"{view}.{WINDOW}", generation, key)
 
 
 def heavy_key(view: str, generation: int, value: str) -> str:

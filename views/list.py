@@ -62,6 +62,7 @@ from views.keys import (
     ENTRY,
     HEAVY,
     READS,
+    WINDOW,
     entry_key,
     heavy_key,
     key_id,
@@ -69,6 +70,7 @@ from views.keys import (
     meta_key,
     reads_key,
     view_pattern,
+    window_key,
 )
 from views.list_join import generic_spec, list_shape
 from views.redis_io import Forwarder, current_generation, is_cluster, sink_client
@@ -267,6 +269,7 @@ def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluste
         f"CASE kind WHEN 'list' THEN {view_key_column(view, generation, 'id')} "
         f"WHEN 'heavy' THEN {view_key_column(f'{view}.{HEAVY}', generation, 'id')} "
         f"WHEN 'reads' THEN {view_key_column(f'{view}.{READS}', generation, 'id')} "
+        f"WHEN 'window' THEN {view_key_column(f'{view}.{WINDOW}', generation, 'id')} "
         f"ELSE {view_key_column(f'{view}.{ENTRY}', generation, 'id')} END AS k",
         "coalesce(size(removes), 0) AS nr",
         "coalesce(size(entries), 0) AS ne",
@@ -575,6 +578,9 @@ def read_list(
     ids = _ids(client, view, generation, key, limit)
     out = {view.key_name: key, "generation": generation, view.entries: ids}
     out[view.items_name] = _hydrate(client, view, generation, ids)
+    if view.window is not None:
+        raw = client.get(window_key(view.name, generation, key))
+        out.update(orjson.loads(raw) if raw is not None else {})
     return out
 
 
@@ -585,7 +591,9 @@ def query_list(client, view: View, key: str, limit: int | None = None) -> dict:
     got = read_list(client, view, key, limit)
     if not got[view.items_name]:
         return {}
-    return {view.key_name: key, "generation": got["generation"], view.items_name: got[view.items_name]}
+    window = {k: got[k] for k in _WINDOW_FIELDS if k in got}
+    return {view.key_name: got[view.key_name], "generation": got["generation"], view.items_name: got[view.items_name],
+            **window}  # fmt: skip
 
 
 def export_list(
@@ -617,8 +625,24 @@ def _export_lines(client, view: View) -> Iterator[dict]:
         if needed:
             more, cap = _heavy(client, view, generation, job, needed, -1)
             heavy_entries.update(more)
-        for k, (own, heavy) in zip(chunk, snaps, strict=True):
+        windows = _windows(client, view, generation, chunk)
+        for k, (own, heavy), window in zip(chunk, snaps, windows, strict=True):
             own_ids = [e for _, e in own]
             ids = _merge(own, [heavy_entries[h] for h in heavy], cap, view.order[0][1]) if heavy else own_ids
             if ids:
-                yield {view.key_name: k, view.entries: ids}
+                key = window.pop(view.key_name, k)
+                yield {view.key_name: key, view.entries: ids, **window}
+
+
+_WINDOW_FIELDS = ("window_start", "window_end", "final")
+
+
+def _windows(client, view: View, generation: int, keys: list[str]) -> list[dict]:
+    """The window of each list key of a windowed list view (`{}` each for a view without a window), one round
+    trip."""
+    if view.window is None:
+        return [{} for _ in keys]
+    pipe = client.pipeline(transaction=False)
+    for k in keys:
+        pipe.get(window_key(view.name, generation, k))
+    return [orjson.loads(raw) if raw is not None else {} for raw in pipe.execute()]

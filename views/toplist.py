@@ -26,6 +26,12 @@ State (`views.state`: files, protocol and replay; under the key the job gives), 
   rows of its list (`_sid`: the key and the entry), since an entry that fell out of a list can never return; a
   batch merges its rows into its keys' lists.
 Bounded by the live rows, and for `top` by `cap` rows per key.
+
+A windowed view (`view.window`, `views.window`): the rows (not late) are kept per window in the `top` mode, keyed
+`<key>|<window start>` with the window's columns; a merged session's rows move under the merged session's key. Each
+touched key's window is written beside its list (`kind="window"` operations, in the lists' phase):
+`mv:<v>.window:<g>:{<key>}` holds `{"<key name>": key, "window_start", "window_end", "final"}`, deleted with the
+list when the window leaves (merged into another session, or older than `retain`).
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ from pyspark.sql.types import NumericType, TimestampType
 
 from changelog.storage import Lake
 from spec.model import Pipeline, View
+from views import window
 from views.errors import ViewError
 from views.fence import UNFENCED, Fence
 from views.frame import empty_rows, select_view, view_rows
 from views.list import ListViewSink, _op, body_sql, entry
 from views.state import LakeState, StateStep, StateView, changed_rows, fresh, touched, views_of
+from views.wire import lit
 
 __all__ = ["TopList", "ListStep", "list_views"]
 
@@ -106,8 +114,15 @@ class TopList(StateView):
         self.sink = ListViewSink(
             redis_url, view.name, generation, view.cap, descending=self.descending, fence=fence
         )
+        self.window = view.window
+        if self.window is not None and not append_only:
+            raise ViewError(f"view {view.name!r}: a window is of a job whose rows are never removed")
         payload = [("_e", "string"), ("_o", order_type), ("_b", "string")]
-        root = f"{key.strip('/')}/{'top' if append_only else 'rows'}".lstrip("/")
+        if self.window is not None:
+            payload = [*window.COLUMNS, *payload]
+        self.payload = [n for n, _ in payload]
+        mode = "windows" if self.window is not None else "top" if append_only else "rows"
+        root = f"{key.strip('/')}/{mode}".lstrip("/")
         self.store = LakeState(spark, lake, root, payload, snapshot_every=snapshot_every)
 
     def _inputs(self, frame: DataFrame) -> DataFrame:
@@ -116,7 +131,7 @@ class TopList(StateView):
         sel = select_view(
             frame, self.view, self.pipeline, parts=("key", "where", "entry", "order"), keep=frame.columns
         )
-        keep = [c for c in ("_id", "_sign") if c in sel.columns]
+        keep = [c for c in ("_id", "_sign", "_time", "_late") if c in sel.columns]
         return sel.selectExpr(
             *keep,
             "_key",
@@ -151,6 +166,38 @@ class TopList(StateView):
         )
         return kept.unionByName(dropped)
 
+    def _merged_windows(self, state: DataFrame, ev: DataFrame) -> DataFrame:
+        """Windowed `top` mode: the batch's rows (not late) in each of their windows merged into its list; a session
+        merged into another gives its rows to the merged one (under its key: the old rows leave, `_gone`)."""
+        rows = window.not_late(ev.where(_LIVE)).select("_key", "_time", *_PAYLOAD)
+        spans = window.in_windows(rows, self.window).select("_k0", "_ws", "_we", "_key", *_PAYLOAD)
+        if self.window.kind == "session":
+            k0s = spans.select("_k0").distinct()
+            old = state.where("NOT _fin").join(F.broadcast(k0s), "_k0", "left_semi")
+            both = old.select("_k0", "_ws", "_we", *_PAYLOAD).unionByName(spans.drop("_key"))
+            merged = window.sessions_of(both)
+        else:
+            keys = spans.select("_key").distinct()
+            old = state.join(F.broadcast(keys), "_key", "left_semi")
+            merged = old.select("_k0", "_ws", "_we", "_key", *_PAYLOAD).unionByName(spans)
+        top = self._ranked(merged).withColumn("_sid", F.expr(_SID)).withColumn("_fin", F.lit(False))
+        kept = top.selectExpr("_sid", "false AS _gone", "CAST(NULL AS string) AS _was", "_key", *self.payload)
+        dropped = old.join(top.select("_sid"), "_sid", "left_anti").selectExpr(
+            "_sid", "true AS _gone", "_key AS _was", "CAST(NULL AS string) AS _key", *self.payload
+        )
+        return kept.unionByName(dropped)
+
+    def _window_ops(self, after: DataFrame, keys: DataFrame) -> DataFrame:
+        """Each touched key's window (`kind="window"`: its JSON, null for a key whose window left), phase 1."""
+        per_key = after.join(keys, "_key", "left_semi").groupBy("_key").agg(
+            F.first("_k0").alias("_k0"), F.first("_ws").alias("_ws"), F.first("_we").alias("_we"),
+            F.max("_fin").alias("_fin"),
+        )  # fmt: skip
+        pairs = f"{lit(self.view.key_name)}, _k0, 'window_start', _ws, 'window_end', _we, 'final', _fin"
+        body = f"CASE WHEN _k0 IS NOT NULL THEN to_json(named_struct({pairs})) END"
+        ops = _op(keys.join(per_key, "_key", "left"), "window", "_key", body=body)
+        return ops.withColumn("_phase", F.lit(1))
+
     def _ops(self, before: DataFrame, after: DataFrame, keys: DataFrame) -> DataFrame:
         """The operations (LIST_OPS_SCHEMA) of a batch that touches `keys` (`_key`), from the state `before` and
         `after` it, each with its write phase (`_phase`): 0 the bodies to set, 1 each key's whole list, 2 the bodies
@@ -170,7 +217,8 @@ class TopList(StateView):
         )
         bodies = cand.join(held.groupBy("_e").agg(F.max("_b").alias("_b")), "_e", "left")
         bodies = _op(bodies, "entry", "_e", body="_b").withColumn("_phase", F.expr("IF(body IS NULL, 2, 0)"))
-        return bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
+        ops = bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
+        return ops if self.window is None else ops.unionByName(self._window_ops(after, keys))
 
     def step(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> ListStep:
         """Batch `batch_id`'s state rows, the state after it and its Redis operations (`ListStep`), from `changes`
@@ -181,7 +229,9 @@ class TopList(StateView):
         staged = log is not None
         if not staged:
             ev = self._inputs(changes)
-            if self.append_only:
+            if self.window is not None:
+                log = window.settle(state, self._merged_windows(state, ev), watermark, self.view.retain_ms)
+            elif self.append_only:
                 log = self._merged(state, ev)
             else:
                 log = changed_rows(state, ev, _LIVE, _PAYLOAD)

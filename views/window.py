@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from spec.model import Window as EventWindow
 
-__all__ = ["COLUMNS", "in_windows", "merge_sessions", "settle", "windowed_key", "not_late"]
+__all__ = ["COLUMNS", "in_windows", "merge_sessions", "sessions_of", "settle", "windowed_key", "not_late"]
 
 COLUMNS = [("_k0", "string"), ("_ws", "bigint"), ("_we", "bigint"), ("_fin", "boolean")]
 
@@ -63,21 +63,37 @@ def in_windows(rows: DataFrame, window: EventWindow) -> DataFrame:
     return spans.withColumn("_key", F.expr(windowed_key()))
 
 
-def merge_sessions(spans: DataFrame, merges: list[tuple[str, str]]) -> DataFrame:
-    """`spans` (`_k0`, `_ws`, `_we` and payload columns: the open sessions of the batch's keys and the batch's rows'
-    own sessions) merged where they overlap: one row per merged session, `_k0`, `_ws`, `_we`, `_key` and each
-    `(column, SQL merging it over the merged spans)` of `merges`."""
+def _grouped(spans: DataFrame) -> DataFrame:
+    """`spans` with `_g`: the number of the merged session each belongs to, per `_k0` (a span starts a new one when
+    it starts at or after the end of every span before it, sorted by start)."""
     order = Window.partitionBy("_k0").orderBy("_ws", "_we")
     before = order.rowsBetween(Window.unboundedPreceding, -1)
     upto = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     starts = spans.withColumn("_end0", F.max("_we").over(before)).withColumn(
         "_new", F.expr("CASE WHEN _end0 IS NULL OR _ws >= _end0 THEN 1 ELSE 0 END")
     )
-    grouped = starts.withColumn("_g", F.sum("_new").over(upto))
-    merged = grouped.groupBy("_k0", "_g").agg(
-        F.min("_ws").alias("_ws"), F.max("_we").alias("_we"), *[F.expr(m).alias(c) for c, m in merges]
+    return starts.withColumn("_g", F.sum("_new").over(upto)).drop("_end0", "_new")
+
+
+def merge_sessions(spans: DataFrame, merges: list[tuple[str, str]]) -> DataFrame:
+    """`spans` (`_k0`, `_ws`, `_we` and payload columns: the open sessions of the batch's keys and the batch's rows'
+    own sessions) merged where they overlap: one row per merged session, `_k0`, `_ws`, `_we`, `_key` and each
+    `(column, SQL merging it over the merged spans)` of `merges`."""
+    merged = (
+        _grouped(spans)
+        .groupBy("_k0", "_g")
+        .agg(F.min("_ws").alias("_ws"), F.max("_we").alias("_we"), *[F.expr(m).alias(c) for c, m in merges])
     )
     return merged.drop("_g").withColumn("_key", F.expr(windowed_key()))
+
+
+def sessions_of(spans: DataFrame) -> DataFrame:
+    """`spans` (as for `merge_sessions`) each under its merged session: `_ws`, `_we` and `_key` the merged one's,
+    the other columns kept (for a view that keeps rows per session, not parts)."""
+    grouped = _grouped(spans)
+    group = Window.partitionBy("_k0", "_g")
+    out = grouped.withColumn("_ws", F.min("_ws").over(group)).withColumn("_we", F.max("_we").over(group))
+    return out.drop("_g").withColumn("_key", F.expr(windowed_key()))
 
 
 def settle(state: DataFrame, log: DataFrame, watermark: int | None, retain_ms: int | None) -> DataFrame:

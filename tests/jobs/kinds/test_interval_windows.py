@@ -1,4 +1,4 @@
-"""Windowed `count` and `agg` views of an `interval` job (tumbling and hopping windows, sessions) end to end, against
+"""Windowed `count`, `agg` and `list` views of an `interval` job (tumbling and hopping windows, sessions) end to end, against
 the brute force of the contract's definitions (`timeline_demo.brute`): page views joined with purchases of the same
 user within two minutes, `unmatched: true`, random records with late and duplicate ones, the job run after every
 piece; a left event enters its windows once its own window closed, and a window is final once every left event
@@ -45,6 +45,13 @@ jobs:
         agg: {user: user}
         window: {session: 40 s}
         values: {visits: "count(*)", pages: "count(distinct page)", most: "max(matches)"}
+      first_visits:
+        list: {page: page}
+        window: {hop: 2 min, every: 1 min}
+        entry: visit_id
+        order: [ts asc, visit_id asc]
+        cap: 2
+        fields: {user: user, matches: matches}
 """
 
 
@@ -102,7 +109,7 @@ def test_windowed_views_of_an_interval_job_equal_the_brute_force(spark, tmp_path
     finals = [line["final"] for line in want.export("pages")]
     assert any(finals) and not all(finals)
     client = connect(settings.redis_url)
-    for name in ("pages", "sliding", "browsing"):
+    for name in ("pages", "sliding", "browsing", "first_visits"):
         assert list(export_view(client, name, pipeline=pipeline)) == want.export(name), name
         for key in want.keys(name)[:3]:
             got = query_view(client, name, key, pipeline=pipeline)

@@ -1,4 +1,4 @@
-"""Windowed `count` and `agg` views of a `select` job (tumbling, hopping with `retain`, sessions) end to end, against
+"""Windowed `count`, `agg` and `list` views of a `select` job (tumbling, hopping with `retain`, sessions) end to end, against
 the brute force of the contract's definitions (`timeline_demo.brute`): random plays with late and duplicate records
 ingested as files (one log version each), the job run after every file or once at the end (the same log cut into
 other batches gives the same lines, late drops included), export and query compared exactly, `late` counted."""
@@ -47,6 +47,21 @@ jobs:
         where: "game <> 'z'"
         window: {session: 15 s}
         values: {plays: "count(*)", best: "max(score)", games: "count(distinct game)"}
+      best_plays:
+        list: {game: game}
+        window: {tumble: 2 min}
+        entry: play_id
+        order: [score desc, play_id desc]
+        cap: 3
+        fields: {player: player, score: score}
+      streaks:
+        list: {player: player}
+        window: {session: 15 s}
+        retain: 30 s
+        entry: play_id
+        order: [ts desc, play_id desc]
+        cap: 2
+        fields: {game: game}
       totals:
         agg: {game: game}
         values: {plays: "count(*)"}
