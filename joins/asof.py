@@ -53,23 +53,35 @@ __all__ = ["AsofSides", "AsofResult", "version_rows", "with_identity", "dedupe_e
 @dataclass(frozen=True)
 class AsofSides:
     """An asof job's roles: the `stream` and `table` topics, `event_key` (SQL over the stream's columns: an event's
-    table key text) and `pin` (the stream's pin field, or None)."""
+    table key text), `pin` (the stream's pin field, or None) and `carry` ((name, SQL type) of columns of the
+    stream's log beyond its fields that travel with each event, through the held set, to the emitted rows: the
+    log's stamp `changelog.topics.MAX_BEFORE` for a job with windowed views; the least among an event's copies)."""
 
     stream: Topic
     table: Topic
     event_key: str
     pin: str | None = None
+    carry: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of(cls, pipeline: Pipeline, job: str) -> AsofSides:
+    def of(cls, pipeline: Pipeline, job: str, carry: tuple[tuple[str, str], ...] = ()) -> AsofSides:
         spec: Asof = pipeline.jobs[job].spec
         stream, table = pipeline.sides(job)
         by_field = {b: a for a, b in spec.match}
-        return cls(stream, table, key_text_sql([by_field[k] for k in table.key]), spec.pin)
+        return cls(stream, table, key_text_sql([by_field[k] for k in table.key]), spec.pin, carry)
 
     @property
     def stream_fields(self) -> tuple[str, ...]:
-        return self.stream.names
+        """An event's columns: the stream's fields, then the carried ones."""
+        return self.stream.names + tuple(n for n, _ in self.carry)
+
+    def stream_types(self) -> dict[str, str]:
+        """The SQL type of each of `stream_fields` (and the stream's `op`, if it has one)."""
+        return {**dict(self.stream.columns()), **dict(self.carry)}
+
+    def stream_schema(self) -> str:
+        """The held events' columns as a SQL schema string: the stream log's, then the carried ones."""
+        return ", ".join([self.stream.schema(), *[f"{quoted(n)} {t}" for n, t in self.carry]])
 
     @property
     def table_fields(self) -> tuple[str, ...]:
@@ -122,8 +134,9 @@ def with_identity(events: DataFrame, sides: AsofSides) -> DataFrame:
 
 
 def dedupe_events(events: DataFrame, sides: AsofSides) -> DataFrame:
-    """One row per `_id` of the stream's records (`joins.sides.dedupe_records`)."""
-    return dedupe_records(events, sides.stream)
+    """One row per `_id` of the stream's records (`joins.sides.dedupe_records`; a carried column the least of the
+    copies')."""
+    return dedupe_records(events, sides.stream, least=tuple(n for n, _ in sides.carry))
 
 
 def _pin_ms(pin):
@@ -171,7 +184,7 @@ def _version_keys(versions: DataFrame, erows: DataFrame, sides: AsofSides, *, fe
         keys = erows.select("_k").distinct()
         versions = versions.join(F.broadcast(keys), "_k", "left_semi")
     q, v = _version_structs(sides)
-    types = dict(sides.stream.columns())
+    types = sides.stream_types()
     return versions.select(
         "_k",
         F.col(quoted(sides.table.time)).alias("_s"),

@@ -8,7 +8,7 @@ URIs, the mark through `changelog.storage.Lake`):
 - `held`: Delta table, the stream events waiting for the table's watermark (the stream topic's columns);
 - `emitted` (only for a job without a log view that records every emitted event): Delta table of the emitted
   events' `_id` and time `_t`, read to drop an event delivered again after it was emitted;
-- `mark.json`: `{"max_ts": newest change time in the copy (null before any), "held": number of held events}`.
+- `mark.json`: `{"max_ts": newest change time in the copy (null before any), "held": number of held events, "stream_max": the stream's greatest time read, for a job with windowed views}`.
 
 Per micro-batch N (`joins.state.JoinState`):
 - `restore(N)`: the mark, with readers of `versions` and `held`;
@@ -53,6 +53,7 @@ class AsofSnapshot:
     held: int
     versions: Callable[[], DataFrame]
     held_events: Callable[[], DataFrame]
+    stream_max: int | None = None
 
     def watermark(self, lateness_ms: int) -> int | None:
         """The table's watermark of this state: `max_ts` minus the allowed lateness (None before any change)."""
@@ -62,11 +63,13 @@ class AsofSnapshot:
 @dataclass(frozen=True)
 class AsofProgress:
     """What a micro-batch leaves to the next: newest change time seen, number of held events and, when the held
-    set changed, the events still waiting (the stream's columns; None: `held` stays as it is)."""
+    set changed, the events still waiting (the stream's columns; None: `held` stays as it is); `stream_max`: the
+    stream's greatest time read (kept for a job with windowed views, None otherwise)."""
 
     max_ts: int | None
     held: int
     held_events: DataFrame | None = None
+    stream_max: int | None = None
 
 
 class AsofState:
@@ -93,7 +96,7 @@ class AsofState:
             return ensure_delta_table(spark, self.lake, schema, key=f"{self.key}/{name}".lstrip("/"))
 
         self._versions = table("versions", sides.version_schema())
-        self._held = table("held", sides.stream.schema())
+        self._held = table("held", sides.stream_schema())
         self._emitted = table("emitted", _EMITTED_SCHEMA) if emitted else None
 
     def _read(self, path: str) -> Callable[[], DataFrame]:
@@ -111,7 +114,11 @@ class AsofState:
     def restore(self, batch_id: int) -> AsofSnapshot:
         mark = read_json(self.lake, {}, self._mark)
         return AsofSnapshot(
-            mark.get("max_ts"), mark.get("held", 0), self._read(self._versions), self._read(self._held)
+            mark.get("max_ts"),
+            mark.get("held", 0),
+            self._read(self._versions),
+            self._read(self._held),
+            mark.get("stream_max"),
         )
 
     def stage(self, batch_id: int, changes: DataFrame) -> None:
@@ -129,4 +136,7 @@ class AsofState:
     def advance(self, batch_id: int, changes: AsofProgress) -> None:
         if changes.held_events is not None:
             self._append(changes.held_events, self._held, "held", batch_id, mode="overwrite")
-        write_json(self.lake, {"max_ts": changes.max_ts, "held": changes.held}, self._mark)
+        mark = {"max_ts": changes.max_ts, "held": changes.held}
+        if changes.stream_max is not None:
+            mark["stream_max"] = changes.stream_max
+        write_json(self.lake, mark, self._mark)

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from changelog.storage import Lake
-from changelog.topics import read_stream
+from changelog.topics import MAX_BEFORE, read_stream
 from spec.model import Topic
 
 __all__ = [
@@ -106,7 +106,7 @@ class TwoTopics:
         return own_columns(self.topics[i]) if self.keep is None else self.keep[i]
 
     def _own_types(self, i: int) -> dict[str, str]:
-        return dict(self.topics[i].columns())
+        return {**dict(self.topics[i].columns()), MAX_BEFORE: "bigint"}
 
     def schema(self) -> str:
         """The union's columns as a SQL schema string."""
@@ -124,7 +124,7 @@ class TwoTopics:
         for j in (0, 1):
             types = self._own_types(j)
             for c in self.carried(j):
-                value = quoted(c) if j == i else f"CAST(NULL AS {types[c]})"
+                value = quoted(c) if j == i and c in df.columns else f"CAST(NULL AS {types[c]})"
                 exprs.append(f"{value} AS {quoted(f'_{j}_{c}')}")
         return df.selectExpr(*exprs)
 

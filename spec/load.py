@@ -520,10 +520,9 @@ _KIND_KEYS = {
     "log": {"where"},
 }
 _WINDOW_KINDS = ("tumble", "hop", "session")
-_UNBUILT_WINDOWS = ("asof",)
 
 
-def _window_placed(v: _View, kind: str | None, vk: str, event: bool, path: tuple, out: _Problems) -> bool:
+def _window_placed(v: _View, kind: str | None, event: bool, path: tuple, out: _Problems) -> bool:
     """Whether the view has a `window` where one may be (its job's rows have an event time); `retain` without a
     window is a problem too."""
     if v.window is None:
@@ -538,23 +537,16 @@ def _window_placed(v: _View, kind: str | None, vk: str, event: bool, path: tuple
             f"{rows} have no event time: a window is for select (of an event topic), interval and asof jobs",
         )
         return False
-    if kind in _UNBUILT_WINDOWS or vk in _UNBUILT_WINDOWS:
-        what = f"an {kind} job" if kind in _UNBUILT_WINDOWS else f"a {vk} view"
-        out.add(
-            p,
-            f"windows on {what} are not built yet (select and interval jobs have them)",
-        )
-        return False
     return True
 
 
 def _window(
-    v: _View, kind: str | None, vk: str, event: bool, path: tuple, out: _Problems
+    v: _View, kind: str | None, event: bool, path: tuple, out: _Problems
 ) -> tuple[Window | None, int | None]:
     """The view's `window` and `retain` (ms), checked: one of tumble, hop (with `every`, at most its size) or session,
     positive durations, on a job whose rows have an event time (a select of an event topic, interval, asof)."""
     p = (*path, "window")
-    if not _window_placed(v, kind, vk, event, path, out):
+    if not _window_placed(v, kind, event, path, out):
         return None, None
     given = [k for k in _WINDOW_KINDS if k in v.window]
     extra = sorted(set(v.window) - {*_WINDOW_KINDS, "every"})
@@ -731,9 +723,7 @@ def _view(
             out.add((*path, "cap"), "a list view needs `cap`, a number >= 1: the entries kept per key")
         if v.fanout_limit is not None and v.fanout_limit < 0:
             out.add((*path, "fanout_limit"), "a number >= 0, or empty for no limit")
-    window, retain = (
-        _window(v, kind, vk, event, path, out) if vk in ("count", "agg", "list") else (None, None)
-    )
+    window, retain = _window(v, kind, event, path, out) if vk in ("count", "agg", "list") else (None, None)
     if len(out.found) > before:
         return None
     return View(

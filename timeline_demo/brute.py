@@ -508,9 +508,10 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
     order = [dict((b, i) for i, (_, b) in enumerate(spec.match))[k] for k in table.key]
     on_stream = [on_stream[i] for i in order]  # the key's values in the table key's order
     beside = _beside(stream, table)
-    store, newest = _Versions(table), None
+    store, newest, top = _Versions(table), None, None
     held: dict[tuple, dict] = {}
     seen: dict[tuple, dict] = {}
+    behind: dict[tuple, bool] = {}  # per event: behind the stream's greatest time of the batches before its own
     rows, late = [], 0
     for batch in batches:
         if newest is not None:  # late: behind the table's watermark at the start of its batch, and kept
@@ -518,9 +519,12 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
         for rec in batch.get(table.name, ()):
             store.add(rec)
             newest = rec[table.time] if newest is None else max(newest, rec[table.time])
-        fresh = _dedupe(stream, list(batch.get(stream.name, ())), seen)
+        events = list(batch.get(stream.name, ()))
+        fresh = _dedupe(stream, events, seen)
         seen.update(fresh)
         held.update(fresh)
+        behind.update({i: top is not None and r[stream.time] < top - lateness for i, r in fresh.items()})
+        top = max([r[stream.time] for r in events] + ([] if top is None else [top]), default=None)
         wm = None if newest is None else newest - lateness
         for ident, rec in list(held.items()):
             if wm is None or wm < rec[stream.time]:
@@ -541,8 +545,11 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
                     rows.append(_asof_row(stream, beside, rec, None, None))
                 else:
                     rows.append(_asof_row(stream, beside, rec, hit[1], f"{_key_text(key)}@{hit[0]}"))
+            rows[-1].time, rows[-1].late = rec[stream.time], behind[ident]
             del held[ident]
-    return _JobOut(rows, late=late, held=len(held))
+    # a window is final once no event before its end can still come: both watermarks passed it
+    closes = None if top is None or newest is None else min(top, newest) - lateness
+    return _JobOut(rows, late=late, held=len(held), watermark=closes)
 
 
 def _join(pipeline: Pipeline, job: Job, batches: list[dict]) -> _JobOut:
@@ -898,6 +905,8 @@ def brute_force(
         elif job.kind == "asof":
             got = _asof(pipeline, job, valid, lateness)
             held[job.name], late_kept[job.name] = got.held, got.late
+            if any(v.window is not None for v in job.views):
+                late[job.name] = sum(r.late for r in got.rows)
         elif job.kind == "select":
             got = _select(pipeline, job, valid, lateness)
             if got.late:

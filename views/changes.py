@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 
 from spec.model import Pipeline
 from views.agg import agg_views
-from views.count import COUNT_LUA, CountSink, count_delta
+from views.count import COUNT_LUA, CountSink, count_delta, incremented
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import view_rows
 from views.log import log_rows, log_sinks
@@ -90,7 +90,7 @@ class ChangeViews:
             if v.kind == "row":
                 sink = RowSink(self.url, v.name, self.generation, self.fence)
                 out.append(sink.commands(row_delta(frame, v, self.pipeline)))
-            elif v.kind == "count" and v.window is None:
+            elif v in incremented(self.views):
                 sink = CountSink(self.url, v, self.generation, self.fence)
                 out.append(sink.commands(count_delta(frame, v, self.pipeline), batch_id))
         return out

@@ -45,6 +45,7 @@ __all__ = [
     "count_delta",
     "value_types",
     "CountSink",
+    "incremented",
     "query_count",
     "export_counts",
 ]
@@ -77,6 +78,12 @@ return 1
 """
 _SHA = hashlib.sha1(COUNT_LUA.encode()).hexdigest()
 _SCAN = 500  # keys per pipelined round trip of an export
+
+
+def incremented(views) -> list[View]:
+    """The views of `views` kept as this module keeps them, by increments: the count views without a window (a
+    windowed count view is an agg view of sums, `views.agg`)."""
+    return [v for v in views if v.kind == "count" and v.window is None]
 
 
 def count_changes(

@@ -54,7 +54,9 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
     out = {}
     for job in pipeline.jobs.values():
         lists = [v.name for v in job.views if v.kind == "list"]
-        extra = tuple(f"{v}.{part}" for v in lists for part in (ENTRY, HEAVY, READS, WINDOW))  # views.list's keys
+        extra = tuple(
+            f"{v}.{part}" for v in lists for part in (ENTRY, HEAVY, READS, WINDOW)
+        )  # views.list's keys
         views_ = tuple(v.name for v in job.views)
         out[job.name] = JobSpec(
             job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra, kind=job.kind

@@ -21,52 +21,40 @@ event arrived): stream events that arrive after the watermark passed their time 
 other (every change they could use is known) and counted as `late_events_kept`; table changes older than the
 watermark on arrival are kept as versions and counted as `late_changes_kept` (events already emitted do not see
 them).
+Windowed views (`views.window`): the stream's events carry the log's stamp (`MAX_BEFORE`, through the held set); an
+emitted event behind its topic's watermark as of the log versions before its own is left out of them and counted
+as `late`. Their windows close under the lesser of the stream's watermark (its greatest time read, kept in the
+mark, minus the lateness) and the table's: no event before it can still be emitted. A batch that emits nothing
+closes windows too.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
-import orjson
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from changelog.topics import MAX_BEFORE
 from jobs.core.runtime import state_key
 from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
+from jobs.kinds.asof_views import AsofViews, Counted, windows_watermark
 from joins.asof import AsofResult, AsofSides, asof_join, dedupe_events, with_identity
 from joins.asof_state import AsofProgress, AsofSnapshot, AsofState
-from joins.sides import TwoTopics
+from joins.sides import TwoTopics, own_columns
 from spec.model import Pipeline
-from views.changes import state_views
-from views.count import COUNT_LUA, CountSink, count_changes, value_types
-from views.fence import GATE_LUA
 from views.frame import check_job, view_rows
-from views.log import log_rows, log_sinks, time_field
-from views.redis_io import is_cluster
-from views.row import RowSink, row_changes
-from views.wire import forward, payload_rows
 
 __all__ = ["run"]
 
 # Up to this many candidates, only their keys' versions are sorted (broadcast semi-join), not the whole copy.
 _FEW_EVENTS = 20_000
-# Up to this many keys of a count view in a batch, its deltas are collected and sent from the driver.
-_FEW_KEYS = 10_000
-
-
-@dataclass(frozen=True)
-class _Counted:
-    """A batch's decided rows counted: emitted, held, emitted with a pin never seen (`unknown`)."""
-
-    emitted: int
-    held: int
-    unknown: int
 
 
 def _summary(batch_df, sides: AsofSides, watermark: int | None):
-    """Counts of the batch, its newest change time, and the time range of its events `watermark` had reached."""
+    """Counts of the batch, its newest change time, the time range of its events `watermark` had reached, and (a
+    job with windowed views: its events carry the log's stamp) the stream's greatest time up to the batch."""
     is_ev, is_ch = F.col("_side") == 0, F.col("_side") == 1
     t = F.when(is_ev, F.col(quoted(f"_0_{sides.stream.time}"))).otherwise(
         F.col(quoted(f"_1_{sides.table.time}"))
@@ -81,10 +69,13 @@ def _summary(batch_df, sides: AsofSides, watermark: int | None):
         F.count(F.when(is_ch & late, 1)).alias("late_changes_kept"),
         F.min(F.when(seen, t)).alias("seen_lo"),
         F.max(F.when(seen, t)).alias("seen_hi"),
+        F.max(F.when(is_ev, F.greatest(t, F.col(f"_0_{MAX_BEFORE}")) if sides.carry else t)).alias(
+            "stream_max"
+        ),
     ).first()
 
 
-def _batch(s, n: _Counted, wm: int | None, sides: AsofSides) -> Batch:
+def _batch(s, n: Counted, wm: int | None, sides: AsofSides) -> Batch:
     """What the skeleton records of a batch with summary `s`, counts `n` and watermark `wm` after it."""
     return Batch(
         events=s["events"],
@@ -92,122 +83,29 @@ def _batch(s, n: _Counted, wm: int | None, sides: AsofSides) -> Batch:
         f"{n.held:,} held, watermark {wm}",
         status={"last_batch_changes": s["changes"], "watermark": wm, "held": n.held},
         counters={"emitted": n.emitted, "unknown_versions": n.unknown}
-        | {k: s[k] for k in ("late_events_kept", "late_changes_kept")},
+        | {k: s[k] for k in ("late_events_kept", "late_changes_kept")}
+        | ({"late": n.late} if sides.carry else {}),
         meta={"watermark": wm},
         totals={"changes": s["changes"], "emitted": n.emitted},
         inputs={sides.stream.name: s["events"], sides.table.name: s["changes"]},
     )
 
 
-class _Views:
-    """The views of an asof job with their sinks, and how the job finds events it emitted before."""
-
-    def __init__(self, run: JobRun, pipeline: Pipeline, sides: AsofSides):
-        self.run, self.pipeline, self.sides = run, pipeline, sides
-        settings, gen, job = run.settings, run.generation, run.job
-        self.views = pipeline.jobs[job].views
-        self.logs = log_sinks(run.spark, settings.lake, pipeline, job, gen)
-        self.aggs = state_views(
-            run.spark,
-            settings.lake,
-            pipeline,
-            job,
-            state_key(job, gen),
-            append_only=True,
-            redis_url=settings.redis_url,
-            generation=gen,
-            fence=run.fence,
-        )
-        whole = next((v for v in self.views if v.kind == "log" and v.where is None), None)
-        self.whole, self.whole_time = whole, whole and time_field(whole, sides.stream.time)
-
-    def emitted_ids(self, state: AsofState, lo: int, hi: int):
-        """`_id` of events emitted before whose time may lie in [lo, hi]."""
-        if self.whole is None:
-            return state.emitted_ids(lo, hi)
-        sink = self.logs[self.whole.name]
-        return sink.ids(self.whole_time, lo, hi) if self.whole_time else sink.ids()
-
-    def collect(self, result: AsofResult, frame):
-        """One Spark job: the decided rows counted, and each count view's deltas (None for a view with more than
-        `_FEW_KEYS` keys in this batch: sent from the executors)."""
-        d = result.decided
-        parts = [
-            d.agg(
-                F.count(F.when(F.col("_emit"), 1)).alias("emitted"),
-                F.count(F.when(~F.col("_emit"), 1)).alias("held"),
-                F.count(F.when(F.col("_emit") & F.col("_unknown"), 1)).alias("unknown"),
-            ).select(
-                F.lit(None).cast("string").alias("v"),
-                F.lit(None).cast("string").alias("k"),
-                F.to_json(F.struct("*")).alias("x"),
-            )
-        ]
-        changes = {v.name: count_changes(frame, v, self.pipeline) for v in self.views if v.kind == "count"}
-        for name, ch in changes.items():
-            values = F.to_json(F.struct(*[c for c in ch.columns if c != "key"]))
-            parts.append(
-                ch.limit(_FEW_KEYS + 1).select(
-                    F.lit(name).alias("v"), F.col("key").alias("k"), values.alias("x")
-                )
-            )
-        rows = functools.reduce(lambda a, b: a.unionByName(b), parts).collect()
-        stats = next(orjson.loads(r["x"]) for r in rows if r["v"] is None)
-        found = {name: [] for name in changes}
-        for r in rows:
-            if r["v"] is not None:
-                found[r["v"]].append((r["k"], *orjson.loads(r["x"]).values()))
-        counts = {n: (ch, None if len(found[n]) > _FEW_KEYS else found[n]) for n, ch in changes.items()}
-        return _Counted(stats["emitted"], stats["held"], stats["unknown"]), counts
-
-    def write(self, batch_id: int, frame, counts: dict) -> None:
-        """Every view's part of batch `batch_id` (`frame`: the emitted rows as the views see them)."""
-        settings, gen, by_name = self.run.settings, self.run.generation, {v.name: v for v in self.views}
-        commands = []
-        for name, (ch, rows) in counts.items():
-            sink = CountSink(settings.redis_url, by_name[name], gen, self.run.fence)
-            if rows is None:
-                commands.append(sink.commands(ch, batch_id))
-            elif rows:
-                sink.write_rows(rows, batch_id, value_types(ch, by_name[name]))
-        for v in self.views:
-            if v.kind == "row":
-                commands.append(
-                    RowSink(settings.redis_url, v.name, gen, self.run.fence).commands(
-                        row_changes(frame, v, self.pipeline)
-                    )
-                )
-        if commands:
-            cmds = functools.reduce(lambda a, b: a.unionByName(b), commands)
-            scripts = (GATE_LUA, COUNT_LUA) if counts else (GATE_LUA,)
-            forward(
-                payload_rows(cmds, cluster=is_cluster(settings.redis_url)),
-                settings.redis_url,
-                what=f"{self.run.job} views",
-                scripts=scripts,
-            )
-        if self.aggs:
-            t = quoted(self.sides.stream.time)
-            rows = frame.selectExpr("*", "1 AS _sign", f"CAST({t} AS bigint) AS _time")
-            for agg in self.aggs:
-                agg.write(rows, batch_id)
-        for name, sink in self.logs.items():
-            sink.write(log_rows(frame, by_name[name], self.pipeline), batch_id)
+def _sides(pipeline: Pipeline, job: str) -> tuple[AsofSides, TwoTopics, bool]:
+    """The job's roles, its two topics read as one stream, and whether it has windowed views (its events then carry
+    the log's stamp `MAX_BEFORE`)."""
+    windowed = any(v.window is not None for v in pipeline.jobs[job].views)
+    sides = AsofSides.of(pipeline, job, ((MAX_BEFORE, "bigint"),) if windowed else ())
+    keep = ((*own_columns(sides.stream), MAX_BEFORE), own_columns(sides.table)) if windowed else None
+    return sides, TwoTopics((sides.stream, sides.table), ((), ()), (), keep), windowed
 
 
 def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
     settings, gen, lateness = run.settings, run.generation, run.settings.allowed_lateness_ms
-    sides = AsofSides.of(pipeline, run.job)
-    topics = TwoTopics((sides.stream, sides.table), ((), ()), ())
-    views = _Views(run, pipeline, sides)
-    state = AsofState(
-        run.spark,
-        settings.lake,
-        f"mview-{run.job}-g{gen}",
-        sides,
-        key=state_key(run.job, gen),
-        emitted=views.whole is None,
-    )
+    sides, topics, windowed = _sides(pipeline, run.job)
+    views = AsofViews(run, pipeline, sides)
+    key, emitted = state_key(run.job, gen), views.whole is None
+    state = AsofState(run.spark, settings.lake, f"mview-{run.job}-g{gen}", sides, key=key, emitted=emitted)
     run.totals.update(changes=0, emitted=0, held=0, seconds=run.totals.pop("seconds"))  # in printed order
 
     def decide(batch_df, s, before: AsofSnapshot, wm: int | None) -> AsofResult:
@@ -223,16 +121,19 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
         )
         return AsofResult(result.decided.localCheckpoint(), sides.stream_fields)
 
-    def publish(batch_id: int, result: AsofResult, before: AsofSnapshot, max_ts) -> _Counted:
+    def publish(batch_id: int, result: AsofResult, before: AsofSnapshot, max_ts, stream_max) -> Counted:
         frame = view_rows(result.emitted, pipeline, run.job)
         n, counts = views.collect(result, frame)
+        closes = windows_watermark(stream_max, max_ts, lateness)
         if n.emitted:
-            views.write(batch_id, frame, counts)
+            views.write(batch_id, frame, counts, closes)
             if views.whole is None:
                 t = F.col(quoted(sides.stream.time)).alias("_t")
                 state.record_emitted(batch_id, result.emitted.select("_id", t))
+        else:
+            views.close_windows(batch_id, closes)
         held = result.held if n.held or before.held else None
-        state.advance(batch_id, AsofProgress(max_ts, n.held, held))
+        state.advance(batch_id, AsofProgress(max_ts, n.held, held, stream_max))
         return n
 
     def process(batch_df, batch_id: int) -> Batch | None:
@@ -244,12 +145,15 @@ def _wire(run: JobRun, pipeline: Pipeline) -> Wiring:
         if s["changes"]:
             state.stage(batch_id, topics.rows(batch_df, 1))
         max_ts = max((x for x in (before.max_ts, s["max_ts"]) if x is not None), default=None)
+        top = (before.stream_max, s["stream_max"]) if windowed else ()
+        stream_max = max((x for x in top if x is not None), default=None)
         wm = None if max_ts is None else max_ts - lateness
         if s["events"] or (before.held and wm != wm_before):
-            n = publish(batch_id, decide(batch_df, s, before, wm), before, max_ts)
+            n = publish(batch_id, decide(batch_df, s, before, wm), before, max_ts, stream_max)
         else:
-            n = _Counted(0, before.held, 0)
-            state.advance(batch_id, AsofProgress(max_ts, before.held))
+            n = Counted(0, before.held, 0)
+            views.close_windows(batch_id, windows_watermark(stream_max, max_ts, lateness))
+            state.advance(batch_id, AsofProgress(max_ts, before.held, None, stream_max))
         run.totals["held"] = n.held
         return _batch(s, n, wm, sides)
 

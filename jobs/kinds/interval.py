@@ -43,7 +43,7 @@ from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
 from views.changes import state_views
-from views.count import COUNT_LUA, CountSink, count_changes
+from views.count import COUNT_LUA, CountSink, count_changes, incremented
 from views.fence import GATE_LUA
 from views.frame import check_job, mentions, view_rows
 from views.redis_io import connect, is_cluster
@@ -111,7 +111,7 @@ def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs:
     watermark is the job's minus `upper`."""
     j, url = pipeline.jobs[job], settings.redis_url
     unmatched = "true" if j.spec.unmatched else "false"
-    scripts = (GATE_LUA, COUNT_LUA) if any(v.kind == "count" for v in j.views) else (GATE_LUA,)
+    scripts = (GATE_LUA, COUNT_LUA) if incremented(j.views) else (GATE_LUA,)
     epoch = writer_fence(job)  # the lease this process holds for the job: its writes' fence
     time_sql = quoted(pipeline.sides(job)[0].time)
 
@@ -120,7 +120,7 @@ def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs:
         parts = [
             _view_commands(frame, v, pipeline, settings, gen, fence, unmatched, epoch)
             for v in j.views
-            if v.kind == "row" or (v.kind == "count" and v.window is None)
+            if v.kind == "row" or v in incremented(j.views)
         ]
         if parts:
             commands = functools.reduce(lambda a, b: a.unionByName(b), parts)

@@ -35,7 +35,7 @@ from joins.table import JoinChanges, TableJoin, begin_join
 from joins.table_state import TableStore
 from spec.model import Pipeline
 from views.agg import agg_views
-from views.count import CountSink, count_changes
+from views.count import CountSink, count_changes, incremented
 from views.frame import check_job, view_rows
 from views.list import ListView, ListViewSink
 from views.row import RowSink, row_changes
@@ -82,7 +82,7 @@ class _Views:
             for lv in self.lists
         }
         self.rows = [(v, RowSink(url, v.name, gen, run.fence)) for v in job.views if v.kind == "row"]
-        self.counts = [(v, CountSink(url, v, gen, run.fence)) for v in job.views if v.kind == "count"]
+        self.counts = [(v, CountSink(url, v, gen, run.fence)) for v in incremented(job.views)]
         self.aggs = agg_views(
             run.spark,
             run.settings.lake,
