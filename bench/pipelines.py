@@ -5,8 +5,8 @@ jobs), beside the built-in `timeline` job measured the same way in the same run.
 The jobs:
 - `customer_orders`: the incremental table-table join `open_orders JOIN customers`, views `newest_orders` (list),
   `open_by_tier` (count) and `open_by_country` (agg; rows leave as orders close and customers change);
-- `order_totals`: a `select` of `orders` (no join), views `by_currency` (agg) and `leaderboard` (list). Its
-  aggregates are over all time: windows are not built yet, so no windowed view is measured.
+- `order_totals`: a `select` of `orders` (no join), views `by_currency` (agg), `leaderboard` (list) and three
+  windowed ones: `hourly` (agg, tumbling hours), `visits` (count, sessions) and `best_recent` (list, hopping).
 
 The workload is the shop's seeded generator (`timeline_demo.shop.generate_shop`, seed `SEED`, no faults, no clock
 records) in its arrival order; each job reads only its topics' records (`customer_orders`: `open_orders` and
