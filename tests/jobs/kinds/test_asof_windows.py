@@ -76,6 +76,7 @@ def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.parametrize("seed", [5, 6])
+@pytest.mark.slow
 def test_windowed_views_of_an_asof_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
     rng = random.Random(seed)
     arrivals = _arrivals(rng, 260)

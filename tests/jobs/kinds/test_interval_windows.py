@@ -82,6 +82,7 @@ def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
 
 
 @pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.slow
 def test_windowed_views_of_an_interval_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
     rng = random.Random(seed)
     arrivals = _arrivals(rng, 260)

@@ -1,16 +1,19 @@
 """Windowed `count`, `agg` and `list` views of a `select` job (tumbling, hopping with `retain`, sessions) end to end, against
 the brute force of the contract's definitions (`timeline_demo.brute`): random plays with late and duplicate records
 ingested as files (one log version each), the job run after every file or once at the end (the same log cut into
-other batches gives the same lines, late drops included), export and query compared exactly, `late` counted."""
+other batches gives the same lines, late drops included), then replayed; export and query compared exactly, `late`
+counted; on a local lake and on HDFS."""
 
 from __future__ import annotations
 
 import json
 import random
+import uuid
 
 import pytest
 
 from changelog.ingest import ingest
+from jobs.core.replay import rebuild
 from jobs.core.runtime import read_status
 from jobs.kinds.select import run
 from spec import load_pipeline
@@ -119,15 +122,26 @@ def _check(settings, pipeline, want) -> None:
             }
 
 
-@pytest.mark.parametrize("runs", ["after_every_file", "once_at_the_end"])
+@pytest.mark.parametrize(
+    "runs, store",
+    [
+        ("after_every_file", "local"),
+        pytest.param("once_at_the_end", "local", marks=pytest.mark.slow),
+        pytest.param("after_every_file", "hdfs", marks=[pytest.mark.e2e, pytest.mark.slow]),
+    ],
+)
 def test_windowed_views_equal_the_brute_force_however_the_log_is_cut_into_batches(
-    spark, tmp_path, redis_url, pipeline, runs
+    spark, tmp_path, redis_url, pipeline, runs, store, request
 ):
+    """Then a replay (the whole log in one batch, into generation 2) gives the same lines, late drops included."""
     rng = random.Random(7)
     records = _plays(rng, 240)
     paths = _files(tmp_path, records, 8, rng)
+    lake = tmp_path / "lake"
+    if store == "hdfs":
+        lake = f"{request.getfixturevalue('hdfs_server').url}/windows-{uuid.uuid4().hex[:8]}"
     settings = make_settings(
-        tmp_path / "lake",
+        lake,
         redis_url,
         ALLOWED_LATENESS=f"{LATENESS_MS} ms",
         METRICS_PORT="off",
@@ -149,3 +163,6 @@ def test_windowed_views_equal_the_brute_force_however_the_log_is_cut_into_batche
     assert len(want.export("sliding")) < 3 * 7 * 3  # retain removed old final windows
     _check(settings, pipeline, want)
     assert read_status(settings, "arcade")["late"] == want.late["arcade"]
+    if runs == "after_every_file":
+        assert rebuild(spark, settings, "arcade", "replay") == 2
+        _check(settings, pipeline, want)
