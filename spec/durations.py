@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_duration_ms"]
+__all__ = ["parse_duration_ms", "duration_text"]
 
 _UNITS_MS = {
     "ms": 1,
@@ -41,3 +41,12 @@ def parse_duration_ms(text: str, *, signed: bool = False) -> int:
             " '30 s', '10 min', '1.5 h', '2 hours'"
         )
     return int(float(m.group(1)) * _UNITS_MS[unit])
+
+
+def duration_text(ms: int) -> str:
+    """Milliseconds as the largest unit that divides them: `3600000` -> `"1 h"`, `90000` -> `"90 s"`, `5` -> `"5 ms"`
+    (what `parse_duration_ms` reads back)."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"

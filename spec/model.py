@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from spec.durations import duration_text
 from spec.sql import Aggregate, parse_aggregate
 
 __all__ = [
@@ -194,6 +195,12 @@ class Window:
     kind: Literal["tumble", "hop", "session"]
     size_ms: int
     every_ms: int | None = None
+
+    @property
+    def text(self) -> str:
+        """As a pipeline file writes it: `tumble 1 h`, `hop 1 h every 10 min`, `session 5 min`."""
+        every = f" every {duration_text(self.every_ms)}" if self.every_ms else ""
+        return f"{self.kind} {duration_text(self.size_ms)}{every}"
 
     @property
     def step_ms(self) -> int:

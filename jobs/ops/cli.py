@@ -418,7 +418,10 @@ def cmd_check(args) -> int:
     if pipeline.jobs:
         jobs = [f"{n} ({j.kind}: {' x '.join(j.topics)})" for n, j in pipeline.jobs.items()]
         print(f"jobs: {', '.join(jobs)}")
-        print(f"views: {', '.join(f'{n} ({v.kind} of {v.job})' for n, v in views.items())}")
+        shown = (
+            f"{n} ({v.kind} of {v.job}{', ' + v.window.text if v.window else ''})" for n, v in views.items()
+        )
+        print(f"views: {', '.join(shown)}")
     return 0
 
 
