@@ -28,7 +28,7 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
 - nexmark: `bench.nexmark`: Nexmark q3, q8, q13 and q20 (`timeline_demo/pipelines/nexmark.yml`), events/s per core
   of each job's `run --once` over 2.5M seeded Nexmark events (10M over the four queries), beside Flink's figures.
 - pipelines: `bench.pipelines`: two jobs of the shop pipeline (`timeline_demo/pipelines/shop.yml`), the join
-  `customer_orders` and the select `order_totals` (unwindowed aggregates): per-batch time of 100-, 1,000- and
+  `customer_orders` and the select `order_totals` (aggregates, a leaderboard and three windowed views): per-batch time of 100-, 1,000- and
   10,000-record batches beside the built-in timeline's per-record cost at 1,000, a no-op `run --once`, freshness
   (append -> every view of the job, both deployed) p50/p99, and every view checked against the brute force.
 - fanout: celebrities, `bench.fanout`: a 1M-follower tweet to visible everywhere, fan-out on write vs FANOUT_LIMIT
