@@ -365,7 +365,7 @@ def test_check_says_every_problem_of_a_pipeline_one_line_each_and_every_command_
     env = {"LAKE_DIR": str(lake)}
     good = _installed("check", str(SHOP), env=env)
     assert good.returncode == 0 and good.stderr == "", good.stderr
-    assert good.stdout.splitlines()[0] == f"{SHOP}: valid: 4 topics, 4 jobs, 14 views"
+    assert good.stdout.splitlines()[0] == f"{SHOP}: valid: 4 topics, 4 jobs, 17 views"
     assert (
         "customers (table, captured from public.customers)" in good.stdout and "paid (interval" in good.stdout
     )
