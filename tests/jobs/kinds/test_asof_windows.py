@@ -7,16 +7,14 @@ passed it)."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
-from changelog.ingest import ingest
 from jobs.core.runtime import read_status
 from jobs.kinds.asof import run
 from spec import load_pipeline
-from tests.conftest import make_settings
+from tests.windowhelp import run_in_pieces
 from timeline_demo.brute import brute_force
 from views.read import export_view, query_view
 from views.redis_io import connect
@@ -80,25 +78,9 @@ def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
 def test_windowed_views_of_an_asof_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
     rng = random.Random(seed)
     arrivals = _arrivals(rng, 260)
-    cuts = sorted(rng.sample(range(1, len(arrivals)), 6))
-    settings = make_settings(
-        tmp_path / "lake",
-        redis_url,
-        ALLOWED_LATENESS=f"{LATENESS_MS} ms",
-        METRICS_PORT="off",
-        MVIEW_PIPELINE=pipeline.file,
+    settings, batches = run_in_pieces(
+        spark, tmp_path, redis_url, pipeline, run, "banded", arrivals, rng, pieces=7, lateness_ms=LATENESS_MS
     )
-    batches = []
-    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(arrivals)], strict=True)):
-        batch: dict[str, list] = {}
-        for topic, rec in arrivals[a:b]:
-            batch.setdefault(topic, []).append(rec)
-        for topic, records in batch.items():
-            path = tmp_path / f"{topic}-{i}.jsonl"
-            path.write_text("".join(json.dumps(r) + "\n" for r in records))
-            ingest(None, settings.lake, pipeline.topic(topic), [str(path)])
-        run(spark, settings, pipeline, "banded", once=True)
-        batches.append(batch)
     want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
     assert want.late["banded"] > 3
     finals = [line["final"] for line in want.export("per_band")]

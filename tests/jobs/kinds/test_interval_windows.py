@@ -6,15 +6,13 @@ before its end has closed."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
-from changelog.ingest import ingest
 from jobs.kinds.interval import run
 from spec import load_pipeline
-from tests.conftest import make_settings
+from tests.windowhelp import run_in_pieces
 from timeline_demo.brute import brute_force
 from views.read import export_view, query_view
 from views.redis_io import connect
@@ -86,25 +84,18 @@ def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
 def test_windowed_views_of_an_interval_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
     rng = random.Random(seed)
     arrivals = _arrivals(rng, 260)
-    cuts = sorted(rng.sample(range(1, len(arrivals)), 6))
-    settings = make_settings(
-        tmp_path / "lake",
+    settings, batches = run_in_pieces(
+        spark,
+        tmp_path,
         redis_url,
-        ALLOWED_LATENESS=f"{LATENESS_MS} ms",
-        METRICS_PORT="off",
-        MVIEW_PIPELINE=pipeline.file,
+        pipeline,
+        run,
+        "converted",
+        arrivals,
+        rng,
+        pieces=7,
+        lateness_ms=LATENESS_MS,
     )
-    batches = []
-    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(arrivals)], strict=True)):
-        batch: dict[str, list] = {}
-        for topic, rec in arrivals[a:b]:
-            batch.setdefault(topic, []).append(rec)
-        for topic, records in batch.items():
-            path = tmp_path / f"{topic}-{i}.jsonl"
-            path.write_text("".join(json.dumps(r) + "\n" for r in records))
-            ingest(None, settings.lake, pipeline.topic(topic), [str(path)])
-        run(spark, settings, pipeline, "converted", once=True)
-        batches.append(batch)
     want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
     assert want.late["converted"] > 3
     finals = [line["final"] for line in want.export("pages")]
