@@ -511,7 +511,8 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
     store, newest, top = _Versions(table), None, None
     held: dict[tuple, dict] = {}
     seen: dict[tuple, dict] = {}
-    behind: dict[tuple, bool] = {}  # per event: behind the stream's greatest time of the batches before its own
+    # per event: behind the stream's greatest time of the batches before its own
+    behind: dict[tuple, bool] = {}
     rows, late = [], 0
     for batch in batches:
         if newest is not None:  # late: behind the table's watermark at the start of its batch, and kept
