@@ -608,24 +608,8 @@ def _view(
         )
         return None
     vk = kinds[0]
-    given = {
-        k
-        for k in (
-            "fields",
-            "values",
-            "entry",
-            "order",
-            "cap",
-            "entries",
-            "items",
-            "fanout_limit",
-            "where",
-            "show",
-            "window",
-            "retain",
-        )
-        if getattr(v, k) not in (None, {}, [])
-    }
+    optional = set().union(*_KIND_KEYS.values())  # every key a view kind may take beside its own
+    given = {k for k in optional if getattr(v, k) not in (None, {}, [])}
     for k in sorted(given - _KIND_KEYS[vk]):
         out.add((*path, k), f"`{k}` is not a key of a {vk} view")
     if vk == "log" and kind not in ("asof", "select", None):
