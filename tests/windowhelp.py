@@ -1,4 +1,4 @@
-"""The run of the windowed-view tests of the join kinds (`tests/jobs/kinds/test_*_windows.py`): arrivals cut into
+"""The pipeline file and the run of the windowed-view tests of the job kinds (`tests/jobs/kinds/test_*_windows.py`): arrivals cut into
 pieces, each piece ingested as one file per topic (`mview ingest`'s code: one log version each, stamped) and the job
 run once after it; the pieces are the brute force's batches."""
 
@@ -8,9 +8,18 @@ import json
 import random
 
 from changelog.ingest import ingest
+from spec import load_pipeline
 from tests.conftest import make_settings
 
-__all__ = ["run_in_pieces"]
+__all__ = ["run_in_pieces", "pipeline_file"]
+
+
+def pipeline_file(tmp_path_factory, name: str, text: str):
+    """The pipeline `text`, written to `<name>.yml` in a fresh directory and loaded from there (a job finds its
+    pipeline through `MVIEW_PIPELINE`, the file)."""
+    path = tmp_path_factory.mktemp(name) / f"{name}.yml"
+    path.write_text(text)
+    return load_pipeline(path, {})
 
 
 def run_in_pieces(spark, tmp_path, redis_url, pipeline, run, job: str, arrivals, rng: random.Random, *, pieces: int,

@@ -13,8 +13,7 @@ import pytest
 
 from jobs.core.runtime import read_status
 from jobs.kinds.asof import run
-from spec import load_pipeline
-from tests.windowhelp import run_in_pieces
+from tests.windowhelp import pipeline_file, run_in_pieces
 from timeline_demo.brute import brute_force
 from views.read import export_view, query_view
 from views.redis_io import connect
@@ -50,9 +49,7 @@ jobs:
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    path = tmp_path_factory.mktemp("banded") / "banded.yml"
-    path.write_text(PIPELINE)
-    return load_pipeline(path, {})
+    return pipeline_file(tmp_path_factory, "banded", PIPELINE)
 
 
 def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:

@@ -11,8 +11,7 @@ import random
 import pytest
 
 from jobs.kinds.interval import run
-from spec import load_pipeline
-from tests.windowhelp import run_in_pieces
+from tests.windowhelp import pipeline_file, run_in_pieces
 from timeline_demo.brute import brute_force
 from views.read import export_view, query_view
 from views.redis_io import connect
@@ -55,9 +54,7 @@ jobs:
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    path = tmp_path_factory.mktemp("converted") / "converted.yml"
-    path.write_text(PIPELINE)
-    return load_pipeline(path, {})
+    return pipeline_file(tmp_path_factory, "converted", PIPELINE)
 
 
 def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:

@@ -16,8 +16,8 @@ from changelog.ingest import ingest
 from jobs.core.replay import rebuild
 from jobs.core.runtime import read_status
 from jobs.kinds.select import run
-from spec import load_pipeline
 from tests.conftest import make_settings
+from tests.windowhelp import pipeline_file
 from timeline_demo.brute import brute_force
 from views.read import export_view, query_view
 from views.redis_io import connect
@@ -73,9 +73,7 @@ jobs:
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    path = tmp_path_factory.mktemp("arcade") / "arcade.yml"
-    path.write_text(PIPELINE)
-    return load_pipeline(path, {})
+    return pipeline_file(tmp_path_factory, "arcade", PIPELINE)
 
 
 def _plays(rng: random.Random, n: int) -> list[dict]:
