@@ -197,7 +197,7 @@ class AggStep(StateStep):
     """One micro-batch's work (`views.state.StateStep`) and its keys' lines (`lines`: `_key`, `line`, null for a key
     to delete)."""
 
-    lines: DataFrame
+    lines: DataFrame | None = None
 
 
 class AggView(StateView):
@@ -340,6 +340,21 @@ class AggView(StateView):
             "_key", f"CASE WHEN {self._present()} THEN {self._line_sql()} END AS line"
         )
 
+    def _logged_lines(self, log: DataFrame) -> DataFrame:
+        """`_key`, `line` of each key of the batch's state rows `log` (`parts` and `windows` modes: a row is its
+        key's whole state after the batch, or the key left, `_gone`: its `_was` has no line)."""
+        extra = [c for c, _ in window.COLUMNS] if self.window is not None else []
+        per_key = log.where("NOT _gone").selectExpr(
+            "_key",
+            "true AS _live",
+            *extra,
+            *[f"{self._over_parts(v)} AS {quoted(v.name)}" for v in self.values],
+        )
+        lines = per_key.selectExpr("_key", f"CASE WHEN {self._present()} THEN {self._line_sql()} END AS line")
+        return lines.unionByName(
+            log.where("_gone").selectExpr("_was AS _key", "CAST(NULL AS string) AS line")
+        )
+
     def step(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> AggStep:
         """Batch `batch_id`'s state rows, the state after it and its keys' lines (`AggStep`), from `changes` (the
         batch's row changes, `views.frame.view_rows`) and the state before it (`restore`); when an earlier attempt
@@ -357,8 +372,10 @@ class AggView(StateView):
             if self.window is not None:
                 log = window.settle(state, log, watermark, self.view.retain_ms)
             log = log.localCheckpoint(eager=True)
+        if self.append_only:  # a state row of the batch is its key's (window's) whole state after it
+            return AggStep(batch_id, log, staged, state, None, self._logged_lines(log))
         after = self.store.after(state, log)
-        return AggStep(batch_id, log, staged, after, self._lines(after, touched(log)))
+        return AggStep(batch_id, log, staged, state, after, self._lines(after, touched(log)))
 
     def publish(self, step: AggStep) -> dict:
         """Write the lines of the batch's keys to Redis (SET or DEL, each one fenced call): from the driver when

@@ -51,13 +51,15 @@ def ddl(columns: list[tuple[str, DataType | str]]) -> str:
 @dataclass
 class StateStep:
     """One micro-batch's state work: `batch_id`, the state rows it changes (`log`, the rows of `b<N>`), whether they
-    are staged already (`staged`: an earlier attempt of the batch wrote `b<N>` whole) and the state after it
-    (`state`)."""
+    are staged already (`staged`: an earlier attempt of the batch wrote `b<N>` whole), the state before it
+    (`before`) and after it (`state`: made by `step` when the view's Redis writes are computed from it, else by
+    `StateView.finish`, beside them)."""
 
     batch_id: int
     log: DataFrame
     staged: bool
-    state: DataFrame
+    before: DataFrame
+    state: DataFrame | None = None
 
 
 class LakeState:
@@ -207,15 +209,22 @@ class StateView:
     def stage(self, step: StateStep) -> None:
         self.store.stage(step)
 
+    def finish(self, step: StateStep) -> None:
+        """The state after the batch (`step.state`), when `step` did not make it."""
+        if step.state is None:
+            step.state = self.store.after(step.before, step.log)
+
     def advance(self, step: StateStep) -> None:
+        self.finish(step)
         self.store.advance(step)
 
     def write(self, changes: DataFrame, batch_id: int, *, watermark: int | None = None) -> dict:
-        """Apply batch `batch_id`'s row changes: `step`, then `stage` beside `publish`, then `advance`. Returns what
-        `publish` returns. `watermark`: the job's after the batch (a windowed view's windows close under it)."""
+        """Apply batch `batch_id`'s row changes: `step`, then `stage` and `finish` beside `publish`, then `advance`.
+        Returns what `publish` returns. `watermark`: the job's after the batch (a windowed view's windows close under
+        it)."""
         step = self.step(changes, batch_id, watermark=watermark)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            staged = pool.submit(self.stage, step)
+            staged = pool.submit(lambda: (self.stage(step), self.finish(step)))
             done = self.publish(step)
             staged.result()
         self.advance(step)

@@ -64,7 +64,7 @@ class ListStep(StateStep):
     """One micro-batch's work (`views.state.StateStep`) and its Redis operations (`ops`: `views.list`'s
     LIST_OPS_SCHEMA and `_phase`, the write phase of the module docstring each belongs to: 0, 1 or 2)."""
 
-    ops: DataFrame
+    ops: DataFrame | None = None
 
 
 def _order_sql(view: View, frame: DataFrame, pipeline: Pipeline) -> tuple[str, str]:
@@ -205,16 +205,17 @@ class TopList(StateView):
         the entries its keys' lists held before or hold after: set when some list holds the entry after the batch,
         else deleted)."""
         keys = F.broadcast(keys)
-        old = self._ranked(before.join(keys, "_key", "left_semi"))
-        new = self._ranked(after.join(keys, "_key", "left_semi"))
+        ranked = (
+            (lambda rows: rows) if self.append_only else self._ranked
+        )  # `top` mode: a key's rows are its list
+        old = ranked(before.join(keys, "_key", "left_semi"))
+        new = ranked(after.join(keys, "_key", "left_semi"))
         per_key = new.selectExpr("_key", f"{entry('_o', '_e')} AS _p").groupBy("_key")
         lists = keys.join(per_key.agg(F.collect_list("_p").alias("_ps")), "_key", "left")
         lists = _op(lists, "list", "_key", "'replace'", entries="coalesce(_ps, array())")
         cand = fresh(old.select("_e").union(new.select("_e")).distinct())
         holders = fresh(after.join(F.broadcast(cand), "_e", "left_semi").select("_key").distinct())
-        held = self._ranked(after.join(holders, "_key", "left_semi")).join(
-            F.broadcast(cand), "_e", "left_semi"
-        )
+        held = ranked(after.join(holders, "_key", "left_semi")).join(F.broadcast(cand), "_e", "left_semi")
         bodies = cand.join(held.groupBy("_e").agg(F.max("_b").alias("_b")), "_e", "left")
         bodies = _op(bodies, "entry", "_e", body="_b").withColumn("_phase", F.expr("IF(body IS NULL, 2, 0)"))
         ops = bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
@@ -237,7 +238,7 @@ class TopList(StateView):
                 log = changed_rows(state, ev, _LIVE, _PAYLOAD)
             log = log.localCheckpoint(eager=True)
         after = self.store.after(state, log)
-        return ListStep(batch_id, log, staged, after, self._ops(state, after, touched(log)))
+        return ListStep(batch_id, log, staged, state, after, self._ops(state, after, touched(log)))
 
     def publish(self, step: ListStep) -> dict:
         """Write the batch's operations, phase after phase (`views.list.ListViewSink.write_phases`: from the driver

@@ -105,19 +105,18 @@ def settle(state: DataFrame, log: DataFrame, watermark: int | None, retain_ms: i
         return log
     w = int(watermark)
     fin = f"(_fin OR _we <= {w})"
-    named = log.select(F.col("_sid").alias("_named"))
-    closing = (
-        state.where(f"NOT _fin AND _we <= {w}")
-        .join(named, F.col("_sid") == F.col("_named"), "left_anti")
-        .selectExpr("_sid", "false AS _gone", "CAST(NULL AS string) AS _was", *state.columns[1:])
-    )
+    closes = f"NOT _fin AND _we <= {w}"
     if retain_ms is not None:
-        closing = closing.unionByName(
-            state.where(f"_fin AND _we < {w - int(retain_ms)}")
-            .join(named, F.col("_sid") == F.col("_named"), "left_anti")
-            .selectExpr("_sid", "false AS _gone", "CAST(NULL AS string) AS _was", *state.columns[1:])
-        )
-    rows = log.unionByName(closing).withColumn("_fin", F.expr(f"CASE WHEN _gone THEN _fin ELSE {fin} END"))
+        closes = f"({closes}) OR (_fin AND _we < {w - int(retain_ms)})"
+    # the state rows that close or leave now, unless the batch's rows name them: per `_sid` the batch's row first,
+    # in the one Spark job that makes the rows (an anti join would compute `log` once more for its side)
+    cols = log.columns
+    both = log.withColumn("_p", F.lit(1)).unionByName(
+        state.where(closes).selectExpr("_sid", "false AS _gone", "CAST(NULL AS string) AS _was", *state.columns[1:])
+        .select(*cols).withColumn("_p", F.lit(0))
+    )  # fmt: skip
+    rows = both.groupBy("_sid").agg(F.max_by(F.struct(*cols[1:]), "_p").alias("_v")).select("_sid", "_v.*")
+    rows = rows.withColumn("_fin", F.expr(f"CASE WHEN _gone THEN _fin ELSE {fin} END"))
     if retain_ms is None:
         return rows
     old = f"NOT _gone AND _fin AND _we < {w - int(retain_ms)}"
