@@ -20,6 +20,7 @@ __all__ = [
     "NotStored",
     "IngestFailed",
     "UnknownTopic",
+    "ReadFrom",
     "TopicChanged",
     "KafkaUnavailable",
     "NotProduced",
@@ -197,6 +198,16 @@ class UnknownTopic(ChangelogError):
         )
         super().__init__(f"unknown topic {topic!r}{choose}")
         self.topic, self.known, self.pipeline = topic, tuple(known), pipeline
+
+
+class ReadFrom(ChangelogError):
+    """`topic` is read `from:` the topic `source` (its log is that one's): records are written to `source`."""
+
+    def __init__(self, topic: str, source: str):
+        self.topic, self.source = topic, source
+        super().__init__(
+            f"topic {topic!r} is read from {source!r} (`from:` in the pipeline file): write its records to {source!r}"
+        )
 
 
 class TopicChanged(ChangelogError):

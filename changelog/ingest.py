@@ -64,7 +64,7 @@ import orjson
 
 from changelog import records
 from changelog.deadletters import deadletter_key, deadletter_path, write_dead_letters
-from changelog.errors import IngestFailed, InvalidRecord, NotStored, TopicChanged
+from changelog.errors import IngestFailed, InvalidRecord, NotStored, ReadFrom, TopicChanged
 from changelog.records import DEADLETTER_RAW_CHARS, check_record_size, dead_letter_raw, line_parser
 from changelog.storage import Lake, NotFound, StorageError
 from changelog.topics import RecordTable, append_table, open_topic, table_version, topic_key
@@ -520,6 +520,8 @@ def ingest(
     Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
     change."""
     spec = topic
+    if spec.source is not None:
+        raise ReadFrom(spec.name, spec.source)
     table = _open_log(lake, spec, sources, quiet)
     ctx = _Context(
         spec.name,

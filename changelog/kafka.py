@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from changelog.errors import InvalidRecord, KafkaUnavailable, NotProduced
+from changelog.errors import InvalidRecord, KafkaUnavailable, NotProduced, ReadFrom
 from changelog.records import MAX_RECORD_BYTES, line_parser
 from changelog.storage import Lake
 from spec.model import Topic
@@ -482,6 +482,8 @@ def publish(
     (module docstring). Raises `NotProduced`, its `result` the report, when a line was not acknowledged;
     `KafkaUnavailable` when no broker answers at the start.
     """
+    if topic.source is not None:
+        raise ReadFrom(topic.name, topic.source)
     name = kafka_topic(prefix, topic)
     ensure_kafka_topics(bootstrap, [name], timeout=timeout)
     names = ["<stdin>" if s == "-" else str(s) for s in sources]

@@ -137,8 +137,8 @@ def _name(topic: Topic) -> str:
 
 
 def topic_key(topic: Topic) -> str:
-    """`topics/<name>`: the key of the topic's log in the lake."""
-    return f"topics/{_name(topic)}"
+    """`topics/<name>`: the key of the topic's log in the lake (a topic read `from:` another: that one's log)."""
+    return f"topics/{topic.source}" if topic.source is not None else f"topics/{_name(topic)}"
 
 
 def topic_path(lake: Lake, topic: Topic) -> str:

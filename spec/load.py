@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spec.durations import parse_duration_ms
 from spec.errors import PipelineError, Problem
@@ -65,8 +65,9 @@ Names = str | list[str]
 
 
 class _Topic(_Strict):
-    fields: dict[str, str]
-    time: str
+    fields: dict[str, str] = {}
+    time: str | None = None
+    from_: str | dict | None = Field(None, alias="from")
     id: Names | None = None
     key: Names | None = None
     optional: list[str] = []
@@ -74,13 +75,6 @@ class _Topic(_Strict):
     final_deletes: bool = False
     remove_fields: list[str] = []
     capture: _Capture | None = None
-
-    @field_validator("fields")
-    @classmethod
-    def _some(cls, v: dict[str, str]) -> dict[str, str]:
-        if not v:
-            raise ValueError("a topic needs at least one field")
-        return v
 
 
 Expr = str | int | float | bool
@@ -277,12 +271,50 @@ def _seen(found: list[Problem]) -> list[Problem]:
     return out
 
 
+_OWN = ("fields", "time", "id", "optional", "op", "final_deletes", "remove_fields", "capture")
+
+
+def _read_from(name: str, t: _Topic, declared: dict, out: _Problems) -> _Topic | None:
+    """A topic declared `from: <event topic>`: that topic's log read as a table, keyed by its own `key`, with the
+    source's fields, time and optional fields (None, with its problems, when it cannot be)."""
+    path = ("topics", name)
+    src = declared.get(t.from_) if isinstance(t.from_, str) else None
+    if not isinstance(t.from_, str):
+        out.add(
+            (*path, "from"), "a view read as a topic (`from: {view: ...}`) is not built yet: read a topic"
+        )
+    elif src is None:
+        out.add((*path, "from"), f"{t.from_!r} is not a topic of this file (topics: {', '.join(declared)})")
+    elif src.from_ is not None:
+        out.add((*path, "from"), f"{t.from_!r} is read from {src.from_!r} itself: read {src.from_!r}")
+    elif src.id is None:
+        out.add((*path, "from"), f"{t.from_!r} is a table topic: `from:` reads an event topic as a table")
+    for k in (k for k in _OWN if k in t.model_fields_set):
+        out.add(
+            (*path, k), "a topic read from another has that topic's fields, time and records: give only `key`"
+        )
+    if t.key is None:
+        out.add(path, "a topic read from an event topic is a table: give its `key`")
+    if (
+        src is None
+        or src.from_ is not None
+        or src.id is None
+        or t.key is None
+        or t.model_fields_set & set(_OWN)
+    ):
+        return None
+    return t.model_copy(update={"fields": src.fields, "time": src.time, "optional": src.optional})
+
+
 # long: one check per rule of a topic declaration, in the order the contract states them
 def _topic(name: str, t: _Topic, out: _Problems) -> Topic | None:
     path = ("topics", name)
     before = len(out.found)
     if not _NAME.match(name):
         out.add(path, "a topic name is a letter then letters, digits or _")
+    if not t.fields or t.time is None:
+        out.add(path, "a topic needs `fields` (at least one) and `time`, or `from:` another topic")
+        return None
     for f, kind in t.fields.items():
         if kind not in FIELD_TYPES:
             out.add(
@@ -343,6 +375,7 @@ def _topic(name: str, t: _Topic, out: _Problems) -> Topic | None:
         op=(t.op.upsert, t.op.remove) if t.op else None,
         final_deletes=t.final_deletes,
         remove_fields=tuple(t.remove_fields),
+        source=t.from_,
         capture=Capture(t.capture.postgres, dict(t.capture.columns)) if t.capture else None,
     )
 
@@ -745,8 +778,7 @@ def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -
     except ValidationError as e:
         _pydantic_problems(e, out)
         raise PipelineError(_seen(out.found)) from None
-    declared = {n: _validated(_Topic, t, ("topics", n), out) for n, t in raw.topics.items()}
-    topics = {n: t for n, t in ((n, _topic(n, t, out)) for n, t in declared.items() if t) if t is not None}
+    topics = _topics(raw, out)
     out.broken_topics = set(raw.topics) - set(topics)
     if not raw.topics:
         out.add(("topics",), "no topics: declare at least one")
@@ -790,6 +822,16 @@ def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -
     read = Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
     placed = {n: replace(t, declared_at=read.where("topics", n, "fields")) for n, t in topics.items()}
     return replace(read, topics=placed)
+
+
+def _topics(raw: _Pipeline, out: _Problems) -> dict[str, Topic]:
+    """The file's topics that are valid (a topic read `from:` another completed from it first)."""
+    declared = {n: _validated(_Topic, t, ("topics", n), out) for n, t in raw.topics.items()}
+    declared = {
+        n: _read_from(n, t, declared, out) if t is not None and t.from_ is not None else t
+        for n, t in declared.items()
+    }
+    return {n: t for n, t in ((n, _topic(n, t, out)) for n, t in declared.items() if t) if t is not None}
 
 
 def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> Pipeline:

@@ -72,14 +72,15 @@ class Capture:
 @dataclass(frozen=True)
 class Topic:
     """An input log. An *event* topic has `id` (a record delivered twice has the effect of one); a *table* topic has
-    `key` (it is the changelog of a keyed table: per key, the record with the greatest time wins; on equal times a
-    delete wins, then the record whose non-key fields, in declared order, are greatest; with `final_deletes`, a
-    delete of a key is final whatever the times).
+        `key` (it is the changelog of a keyed table: per key, the record with the greatest time wins; on equal times a
+        delete wins, then the record whose non-key fields, in declared order, are greatest; with `final_deletes`, a
+        delete of a key is final whatever the times).
 
-    fields: (name, type) in declared order. optional: fields that may be absent or null. op: (upsert name, remove
-    name) of the record's field `op`, or None (every record is an upsert). remove_fields: fields a remove record
-    must carry besides the key and the time (none by default). declared_at: `<file>:<line>: topics.<name>.fields`
-    of the declaration it was read from, for messages (None for a topic made in code; not compared)."""
+        fields: (name, type) in declared order. optional: fields that may be absent or null. op: (upsert name, remove
+        name) of the record's field `op`, or None (every record is an upsert). remove_fields: fields a remove record
+        must carry besides the key and the time (none by default). source: the event topic whose log this table topic
+    reads (`from:`; nothing is written to this topic itself), None for a topic of its own log. declared_at: `<file>:<line>: topics.<name>.fields`
+        of the declaration it was read from, for messages (None for a topic made in code; not compared)."""
 
     name: str
     fields: tuple[tuple[str, str], ...]
@@ -91,6 +92,7 @@ class Topic:
     final_deletes: bool = False
     remove_fields: tuple[str, ...] = ()
     capture: Capture | None = None
+    source: str | None = None
     declared_at: str | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -872,6 +872,10 @@ def _accept(pipeline: Pipeline, batches: Iterable[Mapping[str, Iterable[Any]]]):
             topic = pipeline.topics.get(name)
             if topic is None:
                 raise BruteError(f"unknown topic {name!r} (topics: {', '.join(pipeline.topics)})")
+            if topic.source is not None:
+                raise BruteError(
+                    f"topic {name!r} is read from {topic.source!r}: give its records to {topic.source!r}"
+                )
             for raw in records:
                 if isinstance(raw, (str, bytes)) and not raw.strip():
                     continue  # a blank line is skipped, not rejected (as `mview ingest` does)
@@ -881,6 +885,9 @@ def _accept(pipeline: Pipeline, batches: Iterable[Mapping[str, Iterable[Any]]]):
                 except Rejected as e:
                     rejected[name] += 1
                     reasons[name].append(str(e))
+        for t in pipeline.topics.values():  # a topic read `from:` another: that one's records, as a table
+            if t.source is not None and t.source in valid:
+                valid[t.name] = list(valid[t.source])
         out.append(valid)
     return out, accepted, rejected, reasons
 

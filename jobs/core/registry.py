@@ -61,7 +61,9 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
         out[job.name] = JobSpec(
             job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra, kind=job.kind
         )
-    everything = tuple(pipeline.topics)
+    everything = tuple(
+        n for n, t in pipeline.topics.items() if t.source is None
+    )  # a `from:` topic has no log
     captured = tuple(t.name for t in captured_topics(pipeline.topics.values()))
     out["kafka"] = JobSpec(
         "kafka",

@@ -39,8 +39,10 @@ _BINARY = "if(is_valid_utf8(value), null, value) AS value"
 
 
 def _names(settings: Settings) -> dict:
-    """Kafka topic -> the pipeline's topic (`spec.model.Topic`) it is copied into, for every topic."""
-    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in settings.pipeline().topics.values()}
+    """Kafka topic -> the pipeline's topic (`spec.model.Topic`) it is copied into, for every topic of its own log
+    (not one read `from:` another)."""
+    topics = settings.pipeline().topics.values()
+    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in topics if t.source is None}
 
 
 def preflight(settings: Settings, *, reach: bool = True) -> None:

@@ -411,7 +411,8 @@ def cmd_check(args) -> int:
     views = pipeline.views
     print(f"{file}: valid: {len(pipeline.topics)} topics, {len(pipeline.jobs)} jobs, {len(views)} views")
     topics = [
-        f"{n} ({t.kind}{', captured from ' + captured[n] if n in captured else ''})"
+        f"{n} ({t.kind}{', captured from ' + captured[n] if n in captured else ''}"
+        f"{', read from ' + t.source if t.source else ''})"
         for n, t in pipeline.topics.items()
     ]
     print(f"topics: {', '.join(topics)}")

@@ -36,6 +36,29 @@ PAID = "  paid:\n    interval: {left: orders, right: payments, match: {order_id:
 
 # (case, text, line, key, a piece of the message)
 BROKEN = [
+    *[
+        (f"from: {case}", BASE + f"  t: {body}\n", 9, key, says)
+        for case, body, key, says in [
+            ("no such topic", "{from: nope, key: order_id}", "topics.t.from", "'nope' is not a topic"),
+            ("a table topic", "{from: customers, key: customer_id}", "topics.t.from", "is a table topic"),
+            (
+                "fields of its own",
+                "{from: orders, key: order_id, time: ts}",
+                "topics.t.time",
+                "give only `key`",
+            ),
+            ("no key", "{from: orders}", "topics.t", "give its `key`"),
+            ("a view", "{from: {view: v}, key: k}", "topics.t.from", "not built yet"),
+            ("no fields at all", "{key: order_id}", "topics.t", "needs `fields`"),
+        ]
+    ],
+    (
+        "from: a topic read from another",
+        BASE + "  t: {from: orders, key: order_id}\n  u: {from: t, key: order_id}\n",
+        10,
+        "topics.u.from",
+        "read 'orders'",
+    ),
     (
         "unknown field type",
         BASE.replace("amount: double", "amount: money"),
@@ -414,6 +437,13 @@ def test_the_built_in_pipeline_loads_with_the_contract_s_topics_jobs_and_views()
     }
     assert p.views["timeline"].cap == 800 and p.views["timeline"].fanout_limit is None
     assert p.topics["profiles"].capture.postgres == "profiles"
+
+
+def test_a_topic_read_from_an_event_topic_is_a_table_of_its_log():
+    p = parse_pipeline(BASE + "  order_table: {from: orders, key: order_id}\n", "shop.yml", {})
+    t, src = p.topics["order_table"], p.topics["orders"]
+    assert (t.kind, t.key, t.source) == ("table", ("order_id",), "orders")
+    assert (t.fields, t.time, t.optional, t.op) == (src.fields, src.time, src.optional, None)
 
 
 def test_settings_reach_the_file_through_the_environment():

@@ -86,3 +86,25 @@ def test_maintenance_compacts_optimizes_vacuums_and_drops_old_generations(
         spark.read.format("delta").load(str(topic_path(settings.lake, settings.topic("follows")))).count()
         == n + 1
     )
+
+
+def test_a_topic_read_from_an_event_topic_is_never_compacted_nor_copied_from_kafka(tmp_path):
+    from jobs.core.registry import job_spec
+    from jobs.kinds.kafka import _names
+    from jobs.ops.maintain import compacted
+
+    path = tmp_path / "p.yml"
+    path.write_text(
+        "topics:\n"
+        "  rides: {fields: {ride_id: id, rider_id: id, ts: timestamp}, id: ride_id, time: ts}\n"
+        "  last_ride: {from: rides, key: rider_id}\n"
+        "  riders: {fields: {rider_id: id, ts: timestamp}, key: rider_id, time: ts}\n"
+        "jobs:\n"
+        "  j: {select: {from: last_ride}, views: {v: {count: {k: rider_id}, values: {n: 1}}}}\n"
+    )
+    settings = make_settings(
+        tmp_path / "lake", "redis://127.0.0.1:1/0", MVIEW_PIPELINE=str(path), COMPACT_TOPICS="auto"
+    )
+    assert [t.name for t in compacted(settings)] == ["riders"]
+    assert job_spec(settings, "kafka").topics == ("rides", "riders")
+    assert sorted(t.name for t in _names(settings).values()) == ["riders", "rides"]
