@@ -201,21 +201,23 @@ class TopList(StateView):
     def _ops(self, before: DataFrame, after: DataFrame, keys: DataFrame) -> DataFrame:
         """The operations (LIST_OPS_SCHEMA) of a batch that touches `keys` (`_key`), from the state `before` and
         `after` it, each with its write phase (`_phase`): 0 the bodies to set, 1 each key's whole list, 2 the bodies
-        to delete (of
-        the entries its keys' lists held before or hold after: set when some list holds the entry after the batch,
-        else deleted)."""
+        to delete (of the entries its keys' lists held before or hold after: set when some list holds the entry after
+        the batch, else deleted)."""
         keys = F.broadcast(keys)
-        ranked = (
-            (lambda rows: rows) if self.append_only else self._ranked
-        )  # `top` mode: a key's rows are its list
+        # `top` mode: a key's rows in the state are its list, ranked already
+        ranked = (lambda rows: rows) if self.append_only else self._ranked
         old = ranked(before.join(keys, "_key", "left_semi"))
         new = ranked(after.join(keys, "_key", "left_semi"))
         per_key = new.selectExpr("_key", f"{entry('_o', '_e')} AS _p").groupBy("_key")
         lists = keys.join(per_key.agg(F.collect_list("_p").alias("_ps")), "_key", "left")
         lists = _op(lists, "list", "_key", "'replace'", entries="coalesce(_ps, array())")
         cand = fresh(old.select("_e").union(new.select("_e")).distinct())
-        holders = fresh(after.join(F.broadcast(cand), "_e", "left_semi").select("_key").distinct())
-        held = ranked(after.join(holders, "_key", "left_semi")).join(F.broadcast(cand), "_e", "left_semi")
+        held = after.join(F.broadcast(cand), "_e", "left_semi")  # the rows of the candidates
+        if not self.append_only:  # those in their key's list
+            holders = fresh(held.select("_key").distinct())
+            held = self._ranked(after.join(holders, "_key", "left_semi")).join(
+                F.broadcast(cand), "_e", "left_semi"
+            )
         bodies = cand.join(held.groupBy("_e").agg(F.max("_b").alias("_b")), "_e", "left")
         bodies = _op(bodies, "entry", "_e", body="_b").withColumn("_phase", F.expr("IF(body IS NULL, 2, 0)"))
         ops = bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
