@@ -17,7 +17,8 @@ Per micro-batch N (`StateView.write(changes, N)`, or its steps):
    (a job may give fewer rows once its own state recorded N);
 2. `stage` (`b<N>` made durable, replacing a partial write of it) beside `publish` (the Redis writes: each key
    written whole, so absolute);
-3. `advance`: the state after N is the memory's.
+3. `advance`: the state after N is the memory's (made in step 1 when the Redis writes are computed from it, else by
+   `finish` beside step 2).
 A batch Spark replays after a crash (possibly after part of its Redis writes) finds the same state before N and the
 same `b<N>` rows, so it writes what the first attempt wrote: the effect of one. A job calls `write` before it
 records its own state for N. The keys a batch touches are those its state rows name (a row's key after and before N,
