@@ -277,14 +277,16 @@ _OWN = ("fields", "time", "id", "optional", "op", "final_deletes", "remove_field
 def _read_from(name: str, t: _Topic, declared: dict, out: _Problems) -> _Topic | None:
     """A topic declared `from: <event topic>`: that topic's log read as a table, keyed by its own `key`, with the
     source's fields, time and optional fields (None, with its problems, when it cannot be)."""
-    path = ("topics", name)
+    path, before = ("topics", name), len(out.found)
     src = declared.get(t.from_) if isinstance(t.from_, str) else None
     if not isinstance(t.from_, str):
         out.add(
             (*path, "from"), "a view read as a topic (`from: {view: ...}`) is not built yet: read a topic"
         )
-    elif src is None:
+    elif t.from_ not in declared:
         out.add((*path, "from"), f"{t.from_!r} is not a topic of this file (topics: {', '.join(declared)})")
+    elif src is None:  # declared, with problems of its own (reported where it is declared)
+        return None
     elif src.from_ is not None:
         out.add((*path, "from"), f"{t.from_!r} is read from {src.from_!r} itself: read {src.from_!r}")
     elif src.id is None:
@@ -295,13 +297,7 @@ def _read_from(name: str, t: _Topic, declared: dict, out: _Problems) -> _Topic |
         )
     if t.key is None:
         out.add(path, "a topic read from an event topic is a table: give its `key`")
-    if (
-        src is None
-        or src.from_ is not None
-        or src.id is None
-        or t.key is None
-        or t.model_fields_set & set(_OWN)
-    ):
+    if len(out.found) > before:
         return None
     return t.model_copy(update={"fields": src.fields, "time": src.time, "optional": src.optional})
 

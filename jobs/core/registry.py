@@ -61,9 +61,8 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
         out[job.name] = JobSpec(
             job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra, kind=job.kind
         )
-    everything = tuple(
-        n for n, t in pipeline.topics.items() if t.source is None
-    )  # a `from:` topic has no log
+    # the topics of a log of their own (a `from:` topic reads another's)
+    everything = tuple(n for n, t in pipeline.topics.items() if t.source is None)
     captured = tuple(t.name for t in captured_topics(pipeline.topics.values()))
     out["kafka"] = JobSpec(
         "kafka",
