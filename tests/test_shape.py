@@ -5,6 +5,10 @@ Show it with `.venv/bin/python -m pytest -q tests/test_shape.py`.
 - No function of a service package (every top-level package but `tests`: spec, changelog, joins, views, jobs,
   timeline_demo, bench) is over 60 lines, unless the comment line right above its `def` (or its decorators)
   starts with `# long:` and says why.
+- Nothing outside `views/` branches on a view's kind (a comparison with the name of a view kind): a job kind
+  writes its views through `views.changes`, and what a kind keeps or needs is asked of its module. `spec/` says
+  what the file accepts per kind (it runs before Spark is imported), and `timeline_demo/brute.py`, the reference
+  computed independently of the service, defines each kind in plain Python.
 Read with `ast`, not imported.
 """
 
@@ -61,3 +65,37 @@ def test_no_function_is_too_long(package):
     assert not found, f"functions over {FUNCTION_LINES} lines without a `# long:` reason:\n" + "\n".join(
         found
     )
+
+
+VIEW_KINDS = {"row", "count", "agg", "list", "log"}
+_KIND_EXEMPT = ("views/", "spec/", "timeline_demo/brute.py")
+
+
+def _kind_branches() -> list[str]:
+    """`X == "list"`, `X != "row"`, `X in ("count", "agg")`, ... outside views/: a comparison with a view kind's name."""
+    out = []
+    for package in _service_packages():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(_KIND_EXEMPT):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Compare):
+                    continue
+                names = {
+                    c.value
+                    for side in [node.left, *node.comparators]
+                    for c in ([side] if isinstance(side, ast.Constant) else getattr(side, "elts", []))
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                }
+                kinds = any(
+                    isinstance(s, ast.Attribute) and s.attr == "kind" for s in [node.left, *node.comparators]
+                )
+                if kinds and names & VIEW_KINDS:
+                    out.append(f"{rel}:{node.lineno}")
+    return out
+
+
+def test_nothing_outside_views_branches_on_a_view_kind():
+    found = _kind_branches()
+    assert not found, "a branch on a view's kind outside views/ (ask the kind's module):\n" + "\n".join(found)

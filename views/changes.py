@@ -10,8 +10,10 @@ written by one call per micro-batch.
 - `agg` views: each key the batch touches is recomputed from the view's state and written whole (`views.agg.AggView`,
   its state under `<state_key>/views/<view>`; `append_only`: the job never removes a row);
 - `list` views: likewise, each touched key's list and the bodies of its entries (`views.toplist.TopList`).
-`state_views` makes the agg and list views of a job that keep their own state (interval and asof jobs call them
-with their rows too).
+`state_views` makes the agg and list views of a job that keep their own state, `DeltaViews` its row views and
+count views without a window (the views written by Redis commands made from a frame of rows). Every job kind writes
+its views through these three (`ChangeViews` holds them all for the job kinds whose rows are row changes: `select`,
+`join`; the `interval` and `asof` jobs say which of their rows count, and when): no job branches on a view's kind.
 The Redis writes of the row and count views go out in one Spark job (`views.wire.forward`), each fenced by the
 writer's lease epoch (`views.fence`). When `write` returns, every view has the batch; a batch written again (Spark
 replays it after a crash) leaves the effect of one.
@@ -20,6 +22,7 @@ replays it after a crash) leaves the effect of one.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
@@ -31,10 +34,11 @@ from views.frame import view_rows
 from views.log import log_rows, log_sinks
 from views.redis_io import is_cluster
 from views.row import RowSink, row_delta
+from views.sink import Sink
 from views.toplist import list_views
 from views.wire import forward, payload_rows
 
-__all__ = ["ChangeViews", "state_views"]
+__all__ = ["ChangeViews", "DeltaViews", "state_views"]
 
 
 def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list:
@@ -44,6 +48,66 @@ def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw)
     return agg_views(spark, lake, pipeline, job, state_key, **kw) + list_views(
         spark, lake, pipeline, job, state_key, **kw
     )
+
+
+Changes = Callable[
+    [DataFrame, object], DataFrame
+]  # (frame, view) -> the view's changes (`row_delta`'s, `count_delta`'s layout)
+
+
+class DeltaViews:
+    """The row views and the count views without a window (`views.count.incremented`) of job `job` of `pipeline`,
+    generation `generation` in the Redis at `redis_url`, every write fenced by `fence`: `sinks` by view name.
+
+    `commands(frame, batch_id, rows=..., counts=...)` gives their Redis commands for one step from `frame`
+    (`views.frame.view_rows` of the job's rows): each row view's changes by `rows(frame, view)` (default
+    `views.row.row_delta`: `frame` holds row changes), each count view's by `counts(frame, view)` (default
+    `views.count.count_delta`), a count view's fenced by `batch_id` (`with_counts=False`: the caller writes its
+    count views itself, through `sinks`). `send(commands)` applies them all in one Spark job; `write` is both."""
+
+    def __init__(
+        self, pipeline: Pipeline, job: str, *, redis_url: str, generation: int, fence: Fence = UNFENCED
+    ):
+        self.pipeline, self.job, self.url = pipeline, job, redis_url
+        views = pipeline.jobs[job].views
+        self.counts = incremented(views)
+        self.rows = [v for v in views if v.kind == "row"]
+        self.sinks: dict[str, Sink] = {
+            **{v.name: RowSink(redis_url, v.name, generation, fence) for v in self.rows},
+            **{v.name: CountSink(redis_url, v, generation, fence) for v in self.counts},
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self.sinks)
+
+    def commands(
+        self,
+        frame: DataFrame,
+        batch_id: int,
+        *,
+        rows: Changes | None = None,
+        counts: Changes | None = None,
+        with_counts: bool = True,
+    ) -> list[DataFrame]:
+        rows = rows or (lambda f, v: row_delta(f, v, self.pipeline))
+        counts = counts or (lambda f, v: count_delta(f, v, self.pipeline))
+        out = [self.sinks[v.name].commands(rows(frame, v)) for v in self.rows]
+        if with_counts:
+            out += [self.sinks[v.name].commands(counts(frame, v), batch_id) for v in self.counts]
+        return out
+
+    def send(self, commands: list[DataFrame]) -> None:
+        if commands:
+            cmds = functools.reduce(DataFrame.unionByName, commands)
+            forward(
+                payload_rows(cmds, cluster=is_cluster(self.url)),
+                self.url,
+                what=f"{self.job} views",
+                scripts=(GATE_LUA, COUNT_LUA) if self.counts else (GATE_LUA,),
+            )
+
+    def write(self, frame: DataFrame, batch_id: int, **kw) -> None:
+        self.send(self.commands(frame, batch_id, **kw))
 
 
 class ChangeViews:
@@ -63,14 +127,9 @@ class ChangeViews:
         append_only: bool,
         fence: Fence = UNFENCED,
     ):
-        self.pipeline, self.job, self.url, self.generation, self.fence = (
-            pipeline,
-            job,
-            redis_url,
-            generation,
-            fence,
-        )
+        self.pipeline, self.job = pipeline, job
         self.views = pipeline.jobs[job].views
+        self.delta = DeltaViews(pipeline, job, redis_url=redis_url, generation=generation, fence=fence)
         self.logs = log_sinks(spark, lake, pipeline, job, generation)
         self.aggs = state_views(
             spark,
@@ -84,30 +143,11 @@ class ChangeViews:
             fence=fence,
         )
 
-    def _commands(self, frame: DataFrame, batch_id: int) -> list[DataFrame]:
-        out = []
-        for v in self.views:
-            if v.kind == "row":
-                sink = RowSink(self.url, v.name, self.generation, self.fence)
-                out.append(sink.commands(row_delta(frame, v, self.pipeline)))
-            elif v in incremented(self.views):
-                sink = CountSink(self.url, v, self.generation, self.fence)
-                out.append(sink.commands(count_delta(frame, v, self.pipeline), batch_id))
-        return out
-
     def write(self, rows: DataFrame, batch_id: int, *, watermark: int | None = None) -> dict:
         """Apply batch `batch_id`'s row changes `rows` to every view (see the module docstring); `watermark`: the
         job's after the batch, under which a windowed view's windows close (`views.window`). Returns {}."""
         frame = view_rows(rows, self.pipeline, self.job)
-        commands = self._commands(frame, batch_id)
-        if commands:
-            cmds = functools.reduce(DataFrame.unionByName, commands)
-            forward(
-                payload_rows(cmds, cluster=is_cluster(self.url)),
-                self.url,
-                what=f"{self.job} views",
-                scripts=(GATE_LUA, COUNT_LUA),
-            )
+        self.delta.write(frame, batch_id)
         for agg in self.aggs:
             agg.write(frame, batch_id, watermark=watermark)
         by_name = {v.name: v for v in self.views}

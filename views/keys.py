@@ -35,6 +35,7 @@ __all__ = [
     "READS",
     "WINDOW",
     "window_key",
+    "extra_keys",
 ]
 
 # `%` first when encoding and last when decoding, so an id holding the text "%7D" survives both ways.
@@ -107,3 +108,11 @@ def heavy_key(view: str, generation: int, value: str) -> str:
 def reads_key(view: str, generation: int, key: str) -> str:
     """A list view's set of the heavy match values list key `key` reads (`mv:<view>.reads:<g>:{<key>}`)."""
     return view_key(f"{view}.{READS}", generation, key)
+
+
+def extra_keys(views) -> tuple[str, ...]:
+    """The names, besides the views' own, under which `views` keep Redis keys (`<name>:<g>:{...}`): each list view's
+    `.entry`, `.heavy`, `.reads` and `.window` keys."""
+    return tuple(
+        f"{v.name}.{part}" for v in views if v.kind == "list" for part in (ENTRY, HEAVY, READS, WINDOW)
+    )

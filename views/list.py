@@ -82,6 +82,8 @@ __all__ = [
     "RETIRE_SECONDS",
     "ListView",
     "ListViewSink",
+    "join_lists",
+    "list_caps",
     "entry",
     "member",
     "body_sql",
@@ -245,6 +247,16 @@ class ListView:
         dead = [_op(got.entries_dead, "entry", "_e")] if n["died"] else []
         if dead + last:
             yield _union(dead + last), n["died"] + n["heavy_lost"] + n["down"]
+
+
+def join_lists(join: TableJoin, views) -> list[ListView]:
+    """A `ListView` for each list view among `views` (of a `join` job over `join`), in declared order."""
+    return [ListView(join, v) for v in views if v.kind == "list"]
+
+
+def list_caps(views) -> list[int]:
+    """The `cap` of each list view among `views`."""
+    return [v.cap for v in views if v.kind == "list"]
 
 
 def _trim(cap: int, descending: bool) -> tuple[str, str]:

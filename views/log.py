@@ -31,6 +31,7 @@ __all__ = [
     "log_rows",
     "log_schema",
     "time_field",
+    "whole_log",
     "LogSink",
     "log_sinks",
     "export_log",
@@ -58,6 +59,11 @@ def log_rows(frame: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
 def log_schema(rows: DataFrame) -> str:
     """`rows`' columns (`log_rows`) as a SQL schema string, for the Delta table."""
     return ", ".join(f"{quoted(f.name)} {f.dataType.simpleString()}" for f in rows.schema.fields)
+
+
+def whole_log(views) -> View | None:
+    """The first log view of `views` without `where`, if any: it holds every row its job emitted."""
+    return next((v for v in views if v.kind == "log" and v.where is None), None)
 
 
 def time_field(view: View, time: str) -> str | None:

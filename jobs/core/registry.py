@@ -9,7 +9,7 @@ from importlib import import_module
 
 from jobs.errors import UnknownName
 from spec.model import Pipeline
-from views.keys import ENTRY, HEAVY, READS, WINDOW
+from views.keys import extra_keys
 
 __all__ = ["JobSpec", "jobs", "job_spec", "view_job", "views"]
 
@@ -53,13 +53,9 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
 
     out = {}
     for job in pipeline.jobs.values():
-        lists = [v.name for v in job.views if v.kind == "list"]
-        extra = tuple(
-            f"{v}.{part}" for v in lists for part in (ENTRY, HEAVY, READS, WINDOW)
-        )  # views.list's keys
         views_ = tuple(v.name for v in job.views)
         out[job.name] = JobSpec(
-            job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra, kind=job.kind
+            job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra_keys(job.views), kind=job.kind
         )
     # the topics of a log of their own (a `from:` topic reads another's)
     everything = tuple(n for n, t in pipeline.topics.items() if t.source is None)

@@ -275,14 +275,14 @@ def _limited(spark, pipeline: Pipeline) -> tuple[Pipeline, dict[str, int]]:
     """`pipeline` with a fan-out limit of LIMIT on every list view of a join job that can have one (the list shape
     of `joins.table_list`, `views.list_join.list_shape`), and the entry side of each job that has such a view."""
     from joins.table import TableJoin
-    from views.list_join import list_shape
+    from views.list import join_lists
 
     jobs, sides = dict(pipeline.jobs), {}
     for job in pipeline.jobs.values():
         if job.kind != "join":
             continue
         join = TableJoin(spark, *pipeline.sides(job.name), job.spec.match)
-        shapes = {v.name: list_shape(join, v) for v in job.views if v.kind == "list"}
+        shapes = {lv.view.name: lv.shape for lv in join_lists(join, job.views)}
         shaped = {name: shape for name, shape in shapes.items() if shape is not None}
         if shaped:
             views = tuple(replace(v, fanout_limit=LIMIT) if v.name in shaped else v for v in job.views)

@@ -196,9 +196,10 @@ def _start_cluster(s: Settings, port: int, exe: str) -> int:
 def _listpack_entries(settings) -> int:
     """Redis's `zset-max-listpack-entries` for the pipeline's list views: their greatest cap, at least Redis's 128."""
     from spec import PipelineError
+    from views.list import list_caps
 
     try:
-        caps = [v.cap for v in settings.pipeline().views.values() if v.kind == "list"]
+        caps = list_caps(settings.pipeline().views.values())
     except PipelineError:
         caps = []
     return max([128, *caps])

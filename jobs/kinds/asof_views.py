@@ -19,14 +19,11 @@ from jobs.core.skeleton import JobRun
 from joins.asof import AsofResult, AsofSides
 from joins.asof_state import AsofState
 from spec.model import Pipeline
-from views.changes import state_views
-from views.count import COUNT_LUA, CountSink, count_changes, incremented, value_types
-from views.fence import GATE_LUA
+from views.changes import DeltaViews, state_views
+from views.count import count_changes, value_types
 from views.frame import empty_rows, view_rows
-from views.log import log_rows, log_sinks, time_field
-from views.redis_io import is_cluster
-from views.row import RowSink, row_changes
-from views.wire import forward, payload_rows
+from views.log import log_rows, log_sinks, time_field, whole_log
+from views.row import row_changes
 
 __all__ = ["Counted", "AsofViews", "windows_watermark"]
 
@@ -52,6 +49,7 @@ class AsofViews:
         self.run, self.pipeline, self.sides = run, pipeline, sides
         settings, gen, job = run.settings, run.generation, run.job
         self.views = pipeline.jobs[job].views
+        self.delta = DeltaViews(pipeline, job, redis_url=settings.redis_url, generation=gen, fence=run.fence)
         self.logs = log_sinks(run.spark, settings.lake, pipeline, job, gen)
         self.aggs = state_views(
             run.spark,
@@ -64,7 +62,7 @@ class AsofViews:
             generation=gen,
             fence=run.fence,
         )
-        whole = next((v for v in self.views if v.kind == "log" and v.where is None), None)
+        whole = whole_log(self.views)
         self.whole, self.whole_time = whole, whole and time_field(whole, sides.stream.time)
 
     def emitted_ids(self, state: AsofState, lo: int, hi: int):
@@ -90,7 +88,7 @@ class AsofViews:
                 F.to_json(F.struct("*")).alias("x"),
             )
         ]
-        changes = {v.name: count_changes(frame, v, self.pipeline) for v in incremented(self.views)}
+        changes = {v.name: count_changes(frame, v, self.pipeline) for v in self.delta.counts}
         for name, ch in changes.items():
             values = F.to_json(F.struct(*[c for c in ch.columns if c != "key"]))
             parts.append(
@@ -118,30 +116,16 @@ class AsofViews:
     def write(self, batch_id: int, frame, counts: dict, watermark: int | None = None) -> None:
         """Every view's part of batch `batch_id` (`frame`: the emitted rows as the views see them); `watermark`:
         the one a windowed view's windows close under (`_windows_watermark`)."""
-        settings, gen, by_name = self.run.settings, self.run.generation, {v.name: v for v in self.views}
-        commands = []
+        by_name = {v.name: v for v in self.views}
+        commands = self.delta.commands(
+            frame, batch_id, rows=lambda f, v: row_changes(f, v, self.pipeline), with_counts=False
+        )
         for name, (ch, rows) in counts.items():
-            sink = CountSink(settings.redis_url, by_name[name], gen, self.run.fence)
             if rows is None:
-                commands.append(sink.commands(ch, batch_id))
+                commands.append(self.delta.sinks[name].commands(ch, batch_id))
             elif rows:
-                sink.write_rows(rows, batch_id, value_types(ch, by_name[name]))
-        for v in self.views:
-            if v.kind == "row":
-                commands.append(
-                    RowSink(settings.redis_url, v.name, gen, self.run.fence).commands(
-                        row_changes(frame, v, self.pipeline)
-                    )
-                )
-        if commands:
-            cmds = functools.reduce(lambda a, b: a.unionByName(b), commands)
-            scripts = (GATE_LUA, COUNT_LUA) if counts else (GATE_LUA,)
-            forward(
-                payload_rows(cmds, cluster=is_cluster(settings.redis_url)),
-                settings.redis_url,
-                what=f"{self.run.job} views",
-                scripts=scripts,
-            )
+                self.delta.sinks[name].write_rows(rows, batch_id, value_types(ch, by_name[name]))
+        self.delta.send(commands)
         if self.aggs:
             t = quoted(self.sides.stream.time)
             rows = frame.selectExpr("*", "1 AS _sign", f"CAST({t} AS bigint) AS _time")

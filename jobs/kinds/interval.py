@@ -42,13 +42,11 @@ from jobs.core.settings import Settings
 from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
 from spec.model import MATCHES, Pipeline
-from views.changes import state_views
-from views.count import COUNT_LUA, CountSink, count_changes, incremented
-from views.fence import GATE_LUA
+from views.changes import DeltaViews, state_views
+from views.count import count_changes
 from views.frame import check_job, mentions, view_rows
-from views.redis_io import connect, is_cluster
-from views.row import RowSink, row_changes
-from views.wire import forward, payload_rows
+from views.redis_io import connect
+from views.row import row_changes
 
 __all__ = ["run", "close_idle", "FENCE_STEP"]
 
@@ -66,27 +64,27 @@ def _store(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int) ->
     )
 
 
-def _view_commands(
-    frame, view, pipeline: Pipeline, settings: Settings, gen: int, fence: int, unmatched: str, epoch
-):
-    """The Redis commands (`cmd`, `tag`) of one view for one step, from the frame of the left events that got new
-    matches or closed in it."""
-    if view.kind == "count":
-        counted = f"_closed AND (_matches > 0 OR {unmatched})"
-        changes = count_changes(frame, view, pipeline, counted=counted)
-        return CountSink(settings.redis_url, view, gen, epoch).commands(changes, fence)
-    # a key or where over `matches` may change with it: the row's entry before the step may have to go
-    before = {MATCHES: "_matches_before"} if mentions(view, [MATCHES]) else None
-    changes = row_changes(
-        frame,
-        view,
-        pipeline,
-        shown=f"_matches > 0 OR (_closed AND {unmatched})",
-        final="_closed",
-        before=before,
-        shown_before="NOT _new AND _matches_before > 0",
-    )
-    return RowSink(settings.redis_url, view.name, gen, epoch).commands(changes)
+def _changes(pipeline: Pipeline, unmatched: str) -> dict:
+    """How a step's frame of left events (those that got new matches or closed in it) becomes the row and count
+    views' changes (`views.changes.DeltaViews.commands`' `rows` and `counts`)."""
+
+    def rows(frame, view):
+        # a key or where over `matches` may change with it: the row's entry before the step may have to go
+        before = {MATCHES: "_matches_before"} if mentions(view, [MATCHES]) else None
+        return row_changes(
+            frame,
+            view,
+            pipeline,
+            shown=f"_matches > 0 OR (_closed AND {unmatched})",
+            final="_closed",
+            before=before,
+            shown_before="NOT _new AND _matches_before > 0",
+        )
+
+    def counts(frame, view):
+        return count_changes(frame, view, pipeline, counted=f"_closed AND (_matches > 0 OR {unmatched})")
+
+    return {"rows": rows, "counts": counts}
 
 
 def _aggs(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int, epoch) -> list:
@@ -109,24 +107,16 @@ def _publisher(settings: Settings, pipeline: Pipeline, job: str, gen: int, aggs:
     count views' in one Spark job, then each agg and list view's (`aggs`: made here when None), its batch id the
     step's fence. A windowed view's window is final once every left event before its end closed: the view's
     watermark is the job's minus `upper`."""
-    j, url = pipeline.jobs[job], settings.redis_url
+    j = pipeline.jobs[job]
     unmatched = "true" if j.spec.unmatched else "false"
-    scripts = (GATE_LUA, COUNT_LUA) if incremented(j.views) else (GATE_LUA,)
     epoch = writer_fence(job)  # the lease this process holds for the job: its writes' fence
+    delta = DeltaViews(pipeline, job, redis_url=settings.redis_url, generation=gen, fence=epoch)
+    changes = _changes(pipeline, unmatched)
     time_sql = quoted(pipeline.sides(job)[0].time)
 
     def publish(left, fence: int, watermark: int | None = None) -> None:
         frame = view_rows(left.where("_changed OR _closed"), pipeline, job)
-        parts = [
-            _view_commands(frame, v, pipeline, settings, gen, fence, unmatched, epoch)
-            for v in j.views
-            if v.kind == "row" or v in incremented(j.views)
-        ]
-        if parts:
-            commands = functools.reduce(lambda a, b: a.unionByName(b), parts)
-            forward(
-                payload_rows(commands, cluster=is_cluster(url)), url, what=f"{job} views", scripts=scripts
-            )
+        delta.write(frame, fence, **changes)
         views = aggs if aggs is not None else _aggs(left.sparkSession, settings, pipeline, job, gen, epoch)
         if views:
             closed = frame.where(f"_closed AND (_matches > 0 OR {unmatched})")

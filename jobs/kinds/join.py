@@ -34,11 +34,9 @@ from jobs.core.skeleton import Batch, JobRun, Wiring, run_job
 from joins.table import JoinChanges, TableJoin, begin_join
 from joins.table_state import TableStore
 from spec.model import Pipeline
-from views.agg import agg_views
-from views.count import CountSink, count_changes, incremented
-from views.frame import check_job, view_rows
-from views.list import ListView, ListViewSink
-from views.row import RowSink, row_changes
+from views.changes import ChangeViews
+from views.frame import check_job
+from views.list import ListViewSink, join_lists
 
 __all__ = ["run"]
 
@@ -69,29 +67,27 @@ def _shown(limit: int | None) -> str:
 
 
 class _Views:
-    """A join job's views and their sinks: lists (each its own phases), rows and counts (from the delta)."""
+    """A join job's views and their sinks: lists (each its own phases, `views.list.join_lists`), every other view
+    from the join's delta as row changes (`views.changes.ChangeViews`)."""
 
     def __init__(self, run: JobRun, pipeline: Pipeline, join: TableJoin):
         url, gen, job = run.settings.redis_url, run.generation, pipeline.jobs[run.job]
-        self.pipeline, self.job = pipeline, run.job
-        self.lists = [ListView(join, v) for v in job.views if v.kind == "list"]
+        self.lists = join_lists(join, job.views)
         self.list_sinks = {
             lv.view.name: ListViewSink(
                 url, lv.view.name, gen, lv.view.cap, descending=lv.descending, fence=run.fence
             )
             for lv in self.lists
         }
-        self.rows = [(v, RowSink(url, v.name, gen, run.fence)) for v in job.views if v.kind == "row"]
-        self.counts = [(v, CountSink(url, v, gen, run.fence)) for v in incremented(job.views)]
-        self.aggs = agg_views(
+        self.others = ChangeViews(
             run.spark,
             run.settings.lake,
             pipeline,
             run.job,
-            state_key(run.job, gen),
-            append_only=False,
             redis_url=url,
             generation=gen,
+            state_key=state_key(run.job, gen),
+            append_only=False,
             fence=run.fence,
         )
         self.parts = [p for lv in self.lists for p in lv.parts]
@@ -105,34 +101,14 @@ class _Views:
             self.meta[f"{lv.view.name}.fanout_limit"] = _shown(lv.view.fanout_limit)
 
     def delta_ops(self, changes: JoinChanges, join: TableJoin, batch_id: int) -> None:
-        """Apply the row and count views' changes of the batch's delta (removed, added rows)."""
-        if not (self.rows or self.counts or self.aggs):
+        """Apply the batch's delta (each removed and added joined row) to the views other than lists."""
+        if not (self.others.delta or self.others.aggs):
             return
-        removed = view_rows(join.frame_rows(changes.removed), self.pipeline, self.job)
-        added = view_rows(join.frame_rows(changes.added), self.pipeline, self.job)
-        if self.aggs:
-            signed = [
-                df.selectExpr("*", f"{sign} AS _sign", "CAST(NULL AS bigint) AS _time")
-                for df, sign in ((removed, -1), (added, 1))
-            ]
-            for agg in self.aggs:
-                agg.write(signed[0].unionByName(signed[1]), batch_id)
-        for view, sink in self.rows:
-            gone = row_changes(removed, view, self.pipeline).selectExpr(
-                "key", "id", "CAST(NULL AS string) AS body"
-            )
-            new = row_changes(added, view, self.pipeline)
-            sink.write(
-                gone.join(new.select("key", "id"), ["key", "id"], "left_anti").unionByName(new), batch_id
-            )
-        for view, sink in self.counts:
-            names = [n for n, _ in view.values]
-            both = count_changes(removed, view, self.pipeline, sign="-1").unionByName(
-                count_changes(added, view, self.pipeline)
-            )
-            sums = both.groupBy("key").agg(*[F.sum(F.col(f"`{n}`")).alias(n) for n in names])
-            moved = " OR ".join(f"`{n}` <> 0" for n in names)
-            sink.write(sums.where(moved), batch_id)
+        signed = [
+            join.frame_rows(rows).selectExpr("*", f"{sign} AS _sign", "CAST(NULL AS bigint) AS _time")
+            for rows, sign in ((changes.removed, -1), (changes.added, 1))
+        ]
+        self.others.write(signed[0].unionByName(signed[1]), batch_id)
 
 
 def _process(
