@@ -39,8 +39,9 @@ _BATCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a batch's name: one key 
 
 
 def deadletter_key(topic: Topic) -> str:
-    """`deadletter/<topic>`: the key under which the topic's dead letters are."""
-    return f"deadletter/{topic.name}"
+    """`deadletter/<topic>`: the key under which the topic's dead letters are (a topic read `from:` another: that
+    one's, whose log it reads)."""
+    return f"deadletter/{topic.source or topic.name}"
 
 
 def deadletter_path(lake: Lake, topic: Topic) -> str:

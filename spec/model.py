@@ -282,6 +282,11 @@ class Pipeline:
     def topic(self, name: str) -> Topic:
         return self.topics[name]
 
+    @property
+    def written(self) -> dict[str, Topic]:
+        """The topics with a log of their own, those producers write (not read `from:` another), by name."""
+        return {n: t for n, t in self.topics.items() if t.source is None}
+
     def where(self, *path) -> str:
         """`<file>:<line>: <dotted path>` for messages about the key at `path` (the nearest line known)."""
         for n in range(len(path), 0, -1):

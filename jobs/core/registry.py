@@ -58,7 +58,7 @@ def _of(pipeline: Pipeline) -> dict[str, JobSpec]:
             job.name, job.topics, views_, f"jobs.kinds.{job.kind}:run", extra_keys(job.views), kind=job.kind
         )
     # the topics of a log of their own (a `from:` topic reads another's)
-    everything = tuple(n for n, t in pipeline.topics.items() if t.source is None)
+    everything = tuple(pipeline.written)
     captured = tuple(t.name for t in captured_topics(pipeline.topics.values()))
     out["kafka"] = JobSpec(
         "kafka",

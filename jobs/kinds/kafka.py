@@ -41,8 +41,8 @@ _BINARY = "if(is_valid_utf8(value), null, value) AS value"
 def _names(settings: Settings) -> dict:
     """Kafka topic -> the pipeline's topic (`spec.model.Topic`) it is copied into, for every topic of its own log
     (not one read `from:` another)."""
-    topics = settings.pipeline().topics.values()
-    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in topics if t.source is None}
+    topics = settings.pipeline().written.values()
+    return {kafka_topic(settings.kafka_topic_prefix, t): t for t in topics}
 
 
 def preflight(settings: Settings, *, reach: bool = True) -> None:
@@ -142,7 +142,7 @@ def run_kafka(spark, settings: Settings, *, once: bool = True, generation=None) 
         totals = run_job(spark, settings, "kafka", _wire, once=True, generation=generation)
         return {
             t: {k: totals.get(f"{t}.{k}", 0) for k in ("accepted", "rejected")}
-            for t in settings.pipeline().topics
+            for t in settings.pipeline().written  # a topic read `from:` another has no messages of its own
         }
     restarts = Restarts(settings, "kafka")  # a failed query (the broker went away) restarts after a backoff
     while not runtime.STOP.is_set():

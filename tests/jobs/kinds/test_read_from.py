@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from changelog.deadletters import count_dead_letters
 from changelog.errors import ReadFrom
 from changelog.ingest import ingest
 from jobs.kinds.select import run
@@ -97,3 +98,13 @@ def test_records_for_a_topic_read_from_another_are_refused(tmp_path, pipeline):
     assert not lake_dir.exists() or not any(lake_dir.rglob("*.parquet"))
     with pytest.raises(BruteError, match="read from 'rides'"):
         brute_force(pipeline, [{"last_ride": [{"ride_id": "r1"}]}])
+
+
+def test_a_topic_read_from_another_has_that_ones_dead_letters(tmp_path, pipeline):
+    """A job reading `last_ride` reports the lines `rides` rejected (its log's) as its own `rejected`."""
+    lake = make_settings(tmp_path / "lake", "redis://127.0.0.1:1/0").lake
+    good = {"ride_id": "r1", "rider_id": "u1", "city": "Oslo", "fare": 3.5, "ts": T0}
+    src = write_jsonl(tmp_path / "r.jsonl", [good, {"ride_id": "r2", "city": "Lima", "ts": "never"}])
+    assert ingest(None, lake, pipeline.topic("rides"), [src], quiet=True).rejected == 1
+    assert count_dead_letters(lake, pipeline.topic("last_ride")) == 1
+    assert count_dead_letters(lake, pipeline.topic("rides")) == 1
