@@ -2,9 +2,9 @@
 per core of each query's job, beside Flink's published per-core figures.
 
 `run(events, settings=...)` writes `events` Nexmark events with the seeded generator (`timeline_demo.nexmark`,
-Nexmark's 1:3:46 person:auction:bid mix, seed 42, its default 10,000 events/s of event time; every person and
-auction record also in `person_table` / `auction_table`, q13's 10,000-row side table, and the clock records that
-close every q8 window and let q13 and q20 emit every bid) and ingests them into a scratch lake (`mview ingest`'s
+Nexmark's 1:3:46 person:auction:bid mix, seed 42, its default 10,000 events/s of event time, each written once:
+`person_table` and `auction_table` read the `persons` and `auctions` logs), q13's 10,000-row side table, and the
+clock records that close every q8 window and let q13 and q20 emit every bid) and ingests them into a scratch lake (`mview ingest`'s
 code, not timed). Then each query's job runs `--once` over them, in this JVM, as `mview run <job> --once` does
 (`jobs.core.registry.job_spec(settings, job).run(spark, settings, once=True)`, with MVIEW_PIPELINE the Nexmark file):
 

@@ -20,17 +20,16 @@ The events follow Nexmark's generator (Beam's and Flink's `NexmarkGenerator`, de
   with probability 3/4 (the second person of the newest block of 100), else one of the 1,000 newest persons; its
   price is a Nexmark price; it has a channel and a url (the bid fields q20 selects in Flink's and RisingWave's
   Nexmark); `extra` is present on about half of the events (an optional field).
-Additions for the pipeline (see the file's comments): every person and auction record is also written, the same
-JSON, to `person_table` and `auction_table`; a bid carries `bid_id` (its event number); `side_input` holds q13's
-side table (key k -> value "k" for k < `side_rows`, one day before the first event) and a heartbeat (key -1) every
-second of event time; with `moves`, that fraction of persons later moves (a change in `person_table` only, to
-another city and state, within 30 s of event time). Times arrive out of order: with probability 0.1 an event is
+Additions for the pipeline (see the file's comments): a bid carries `bid_id` (its event number); `side_input` holds
+q13's side table (key k -> value "k" for k < `side_rows`, one day before the first event) and a heartbeat (key -1)
+every second of event time; with `moves`, that fraction of persons later moves: a second `persons` record of the
+same id, in another city and state, 3 to 33 s of event time later (a change of `person_table`, which reads the
+persons as a table; as an event a redelivery, after the first record's arrival whatever its delay). Times arrive out of order: with probability 0.1 an event is
 delayed by up to 3 s (Nexmark's occasional delay), far within ALLOWED_LATENESS.
 
 Faults for the end-to-end tests: `duplicates` and `bad` (fractions of the events), `late` (that many fresh
 persons, auctions and bids, in turn, with times `lateness` and more behind the first event, in the tail), and the
-clock records (`close`, on by default): an auction `~clock` (seller `~clock`, category 0, in `auctions` and
-`auction_table`) and a side input change of key -1, at the greatest time + `lateness` + 11 s: every q8 window
+clock records (`close`, on by default): an auction `~clock` (seller `~clock`, category 0) and a side input change of key -1, at the greatest time + `lateness` + 11 s: every q8 window
 closes and every bid is emitted by q13 and q20.
 """
 
@@ -218,15 +217,13 @@ def _timed(rng: random.Random, events: int, rate: int, iso: float, moves: float,
         if kind == "person":
             rec = _person(n, t, rng, str(_last_person(n) + FIRST_PERSON_ID))
             yield ms, "persons", rec, ms
-            yield ms, "person_table", dict(rec), ms
-            if rng.random() < moves:
-                at = ms + 1 + rng.randrange(30_000)
+            if rng.random() < moves:  # after the first record's arrival, whatever its delay
+                at = ms + _DELAY_MS + 1 + rng.randrange(30_000)
                 moved = {**rec, "city": rng.choice(_CITIES), "state": rng.choice(_STATES)}
-                yield at, "person_table", {**moved, "dateTime": ts_value(at, rng, iso)}, ms
+                yield at, "persons", {**moved, "dateTime": ts_value(at, rng, iso)}, ms
         elif kind == "auction":
             rec = _auction(n, ms, t, rng, str(_last_auction(n) + FIRST_AUCTION_ID), rate, iso)
             yield ms, "auctions", rec, ms
-            yield ms, "auction_table", dict(rec), ms
         else:
             yield ms, "bids", _bid(n, t, rng, str(n)), ms
 
@@ -246,7 +243,6 @@ def _clock(newest: int, lateness_ms: int) -> list[tuple[str, dict]]:
     }
     return [
         ("auctions", rec),
-        ("auction_table", dict(rec)),
         ("side_input", {"key": -1, "value": "clock", "ts": end}),
     ]
 
@@ -268,7 +264,7 @@ def generate_nexmark(
     """`events` Nexmark events (persons, auctions, bids) and the pipeline's other records, as a `Feed` (see the
     module docstring). The same arguments give the same feed."""
     rng = random.Random(seed)
-    topics = load_pipeline(PIPELINE).topics
+    topics = load_pipeline(PIPELINE).written
     timed = [(t, topic, rec) for t, topic, rec, _ in _timed(rng, events, rate, iso_ratio, moves, side_rows)]
     tail_late: list[tuple[str, dict]] = []
     for i in range(late):
@@ -276,10 +272,10 @@ def generate_nexmark(
         n = rng.randrange(max(events, 1))
         if i % 3 == 0:
             rec = _person(n, at, rng, f"L{i}")
-            tail_late += [("persons", rec), ("person_table", dict(rec))]
+            tail_late.append(("persons", rec))
         elif i % 3 == 1:
             rec = _auction(n, at, at, rng, f"L{i}", rate, 0.0)
-            tail_late += [("auctions", rec), ("auction_table", dict(rec))]
+            tail_late.append(("auctions", rec))
         else:
             tail_late.append(("bids", _bid(n, at, rng, f"L{i}")))
     clock = _clock(max(t for t, _, _ in timed), lateness_ms) if close and timed else []
@@ -315,7 +311,7 @@ def write_nexmark(
     topic), byte for byte, in constant memory: the records are made in event order and leave a heap once no later
     record can arrive before them. For millions of events (the benchmarks). Returns the files and counts."""
     rng, delays = random.Random(seed), random.Random(f"arrival-{seed}")
-    names = tuple(load_pipeline(PIPELINE).topics)
+    names = tuple(load_pipeline(PIPELINE).written)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     files = {t: d / f"{t}.jsonl" for t in names}
@@ -356,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duplicates", type=float, default=0.0, help="fraction of records delivered twice")
     p.add_argument("--bad", type=float, default=0.0, help="fraction of bad lines added")
     p.add_argument("--late", type=int, default=0, help="late events added in the last chunk")
-    p.add_argument("--moves", type=float, default=0.0, help="fraction of persons who move (person_table)")
+    p.add_argument(
+        "--moves", type=float, default=0.0, help="fraction of persons who move (a later persons record)"
+    )
     p.add_argument("--lateness", default="10 minutes", help="ALLOWED_LATENESS the files are made for")
     p.add_argument("--side-rows", type=int, default=10_000, help="rows of q13's side input")
     p.add_argument("--no-close", action="store_true", help="no clock records at the end")
