@@ -298,7 +298,8 @@ def _append_in_chunks(spark, lake: Lake, topic: Topic, rows, *, chunks: int) -> 
     from changelog.topics import ensure_topic, topic_path
 
     ensure_topic(spark, lake, topic)
-    cols = [n for n, _ in topic.columns()]  # the log's stamp `_max_before` stays null: no lateness by log version
+    # the declared columns: the log's stamp `_max_before` stays null (no lateness by log version)
+    cols = [n for n, _ in topic.columns()]
     staged = rows.select(*cols, "chunk").repartition(chunks, "chunk").persist()
     count = staged.count()
     for i in range(chunks):
