@@ -120,7 +120,13 @@ def _check(settings, pipeline, want) -> None:
             }
 
 
-@pytest.mark.parametrize("store", ["local", pytest.param("hdfs", marks=[pytest.mark.e2e, pytest.mark.slow])])
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param("local", marks=pytest.mark.slow),  # 8 batches and a replay: `make test`, not test-fast
+        pytest.param("hdfs", marks=[pytest.mark.e2e, pytest.mark.slow]),
+    ],
+)
 def test_windowed_views_equal_the_brute_force_however_the_log_is_cut_into_batches(
     spark, tmp_path, redis_url, pipeline, store, request
 ):
