@@ -50,9 +50,8 @@ def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw)
     )
 
 
-Changes = Callable[
-    [DataFrame, object], DataFrame
-]  # (frame, view) -> the view's changes (`row_delta`'s, `count_delta`'s layout)
+# (frame, view) -> the view's changes (`row_delta`'s, `count_delta`'s layout)
+Changes = Callable[[DataFrame, object], DataFrame]
 
 
 class DeltaViews:
