@@ -34,7 +34,6 @@ from views.frame import view_rows
 from views.log import log_rows, log_sinks
 from views.redis_io import is_cluster
 from views.row import RowSink, row_delta
-from views.sink import Sink
 from views.toplist import list_views
 from views.wire import forward, payload_rows
 
@@ -71,7 +70,7 @@ class DeltaViews:
         views = pipeline.jobs[job].views
         self.counts = incremented(views)
         self.rows = [v for v in views if v.kind == "row"]
-        self.sinks: dict[str, Sink] = {
+        self.sinks = {  # RowSink and CountSink by view name
             **{v.name: RowSink(redis_url, v.name, generation, fence) for v in self.rows},
             **{v.name: CountSink(redis_url, v, generation, fence) for v in self.counts},
         }

@@ -101,7 +101,7 @@ def compacted(settings: Settings) -> list[Topic]:
     """The table topics COMPACT_TOPICS names (`auto`: those no asof job of the pipeline reads); never one read
     `from:` an event topic (its log is that topic's, every event kept)."""
     pipeline = settings.pipeline()
-    tables = [t for t in pipeline.topics.values() if t.kind == "table" and t.source is None]
+    tables = [t for t in pipeline.written.values() if t.kind == "table"]
     if settings.compact_topics == ("auto",):
         versioned = {j.spec.table for j in pipeline.jobs.values() if j.kind == "asof"}
         return [t for t in tables if t.name not in versioned]
