@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
+from redis.cluster import RedisCluster
 
 from joins.sparkapi import codegen_compilations
 from joins.state import empty_frame
@@ -235,19 +236,34 @@ _FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
 _FEW = "few"  # the posts' phase: written by `ListViewSink.write_few`, as the job does
 
 
+@pytest.fixture
+def redis_urls(request) -> list[str]:
+    """The Redis targets a test writes the same batches to, each emptied: the session's redis-server (`server`),
+    or it and the session's Redis Cluster (`server and cluster`)."""
+    urls = [request.getfixturevalue("redis_server_url")]
+    if request.param == "server and cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        RedisCluster.from_url(cluster["url"]).flushall()
+        urls.append(cluster["url"])
+    return urls
+
+
 class _Hybrid:
     """The timeline job's steps without its streaming query: `begin_join` with a fan-out limit, a tweets-only
-    batch's posts and the ops' write phases through the real sink into generation 1, and the reads through
-    `read_timeline`."""
+    batch's posts and the ops' write phases through the real sink into generation 1 of each Redis target (one URL
+    or several: the same phases written to each), and the reads through `read_timeline`."""
 
-    def __init__(self, spark, redis_url, cap: int, limit: int | None):
+    def __init__(self, spark, redis_url: str | list[str], cap: int, limit: int | None):
         self.spark, self.cap, self.limit = spark, cap, limit
         self.view = _builtin(spark, cap, limit)
-        self.client = connect(redis_url)
-        self.client.flushall()
-        set_generation(self.client, "timeline", 1)
-        self.client.hset(meta_key("timeline", 1), "timeline.cap", cap)
-        self.sink = ListViewSink(redis_url, "timeline", 1, cap)
+        urls = [redis_url] if isinstance(redis_url, str) else redis_url
+        self.clients = [connect(url) for url in urls]
+        for client in self.clients:
+            client.flushall()
+            set_generation(client, "timeline", 1)
+            client.hset(meta_key("timeline", 1), "timeline.cap", cap)
+        self.sinks = [ListViewSink(url, "timeline", 1, cap) for url in urls]
+        self.client, self.sink = self.clients[0], self.sinks[0]
         self.state = _empty(self.view.join)
         self.tweets, self.follows, self.batch = [], [], 0
 
@@ -287,10 +303,11 @@ class _Hybrid:
 
     def write(self, phase, batch: int) -> None:
         ops, at_most = phase
-        if at_most == _FEW:
-            self.sink.write_few(ops, batch)
-        else:
-            self.sink.write(phase, batch)
+        for sink in self.sinks:
+            if at_most == _FEW:
+                sink.write_few(ops, batch)
+            else:
+                sink.write(phase, batch)
 
     def step(self, tweets: list[dict], follows: list[dict]) -> None:
         for phase in self.phases(tweets, follows):
@@ -302,11 +319,11 @@ class _Hybrid:
 
         return expected_timelines(self.tweets, self.follows, self.cap)
 
-    def read(self, user: str) -> list[str]:
-        return [t["tweet_id"] for t in read_timeline(self.client, user)["tweets"]]
+    def read(self, user: str, client=None) -> list[str]:
+        return [t["tweet_id"] for t in read_timeline(client or self.client, user)["tweets"]]
 
-    def exported(self) -> dict:
-        return {r["user_id"]: r["tweet_ids"] for r in export_timeline(self.client)}
+    def exported(self, client=None) -> dict:
+        return {r["user_id"]: r["tweet_ids"] for r in export_timeline(client or self.client)}
 
 
 @pytest.mark.slow
@@ -334,38 +351,41 @@ def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(
 
 
 @pytest.mark.parametrize(
-    "redis_url, limit",
+    "redis_urls, limit",
     [
         pytest.param("server", 0, marks=pytest.mark.slow, id="server-limit 0"),
-        pytest.param("server", 2, marks=pytest.mark.slow, id="server-limit 2"),
         pytest.param("server", None, id="server-no limit"),
-        pytest.param("cluster", 2, marks=pytest.mark.slow, id="cluster-limit 2"),
-    ],  # limit 2 has both modes, on the cluster too; make test-fast keeps the case without a limit
-    indirect=["redis_url"],
+        pytest.param("server and cluster", 2, marks=pytest.mark.slow, id="server and cluster-limit 2"),
+    ],  # limit 2 has both modes, on a server and on a cluster; make test-fast keeps the case without a limit
+    indirect=["redis_urls"],
 )
-def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_url, limit):
+def test_every_read_equals_the_definition_for_any_fanout_limit_and_chunking(spark, redis_urls, limit):
     """Random workloads (deletes, unfollows, re-follows, duplicates, out-of-order), a small cap so that refills
     happen, cut into batches (some of tweets only): after every batch, export and every user's read_timeline equal
-    the brute-force SQL. With limit 2 authors cross the limit both ways across batches."""
+    the brute-force SQL on each Redis target. With limit 2 authors cross the limit both ways across batches."""
     from timeline_demo.workload import generate
 
-    for seed, chunks in ((1, 1), (2, 4)):
+    # seed 2 cut in 4: its authors cross limit 2 both ways; 3 chunks hold a batch of each kind (both topics,
+    # tweets only, follows only)
+    for seed, chunks in ((1, 1), (2, 4 if limit == 2 else 3)):
         wl = generate(seed=seed, users=30, celebrities=2, follows=160, tweets=160)
         rng = random.Random(seed)
         tw, fo = split_at_random(wl.tweets, chunks, rng), split_at_random(wl.follows, chunks, rng)
-        h = _Hybrid(spark, redis_url, cap=3, limit=limit)
+        h = _Hybrid(spark, redis_urls, cap=3, limit=limit)
         if chunks > 1:  # phases (the posts' too) over one operation go through the executors
-            h.sink.DRIVER_ROWS = 1
+            for sink in h.sinks:
+                sink.DRIVER_ROWS = 1
         for i in range(chunks):
             # every other chunk as a batch of its tweets, then one of its follows (a tweets-only batch has posts)
             for batch_tw, batch_fo in [(tw[i], []), ([], fo[i])] if i % 2 else [(tw[i], fo[i])]:
                 h.step(batch_tw, batch_fo)
                 want = h.expected()
-                assert h.exported() == want, f"seed {seed}, batch {h.batch}"
                 users = {f"u{j}" for j in range(30)}
-                assert {u: h.read(u) for u in users} == {u: want.get(u, []) for u in users}, (
-                    f"seed {seed}, batch {h.batch}"
-                )
+                for target, client in zip(redis_urls, h.clients, strict=True):
+                    assert h.exported(client) == want, f"{target}: seed {seed}, batch {h.batch}"
+                    assert {u: h.read(u, client) for u in users} == {u: want.get(u, []) for u in users}, (
+                        f"{target}: seed {seed}, batch {h.batch}"
+                    )
         if limit == 0:  # no one is fanned out: no stored timeline at all
             assert not list(h.client.scan_iter(match="mv:timeline:*"))
         if limit is None:
@@ -381,13 +401,18 @@ def _follow(op, a, b, ts):
     return {"op": op, "follower_id": a, "followee_id": b, "ts": ts}
 
 
+@pytest.mark.parametrize("redis_urls", ["server and cluster"], indirect=True)
 @pytest.mark.slow
-def test_a_reader_between_the_write_phases_of_a_mode_switch_reads_the_state_before_or_after(spark, redis_url):
+def test_a_reader_between_the_write_phases_of_a_mode_switch_reads_the_state_before_or_after(
+    spark, redis_urls
+):
     """FANOUT_LIMIT 1, cap 2: author a becomes a celebrity (a second follower), posts and deletes as one, stops
     being one (an unfollow), becomes one again and stops again (everyone unfollows). The sink applies each batch's
-    write phases one at a time; after each phase every user reads exactly their timeline before or after the batch
-    (a mode switch never hides or doubles a tweet), and after the last phase the one after."""
-    h = _Hybrid(spark, redis_url, cap=2, limit=1)
+    write phases one at a time, on a redis-server and on a Redis Cluster; after each phase every user reads from
+    each exactly their timeline before or after the batch (a mode switch never hides or doubles a tweet), and after
+    the last phase the one after."""
+    h = _Hybrid(spark, redis_urls, cap=2, limit=1)
+    targets = list(zip(redis_urls, h.clients, strict=True))
     users = ["r", "s", "t"]
     batches = [
         (
@@ -402,20 +427,25 @@ def test_a_reader_between_the_write_phases_of_a_mode_switch_reads_the_state_befo
     ]
     n_phases = []
     for i, (tw, fo) in enumerate(batches):
-        before = {u: h.read(u) for u in users}
+        before = {target: {u: h.read(u, client) for u in users} for target, client in targets}
         phases = h.phases(tw, fo)
         want = h.expected()
         after = {u: want.get(u, []) for u in users}
         n_phases.append(len(phases))
         for p, phase in enumerate(phases):
-            h.write(phase, i)
-            for u in users:
-                assert h.read(u) in (before[u], after[u]), f"batch {i}, after phase {p}: {u}"
-        assert {u: h.read(u) for u in users} == after, f"batch {i}"
-        assert h.exported() == {u: v for u, v in after.items() if v}
+            h.write(phase, i)  # to each target
+            for target, client in targets:
+                for u in users:
+                    assert h.read(u, client) in (before[target][u], after[u]), (
+                        f"{target}: batch {i}, after phase {p}: {u}"
+                    )
+        for target, client in targets:
+            assert {u: h.read(u, client) for u in users} == after, f"{target}: batch {i}"
+            assert h.exported(client) == {u: v for u, v in after.items() if v}, target
     assert n_phases[1] >= 2 and n_phases[3] >= 2  # the switches have phases to interleave
     assert after == {"r": ["b1"], "s": [], "t": []}
-    assert 0 < h.client.ttl(authored_key(1, "a")) <= 60  # retired: kept a little for readers in flight
+    for target, client in targets:  # retired: kept a little for readers in flight
+        assert 0 < client.ttl(authored_key(1, "a")) <= 60, target
 
 
 # --- Any pipeline's list views: both of the join's list paths through the real sink, read back, against the brute
@@ -482,19 +512,24 @@ def _arrivals(rng: random.Random, events: int = 90) -> list[tuple[str, dict]]:
 
 class _Job:
     """A `join` job's steps without its streaming query, for every list view of the job: `begin_join` with the list
-    shapes, each view's posts (`write_few`) and write phases through the real sink into generation 1."""
+    shapes, each view's posts (`write_few`) and write phases through the real sink into generation 1 of each Redis
+    target (the same phases written to each)."""
 
-    def __init__(self, spark, redis_url: str, pipeline, job: str):
+    def __init__(self, spark, redis_urls: list[str], pipeline, job: str):
         self.spark, self.pipeline, self.job = spark, pipeline, job
         self.join = TableJoin(spark, *pipeline.sides(job), pipeline.jobs[job].spec.match)
         self.views = [ListView(self.join, v) for v in pipeline.jobs[job].views if v.kind == "list"]
-        self.sinks = {
-            v.view.name: ListViewSink(redis_url, v.view.name, 1, v.view.cap, descending=v.descending)
-            for v in self.views
-        }
-        self.client = connect(redis_url)
-        set_generation(self.client, job, 1)
-        self.client.hset(meta_key(job, 1), mapping={f"{v.view.name}.cap": v.view.cap for v in self.views})
+        self.targets = [
+            {
+                v.view.name: ListViewSink(url, v.view.name, 1, v.view.cap, descending=v.descending)
+                for v in self.views
+            }
+            for url in redis_urls
+        ]
+        self.clients = [connect(url) for url in redis_urls]
+        for client in self.clients:
+            set_generation(client, job, 1)
+            client.hset(meta_key(job, 1), mapping={f"{v.view.name}.cap": v.view.cap for v in self.views})
         self.state = _empty(self.join)
 
     def step(self, batch: list[tuple[str, dict]], batch_id: int) -> None:
@@ -507,35 +542,38 @@ class _Job:
         for v in self.views:
             posts = step.posts.get(v.view.name)
             if posts is not None:
-                self.sinks[v.view.name].write_few(v.posts_ops(posts), batch_id)
+                for sinks in self.targets:
+                    sinks[v.view.name].write_few(v.posts_ops(posts), batch_id)
         changes = step.finish()
         for v in self.views:
-            self.sinks[v.view.name].write(
-                list(v.phases(changes, step.posts.get(v.view.name) is not None)), batch_id
-            )
+            phases = list(v.phases(changes, step.posts.get(v.view.name) is not None))
+            for sinks in self.targets:
+                sinks[v.view.name].write(phases, batch_id)
         self.state = changes.settle()
         changes.release()
 
 
 @pytest.mark.parametrize(
-    "redis_url, seed, chunks",
+    "redis_urls, seed, chunks",
     [
         pytest.param("server", 1, 1, id="server-one batch"),
-        pytest.param("server", 2, 5, marks=pytest.mark.slow, id="server-five batches"),
-        pytest.param("cluster", 3, 3, marks=pytest.mark.slow, id="cluster-three batches"),
+        pytest.param(
+            "server and cluster", 2, 3, marks=pytest.mark.slow, id="server and cluster-three batches"
+        ),
     ],
-    indirect=["redis_url"],
+    indirect=["redis_urls"],
 )
-def test_every_list_view_of_any_shape_reads_as_the_definition(spark, redis_url, seed, chunks):
+def test_every_list_view_of_any_shape_reads_as_the_definition(spark, redis_urls, seed, chunks):
     """Random arrivals of two table topics cut into batches (some of one topic only): after every batch, every list
     view (the list shape, with and without a fan-out limit, ascending and descending; the delta path with a `where`,
-    with a key over the entry's side, with a key over the other side) exports and reads every key exactly as the
-    brute force of the contract's definitions; a fan-out limit changes where entries are kept, not what is read."""
+    with a key over the entry's side, with a key over the other side) exports and reads every key, on each Redis
+    target, exactly as the brute force of the contract's definitions; a fan-out limit changes where entries are
+    kept, not what is read."""
     from spec import parse_pipeline
     from timeline_demo.brute import batches_of, brute_force
 
     pipeline = parse_pipeline(_SHOP, "shop.yml")
-    job = _Job(spark, redis_url, pipeline, "j")
+    job = _Job(spark, redis_urls, pipeline, "j")
     rng = random.Random(seed)
     arrivals = _arrivals(rng)
     cuts = sorted(rng.sample(range(1, len(arrivals)), chunks - 1))
@@ -547,17 +585,19 @@ def test_every_list_view_of_any_shape_reads_as_the_definition(spark, redis_url, 
         else:
             job.step(part, 2 * b)
         want = brute_force(pipeline, batches_of(arrivals[:hi]))
-        for v in job.views:
-            name = v.view.name
-            assert list(export_list(job.client, v.view)) == want.export(name), (
-                f"{name}, seed {seed}, records {hi}"
-            )
-            for key in [*want.keys(name), "nobody"]:
-                got = query_list(job.client, v.view, key)
-                assert got == want.query(name, key), f"{name} {key}, seed {seed}, records {hi}"
-        heavy = [k for k in job.client.scan_iter(match="mv:feed_heavy.heavy:1:*")]
-        assert not list(job.client.scan_iter(match="mv:feed.heavy:1:*"))
-    assert heavy, "the fan-out limit kept some entries once per heavy value"
+        for target, client in zip(redis_urls, job.clients, strict=True):
+            for v in job.views:
+                name = v.view.name
+                assert list(export_list(client, v.view)) == want.export(name), (
+                    f"{target}: {name}, seed {seed}, records {hi}"
+                )
+                for key in [*want.keys(name), "nobody"]:
+                    got = query_list(client, v.view, key)
+                    assert got == want.query(name, key), f"{target}: {name} {key}, seed {seed}, records {hi}"
+            assert not list(client.scan_iter(match="mv:feed.heavy:1:*")), target
+    for target, client in zip(redis_urls, job.clients, strict=True):
+        heavy = list(client.scan_iter(match="mv:feed_heavy.heavy:1:*"))
+        assert heavy, f"{target}: the fan-out limit kept some entries once per heavy value"
 
 
 # --- The read API as a user of a pipeline of their own meets it (issue #41, items 2-4) ---
