@@ -10,12 +10,11 @@ import psycopg2
 import pytest
 
 from changelog.storage import as_lake
-from changelog.topics import MAX_BEFORE
 from jobs.dev.postgres import scratch_postgres, stop_server
 from jobs.errors import JobsError
 from spec.model import Topic
 from tests.devhelp import servers_allowed
-from tests.lakehelp import as_topic
+from tests.lakehelp import as_topic, log_rows
 
 __all__ = ["pg_server", "pg", "PgTable", "password_role", "log_commits", "fold"]
 
@@ -113,32 +112,18 @@ def log_commits(lake_dir, topic: Topic | str = "profiles") -> list[list[dict]]:
     commit's in the order written, read with delta-rs (no Spark)."""
     from collections import Counter
 
-    from deltalake import DeltaTable, QueryBuilder
-
-    from changelog.topics import topic_path
-
-    path = str(topic_path(as_lake(lake_dir), as_topic(topic)))
-
-    def rows(version: int) -> list[tuple]:
-        t = (
-            QueryBuilder()
-            .register("t", DeltaTable(path, version=version))
-            .execute("SELECT * FROM t")
-            .read_all()
-        )
-        cols = {n: t.column(n).to_pylist() for n in t.column_names if n != MAX_BEFORE}  # the log's own stamp
-        names = list(cols)
-        return [tuple(cols[n][i] for n in names) for i in range(t.num_rows)], names
+    from changelog.topics import table_version, topic_path
 
     out, before = [], Counter()
-    for v in range(1, DeltaTable(path).version() + 1):
-        now, names = rows(v)
+    last = table_version(as_lake(topic_path(as_lake(lake_dir), as_topic(topic))))
+    for v in range(1, last + 1):
+        now = [tuple(r.items()) for r in log_rows(lake_dir, topic, version=v)]
         new, seen = [], Counter(before)
         for r in now:
             if seen[r] > 0:
                 seen[r] -= 1
             else:
-                new.append({k: x for k, x in zip(names, r, strict=True) if x is not None})
+                new.append({k: x for k, x in r if x is not None})
         out.append(new)
         before = Counter(now)
     return out

@@ -27,7 +27,7 @@ from changelog.topics import (
     topic_path,
     topic_schema,
 )
-from tests.lakehelp import as_topic
+from tests.lakehelp import as_topic, log_rows
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
 
@@ -327,11 +327,7 @@ def _summary(done: subprocess.CompletedProcess) -> dict:
 
 def _log_ids(lake: Path) -> list[str]:
     """Every tweet_id the tweets log holds, one per record (read with delta-rs, no Spark)."""
-    from deltalake import QueryBuilder
-
-    table = DeltaTable(str(topic_path(as_lake(lake), as_topic("tweets"))))
-    got = QueryBuilder().register("t", table).execute("SELECT tweet_id FROM t").read_all()
-    return sorted(got.column("tweet_id").to_pylist()) if got.num_rows else []
+    return sorted(r["tweet_id"] for r in log_rows(lake, "tweets", sql="SELECT tweet_id FROM t"))
 
 
 def _dead_lines(lake: Path, src) -> list[int]:

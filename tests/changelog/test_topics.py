@@ -9,7 +9,7 @@ import pytest
 
 from changelog.storage import as_lake
 from changelog.topics import MAX_BEFORE, ensure_delta_table, table_version
-from tests.lakehelp import as_topic
+from tests.lakehelp import as_topic, log_rows
 
 
 def test_a_table_whose_creator_died_before_its_first_commit_is_created_then_kept(spark, tmp_path):
@@ -55,21 +55,7 @@ def _orders(text: str = _V1, **over):
 
 
 def _log(lake, topic) -> list[dict]:
-    from deltalake import DeltaTable, QueryBuilder
-
-    from changelog.topics import topic_path
-
-    t = (
-        QueryBuilder()
-        .register("t", DeltaTable(str(topic_path(as_lake(lake), as_topic(topic)))))
-        .execute("SELECT * FROM t")
-        .read_all()
-    )
-    cols = {n: t.column(n).to_pylist() for n in t.column_names if n != MAX_BEFORE}  # the stamp: its own test
-    return sorted(
-        (dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)),
-        key=lambda r: r["order_id"],
-    )
+    return sorted(log_rows(lake, topic), key=lambda r: r["order_id"])
 
 
 def _jsonl(path, records) -> str:

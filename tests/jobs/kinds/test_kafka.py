@@ -31,29 +31,16 @@ from changelog.deadletters import read_dead_letters
 from changelog.ingest import ingest
 from changelog.records import MAX_RECORD_BYTES
 from changelog.storage import as_lake
-from changelog.topics import table_version, topic_columns, topic_path
+from changelog.topics import topic_path
 from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.ops.deploy import deploy, settings_env, stop
 from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import batch_in_flight, mview_here, status_of, wait_for
-from tests.lakehelp import as_topic
+from tests.lakehelp import as_topic, log_rows
 
 JOB = "kafka"
 TOPICS = tuple(builtin_pipeline().topics)  # the built-in pipeline's topics: the kafka job copies every one
-
-
-def _records(lake, topic) -> list[dict]:
-    """Every record of the topic's Delta log (read with delta-rs, no Spark)."""
-    from deltalake import DeltaTable, QueryBuilder
-
-    path = topic_path(as_lake(lake), as_topic(topic))
-    if table_version(as_lake(path)) < 0:  # not created yet, or _delta_log made before its first commit
-        return []
-    cols = [n for n, _ in topic_columns(as_topic(topic))]
-    t = QueryBuilder().register("t", DeltaTable(str(path))).execute("select * from t").read_all()
-    data = [t.column(c).to_pylist() for c in cols]
-    return [dict(zip(cols, row, strict=True)) for row in zip(*data, strict=True)]
 
 
 def _dead(lake, topic) -> list[dict]:
@@ -149,7 +136,7 @@ def test_once_copies_what_ingest_stores_and_rejects_the_same_lines(spark, tmp_pa
     out = json.loads(_here(settings, "run", JOB, "--once", "--json").stdout.splitlines()[-1])
     assert set(out) == set(TOPICS)
     for topic in TOPICS:
-        stored, expected = _records(settings.lake_dir, topic), _records(direct, topic)
+        stored, expected = log_rows(settings.lake_dir, topic), log_rows(direct, topic)
         key = lambda r: orjson.dumps(r, option=orjson.OPT_SORT_KEYS)  # noqa: E731
         assert sorted(stored, key=key) == sorted(expected, key=key), topic
         dead, want = _dead(settings.lake_dir, topic), _dead(direct, topic)
@@ -247,7 +234,7 @@ def test_deployed_job_kill9_and_broker_outage_copy_each_record_once(tmp_path, ka
         s = status_of(settings, JOB)
         if not (s["running"] and s["lag_versions"] == 0):
             return False
-        ids = Counter(r["tweet_id"] for r in _records(settings.lake_dir, "tweets"))
+        ids = Counter(r["tweet_id"] for r in log_rows(settings.lake_dir, "tweets"))
         assert max(ids.values(), default=1) == 1, "a record was copied twice"
         return len(ids) == producer.n
 
