@@ -76,9 +76,11 @@ def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
     return out
 
 
-@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("seed, pieces", [(3, 4), (6, 3)])
 @pytest.mark.slow
-def test_windowed_views_of_an_interval_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
+def test_windowed_views_of_an_interval_job_equal_the_brute_force(
+    spark, tmp_path, redis_url, pipeline, seed, pieces
+):
     rng = random.Random(seed)
     arrivals = _arrivals(rng, 260)
     settings, batches = run_in_pieces(
@@ -90,7 +92,7 @@ def test_windowed_views_of_an_interval_job_equal_the_brute_force(spark, tmp_path
         "converted",
         arrivals,
         rng,
-        pieces=7,
+        pieces=pieces,
         lateness_ms=LATENESS_MS,
     )
     want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
