@@ -70,13 +70,24 @@ def _arrivals(rng: random.Random, n: int) -> list[tuple[str, dict]]:
     return out
 
 
-@pytest.mark.parametrize("seed", [5, 6])
+@pytest.mark.parametrize("seed, pieces", [(6, 4), (10, 3)])
 @pytest.mark.slow
-def test_windowed_views_of_an_asof_job_equal_the_brute_force(spark, tmp_path, redis_url, pipeline, seed):
+def test_windowed_views_of_an_asof_job_equal_the_brute_force(
+    spark, tmp_path, redis_url, pipeline, seed, pieces
+):
     rng = random.Random(seed)
     arrivals = _arrivals(rng, 260)
     settings, batches = run_in_pieces(
-        spark, tmp_path, redis_url, pipeline, run, "banded", arrivals, rng, pieces=7, lateness_ms=LATENESS_MS
+        spark,
+        tmp_path,
+        redis_url,
+        pipeline,
+        run,
+        "banded",
+        arrivals,
+        rng,
+        pieces=pieces,
+        lateness_ms=LATENESS_MS,
     )
     want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
     assert want.late["banded"] > 3
