@@ -98,14 +98,16 @@ MVIEW = str(Path(sys.executable).parent / "mview")
 
 
 def mview(
-    settings: Settings, *args, url: str | None = None, timeout: float = 300
+    settings: Settings, *args, url: str | None = None, timeout: float = 300, umask: int = -1
 ) -> subprocess.CompletedProcess:
     """The installed `mview` run with `settings` in its environment (REDIS_URL replaced by `url` if given), killed
-    after `timeout` seconds."""
+    after `timeout` seconds; with `umask` (e.g. 0o022, a shell's), run with that umask instead of this process's."""
     env = {**os.environ, **settings_env(settings)}
     if url is not None:
         env["REDIS_URL"] = url
-    return subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [MVIEW, *args], env=env, capture_output=True, text=True, timeout=timeout, umask=umask
+    )
 
 
 def mview_here(settings: Settings, *args: str) -> subprocess.CompletedProcess:

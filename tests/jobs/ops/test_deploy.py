@@ -15,12 +15,15 @@ ingested so far. Every test checks its own guarantee:
 3. replay while a reader queries continuously: every read is whole and correct, the generation goes n -> n+1,
    generation n's keys are gone; n+1 is an uninterrupted run of the same logs from the start, and it equals, key
    by key, generation n as the killed, redeployed, Redis-starved job left it; the deployed job continues on n+1
-   with new input;
+   with new input; replayed with umask 022, the job's directory stays its owner's only (0700, every file 0600);
 4. metrics: the counters move by exactly the records ingested, rejected ones included, Spark's UI is served,
    and the operations page (headless Chromium) shows the job and an input-rate chart that changes after the
    ingest;
 5. `mview stop` while a micro-batch waits for Redis ends the job at once, losing nothing (status and log show no
-   password; no metrics or Spark UI URL once stopped; stop is idempotent); deployed again it is exact;
+   password; no metrics or Spark UI URL once stopped; stop is idempotent); deployed again it is exact. Stopped and
+   deployed from a shell with umask 022, where an older version left the job's directory 0755 and its `pid` 0644,
+   the job's directory is its owner's only: 0700, every file in it 0600 (`pid` and `deploy.lock` were 0644,
+   written by the deploying command);
 6. Redis SIGKILLed and restarted empty on the same port with input ingested while it was down: no manual step,
    every timeline equals the reference again, the log and status say a rebuild happened. A reader polls all
    along; the longest time a reader got an empty timeline that the logs say is not empty is measured and printed
@@ -29,11 +32,11 @@ ingested so far. Every test checks its own guarantee:
    writes): `last_error` is one line (Spark's error class, the Python exception's last line, no traceback) and
    each job one line of plain output; once the key is gone and the restarted query ran, `last_error` is null and
    the error is `previous_error`; Redis stopped: `state: waiting`, then `running` again;
-8. the password changes under the running job: it stops retrying, says why in its status and log (which show no
-   password), and exits; a deploy with the old password is refused in one line;
-9. a deploy whose pipeline declares the view otherwise (its `cap`) says what changed and restarts the running job,
+8. a deploy whose pipeline declares the view otherwise (its `cap`) says what changed and restarts the running job,
    which rebuilds into the next generation and serves the new definition; its status names the change and shows
-   the new generation's last batch; a second deploy finds it running.
+   the new generation's last batch; a second deploy finds it running;
+9. the password changes under the running job: it stops retrying, says why in its status and log (which show no
+   password), and exits; a deploy with the old password is refused in one line.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import threading
 import time
 import urllib.request
@@ -52,19 +54,19 @@ import pytest
 import redis
 
 from changelog.ingest import ingest
-from jobs.core.runtime import checkpoint_dir, checkpoint_key, read_status
+from jobs.core.runtime import checkpoint_dir, checkpoint_key
 from jobs.dev.redis import free_port
-from jobs.ops.deploy import deploy, log_path, settings_env, stop
+from jobs.ops.deploy import deploy, log_path, stop
 from jobs.ops.replay import replay
 from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
 from tests.conftest import make_settings
 from tests.jobs.opshelp import (
-    MVIEW,
     OwnRedis,
     batch_in_flight,
     metric_samples,
     mview,
+    mview_here,
     not_owner_only,
     one_line_error,
     redis_content,
@@ -241,14 +243,20 @@ def test_replay_under_reads_equals_the_interrupted_run_and_the_job_continues(ser
                 if got != want.get(u, []) or any(t["user_id"] is None for t in r["tweets"]):
                     problems.append(f"{u} g{r['generation']}: {got} != {want.get(u, [])}")
                 reads.append(r["generation"])
+            # a breath between rounds: the replay's batches run in this process (the GIL) and on these cores
+            done.wait(0.02)
 
     thread = threading.Thread(target=reader)
     thread.start()
+    umask = os.umask(0o022)  # a shell's: the job's directory stays its owner's only
     try:
         assert replay(service.spark, settings, JOB) == 0
     finally:
+        os.umask(umask)
         done.set()
         thread.join()
+    job_files = settings.lake_dir / "jobs" / JOB
+    assert not_owner_only(job_files) == [], not_owner_only(job_files)
     assert not problems, problems[:5]
     assert reads and set(reads) == {gen, gen + 1} and reads[-1] == gen + 1
     assert reads == sorted(reads)  # never back to the old generation
@@ -336,7 +344,7 @@ def test_stop_while_waiting_for_redis_is_immediate_and_loses_nothing(service, ca
     r = mview(settings, "status", "--json")
     assert "waiting for Redis at redis://:***@" in r.stdout and SECRET not in r.stdout + r.stderr
     started = time.monotonic()
-    r = mview(settings, "stop", JOB)
+    r = mview(settings, "stop", JOB, umask=0o022)  # from a shell
     took = time.monotonic() - started
     assert r.returncode == 0 and "SIGKILL" not in r.stderr, r
     assert took < 30, f"stop took {took:.0f}s: it waited for Redis (STOP_TIMEOUT is 2 minutes)"
@@ -349,12 +357,23 @@ def test_stop_while_waiting_for_redis_is_immediate_and_loses_nothing(service, ca
     assert stop(settings, JOB) == 0
     assert "not running" in capsys.readouterr().out
 
-    # Redis back, deployed again: the replayed batch and everything else is exact.
+    # The job's directory as an older version left it: 0755, a stale `pid` 0644 (and no `deploy.lock`).
+    job_files.chmod(0o755)
+    (job_files / "pid").write_text("999999\n")
+    (job_files / "pid").chmod(0o644)
+    (job_files / "deploy.lock").unlink(missing_ok=True)
+
+    # Redis back, deployed again from a shell: the replayed batch and everything else is exact, and the job's
+    # directory is its owner's only (`pid` and `deploy.lock` were 0644, written by the deploying command).
     service.own.start()
-    r = mview(settings, "deploy", JOB)
+    r = mview(settings, "deploy", JOB, umask=0o022)
     assert r.returncode == 0 and "deployed" in r.stdout, r
     wait_for(lambda: service.caught_up(redis_ok=True), "the redeployed job to catch up")
     assert service.timelines() == service.expected()
+    names = {p.name for p in job_files.iterdir()}
+    assert {"pid", "deploy.lock", "job.log", "status.json"} <= names, names
+    assert any(n.startswith("lease.") for n in names), names  # the driver's lease (`jobs.core.lease`)
+    assert not_owner_only(job_files) == [], not_owner_only(job_files)
 
 
 def test_redis_restarted_empty_is_rebuilt_without_a_manual_step(service, capsys):
@@ -387,6 +406,7 @@ def test_redis_restarted_empty_is_rebuilt_without_a_manual_step(service, capsys)
                     empty_since.setdefault(u, now)
                 elif u in empty_since:
                     stretches.append(now - empty_since.pop(u))
+            done.wait(0.02)  # a breath between rounds: the rebuild runs on these cores
 
     def status_watch():
         while not done.wait(0.3):
@@ -458,7 +478,7 @@ def test_status_errors_are_one_line_and_not_stale_and_state_says_waiting(service
     wait_for(lambda: status_of(settings, JOB).get("last_error"), "the failed query in the status")
 
     def both() -> tuple[list[str], dict]:
-        plain, js = mview(settings, "status"), mview(settings, "status", "--json")
+        plain, js = mview_here(settings, "status"), mview_here(settings, "status", "--json")
         assert plain.returncode == 0 and js.returncode == 0, plain.stderr + js.stderr
         assert SECRET not in plain.stdout + js.stdout
         rows = json.loads(js.stdout.splitlines()[-1])
@@ -491,24 +511,6 @@ def test_status_errors_are_one_line_and_not_stale_and_state_says_waiting(service
     assert row["state"] == "running" and row["redis"] == "ok" and row["last_error"] is None
 
 
-def test_credentials_that_stop_working_fail_the_job(service):
-    settings = service.settings
-    service.up()
-    # The password changes under the running job: it stops retrying, says why, and exits.
-    service.own.stop()
-    service.own.password = "n3w-pw"
-    service.own.start()
-    wait_for(lambda: not status_of(settings, JOB)["running"], "the job to give up", timeout_s=120)
-    s = status_of(settings, JOB)
-    assert s["state"] == "failed" and "refused the credentials" in s["error"], s
-    r = mview(settings, "deploy", JOB)  # still the old password
-    one_line_error(r, "refused the credentials")
-    log = log_path(settings, JOB).read_text()
-    assert "not retrying" in log
-    assert SECRET not in log and SECRET not in r.stdout + r.stderr
-    assert stat.S_IMODE(log_path(settings, JOB).stat().st_mode) == 0o600
-
-
 def test_a_deploy_with_another_definition_rebuilds_the_running_job(service, capsys):
     gen = service.up()["generation"]
     pid = service.status()["pid"]
@@ -536,6 +538,24 @@ def test_a_deploy_with_another_definition_rebuilds_the_running_job(service, caps
     assert deploy(wider, JOB) == 0 and "already running" in capsys.readouterr().out
 
 
+def test_credentials_that_stop_working_fail_the_job(service):
+    settings = service.settings
+    service.up()
+    # The password changes under the running job: it stops retrying, says why, and exits.
+    service.own.stop()
+    service.own.password = "n3w-pw"
+    service.own.start()
+    wait_for(lambda: not status_of(settings, JOB)["running"], "the job to give up", timeout_s=120)
+    s = status_of(settings, JOB)
+    assert s["state"] == "failed" and "refused the credentials" in s["error"], s
+    r = mview(settings, "deploy", JOB)  # still the old password
+    one_line_error(r, "refused the credentials")
+    log = log_path(settings, JOB).read_text()
+    assert "not retrying" in log
+    assert SECRET not in log and SECRET not in r.stdout + r.stderr
+    assert stat.S_IMODE(log_path(settings, JOB).stat().st_mode) == 0o600
+
+
 def _points(web) -> int:
     return web.execute_script(
         "const l = document.querySelector('#job-timeline polyline'); return l ? Number(l.dataset.n) : 0"
@@ -549,40 +569,3 @@ def _rate_max(web) -> float:
         ".map(e => e.textContent).find(t => t.startsWith('input rate')) || ''"
     )
     return float(title.split("(max ")[1].rstrip(")")) if "(max " in title else 0.0
-
-
-def test_the_job_directory_is_its_owners_only(tmp_path, redis_url):
-    """From a shell with umask 022: `mview deploy` (the job running), `mview stop`, `mview replay`. The job's
-    directory is 0700 and every file in it 0600 at each step (`pid` and `deploy.lock` were 0644, written by the
-    deploying command), also where an older version left the directory 0755 and its `pid` 0644."""
-    settings = make_settings(
-        tmp_path / "lake", redis_url, SPARK_MASTER="local[1]", SPARK_DRIVER_MEMORY="1g", METRICS_PORT="off"
-    )
-    d = settings.lake_dir / "jobs" / JOB
-    d.mkdir(parents=True)
-    d.chmod(0o755)
-    (d / "pid").write_text("999999\n")
-    (d / "pid").chmod(0o644)
-    env = {**os.environ, **settings_env(settings)}
-
-    def cli(*args: str) -> None:
-        r = subprocess.run([MVIEW, *args], env=env, capture_output=True, text=True, timeout=600, umask=0o022)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-
-    follow = {"op": "follow", "follower_id": "a", "followee_id": "b", "ts": T0}
-    cli("ingest", "follows", write_jsonl(tmp_path / "f.jsonl", [follow]))
-    tweet = {"op": "post", "tweet_id": "t1", "user_id": "b", "text": "hi", "ts": T0 + 1}
-    cli("ingest", "tweets", write_jsonl(tmp_path / "t.jsonl", [tweet]))
-    cli("deploy", JOB)
-    try:
-        wait_for(
-            lambda: read_status(settings, JOB).get("state") == "running", "the job to run", timeout_s=600
-        )
-        names = {p.name for p in d.iterdir()}
-        assert {"pid", "deploy.lock", "job.log", "status.json"} <= names, names
-        assert any(n.startswith("lease.") for n in names), names  # the driver's lease (`jobs.core.lease`)
-        assert not_owner_only(d) == [], not_owner_only(d)
-    finally:
-        cli("stop", JOB)
-    cli("replay", JOB)
-    assert not_owner_only(d) == [], not_owner_only(d)
