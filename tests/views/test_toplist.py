@@ -183,7 +183,7 @@ def test_every_list_equals_the_brute_force_after_every_batch(
     client = connect(redis_url)
     set_generation(client, job, 1)
     views = _lists(spark, tmp_path, pipeline, redis_url, append_only)
-    ops = _ops(random.Random(7 + append_only), 48, append_only)
+    ops = _ops(random.Random(7 + append_only), 36, append_only)
     _run(spark, pipeline, views, ops, 12, check=lambda live: _assert_lists(client, pipeline, job, live))
 
 
@@ -197,14 +197,14 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lists(
     client = connect(redis_url)
     ops = _ops(random.Random(11), 20, append_only)
     seen = []
-    for size in (20, 7, 4):
+    for size in (20, 7):
         client.flushdb()
         set_generation(client, job, 1)
         views = _lists(spark, tmp_path / str(size), pipeline, redis_url, append_only)
         live = _run(spark, pipeline, views, ops, size)
         seen.append([list(export_list(client, v.view)) for v in views])
         _assert_lists(client, pipeline, job, live)
-    assert seen[0] == seen[1] == seen[2]
+    assert seen[0] == seen[1]
 
 
 @server
