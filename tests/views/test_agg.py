@@ -208,7 +208,7 @@ def test_every_key_equals_the_brute_force_after_every_batch(
     client = connect(redis_url)
     set_generation(client, MODES[append_only][0], 1)
     agg = _agg(spark, tmp_path, pipeline, redis_url, append_only, driver_max=driver_max)
-    ops = _ops(random.Random(7 + append_only), 48, append_only)
+    ops = _ops(random.Random(7 + append_only), 36, append_only)
     _run(spark, pipeline, agg, ops, 12, check=lambda live: _assert_lines(client, agg.view, live))
 
 
@@ -222,14 +222,14 @@ def test_the_same_sequence_cut_into_other_batches_gives_the_same_lines(
     set_generation(client, MODES[append_only][0], 1)
     ops = _ops(random.Random(11), 20, append_only)
     seen = []
-    for size in (20, 7, 4):
+    for size in (20, 7):
         client.flushdb()
         set_generation(client, MODES[append_only][0], 1)
         agg = _agg(spark, tmp_path / str(size), pipeline, redis_url, append_only)
         live = _run(spark, pipeline, agg, ops, size)
         seen.append(list(export_aggs(client, agg.view)))
         _assert_lines(client, agg.view, live)
-    assert seen[0] == seen[1] == seen[2]
+    assert seen[0] == seen[1]
 
 
 @server
