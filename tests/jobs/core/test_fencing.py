@@ -6,13 +6,14 @@ first continues (SIGCONT). Its stale writes change nothing (refused by the job's
 it exits 1 saying it lost the lease, and the timelines equal their definition. Without the fence the rest of its
 stale batch lands and some timelines lose the unfollowed author's entries for good.
 
-On a local lake and on a remote one, HDFS or S3 (the session's `tests.devhelp.hdfs_server` or `s3_server`, each
-case its own path or prefix): the lease, the checkpoint and the tables are in that store, and the test reads the
-checkpoint through it (`changelog.storage.Lake`). One remote store per run (`tests.devhelp.one_store`:
-MVIEW_TEST_STORE, by default HDFS and S3 on alternate days): above `changelog.storage.Lake` the take-over is the
-same code on both (the lease's create, the fence in Redis); the stores' own primitives (of racing creators exactly
-one wins, an object is replaced whole, a store that does not answer is one error) are held on both stores in every
-run by tests/changelog/test_storage.py, and the lease on HDFS by tests/jobs/core/test_lease.py."""
+On a remote lake, HDFS or S3 (the session's `tests.devhelp.hdfs_server` or `s3_server`, its own path or prefix):
+the lease, the checkpoint and the tables are in that store, and the test reads the checkpoint through it
+(`changelog.storage.Lake`). One store per run (`tests.devhelp.one_store`: MVIEW_TEST_STORE, by default HDFS and S3
+on alternate days): above `changelog.storage.Lake` the take-over is the same code on every store, a local lake
+included (the lease's create, the fence in Redis); the stores' own primitives (of racing creators exactly one wins,
+an object is replaced whole, a store that does not answer is one error) are held on the local lake, HDFS and S3 in
+every run by tests/changelog/test_storage.py, the lease on a local lake (a paused holder taken over included) and
+on HDFS by tests/jobs/core/test_lease.py, and the fence of every view kind by tests/views/test_fence.py."""
 
 from __future__ import annotations
 
@@ -104,15 +105,12 @@ def _pause_at_first_list_rewrite(redis_url: str, pid: int) -> threading.Event:
     return paused
 
 
-@pytest.fixture(params=["local", *one_store_param()])
-def lake(request, tmp_path) -> tuple[str, str, dict[str, str]]:
-    """The store of a case (local, or this run's remote store: the session's HDFS or S3 server, started here at its
-    first use), its LAKE_DIR
-    (its own path on HDFS, its own prefix in the bucket) and its environment (S3: its endpoint and credentials;
+@pytest.fixture(params=one_store_param())
+def lake(request) -> tuple[str, str, dict[str, str]]:
+    """This run's remote store (the session's HDFS or S3 server, started here at its first use), its LAKE_DIR (its
+    own path on HDFS, its own prefix in the bucket) and its environment (S3: its endpoint and credentials;
     `get_spark` adds S3A for them)."""
     store = request.param
-    if store == "local":
-        return store, str(tmp_path / "lake"), {}
     server = request.getfixturevalue(f"{store}_server")
     name = f"fencing-{uuid.uuid4().hex[:8]}"
     if store == "hdfs":
