@@ -1,10 +1,11 @@
 """Beyond one machine: the built-in pipeline with `LAKE_DIR` on a real HDFS and `SPARK_MASTER` a standalone
 cluster of two workers, each in its own working directory (`tests.devhelp.spark_cluster`). Records enter through
 the installed CLI (`mview ingest`, LAKE_DIR a URI); every job runs by `spark-submit` (`python -m jobs.core.submit
-run <job> --once`) from a driver with its own working directory and HOME, so the driver, the executors and the
-CLI share the lake only through HDFS. Timeline, clicks and enrichment equal their definitions (the workloads'
-brute-force references), and the timeline's whole Redis content (every view and extra key) is exactly what the same
-records give in local mode (the tests' `local[2]` session, a local lake).
+run <job> --once`) from a driver with its own working directory and HOME, the three drivers side by side (each an
+application of the cluster), so the drivers, the executors and the CLI share the lake only through HDFS. Timeline,
+clicks and enrichment equal their definitions (the workloads' brute-force references), and the timeline's whole
+Redis content (every view and extra key) is exactly what the same records give in local mode (the tests' `local[2]`
+session, a local lake).
 
 (This test holds what tests/jobs/test_cluster.py held on a standalone master and worker of its own: the session's
 cluster serves both, one cluster per test session.)"""
@@ -12,6 +13,7 @@ cluster serves both, one cluster per test session.)"""
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,13 +68,29 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
 
     apps_before = {a for d in spark_cluster.worker_dirs for a in (Path(d) / "work").glob("app-*")}
     driver = tmp_path / "driver"  # nothing of the CLI's working directory: the lake is on HDFS only
-    for settings, job in ((main, "timeline"), (main, "clicks"), (enrich, "enrichment")):
+
+    def submitted(settings, job: str) -> dict:
         home = driver / job / "home"  # nothing of the CLI's HOME either
         home.mkdir(parents=True)
         totals, _ = job_once(
             settings, job, driver / job, submit=True, HOME=str(home), SPARK_LOCAL_IP="127.0.0.1"
         )
-        assert totals["job"] == job and totals["events"] > 0
+        return totals
+
+    with ThreadPoolExecutor(3) as pool:  # the three drivers side by side
+        runs = {
+            job: pool.submit(submitted, settings, job)
+            for settings, job in ((main, "timeline"), (main, "clicks"), (enrich, "enrichment"))
+        }
+        # meanwhile, the same timeline records in local mode (the tests' session, a local lake)
+        local = make_settings(tmp_path / "lake_local", redis_url.rsplit("/", 1)[0] + "/2", TIMELINE_CAP=CAP)
+        for topic, records in (("tweets", tl.tweets), ("follows", tl.follows)):
+            path = write_jsonl(tmp_path / f"local-{topic}.jsonl", records)  # one commit each, as the CLI's
+            ingest(spark, local.lake, local.topic(topic), [path])
+        run_timeline(spark, local, once=True)
+        for job, run in runs.items():
+            totals = run.result()
+            assert totals["job"] == job and totals["events"] > 0
     assert all(set((Path(d) / "work").glob("app-*")) - apps_before for d in spark_cluster.worker_dirs), (
         "both workers ran executors of these jobs"
     )
@@ -82,12 +100,6 @@ def test_the_builtin_pipeline_on_hdfs_and_a_two_worker_cluster(
     assert sum(len(v) for v in want.values()) > 300
     got = {r["user_id"]: r["tweet_ids"] for r in export_view(client, "timeline")}
     assert got == want
-    local = make_settings(tmp_path / "lake_local", redis_url.rsplit("/", 1)[0] + "/2", TIMELINE_CAP=CAP)
-    for topic, records in (("tweets", tl.tweets), ("follows", tl.follows)):  # one commit each, as the CLI's
-        ingest(
-            spark, local.lake, local.topic(topic), [write_jsonl(tmp_path / f"local-{topic}.jsonl", records)]
-        )
-    run_timeline(spark, local, once=True)
     on_cluster = redis_content(client, "timeline", 1)
     assert len(on_cluster) > 50
     assert on_cluster == redis_content(connect(local.redis_url), "timeline", 1)
