@@ -60,10 +60,11 @@ class _Deployment:
         self.truth: dict = {}
 
     def feed_next(self) -> dict:
-        """`mview ingest` the next slice of tweets and follows; the reference timelines of all slices fed."""
+        """`mview ingest` (in this process: no Spark) the next slice of tweets and follows; the reference timelines
+        of all slices fed."""
         i = self.fed
         for topic, part in (("tweets", self.tw[i]), ("follows", self.fo[i])):
-            r = mview(self.settings, "ingest", topic, write_jsonl(self.root / f"{topic}{i}.jsonl", part))
+            r = mview_here(self.settings, "ingest", topic, write_jsonl(self.root / f"{topic}{i}.jsonl", part))
             assert r.returncode == 0, r.stderr
         self.fed += 1
         return expected_timelines(sum(self.tw[: self.fed], []), sum(self.fo[: self.fed], []), CAP)
