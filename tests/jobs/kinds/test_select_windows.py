@@ -121,20 +121,20 @@ def _check(settings, pipeline, want) -> None:
 
 
 @pytest.mark.parametrize(
-    "store",
+    "store, files",
     [
-        pytest.param("local", marks=pytest.mark.slow),  # 8 batches and a replay: `make test`, not test-fast
-        pytest.param("hdfs", marks=[pytest.mark.e2e, pytest.mark.slow]),
+        pytest.param("local", 4, marks=pytest.mark.slow),  # batches and a replay: `make test`, not test-fast
+        pytest.param("hdfs", 3, marks=[pytest.mark.e2e, pytest.mark.slow]),
     ],
 )
 def test_windowed_views_equal_the_brute_force_however_the_log_is_cut_into_batches(
-    spark, tmp_path, redis_url, pipeline, store, request
+    spark, tmp_path, redis_url, pipeline, store, files, request
 ):
-    """The job run after every file (8 batches), then a replay (the whole log in one batch, into generation 2): the
-    same lines, late drops included."""
+    """The job run after every file (one batch each), then a replay (the whole log in one batch, into generation 2):
+    the same lines, late drops included."""
     rng = random.Random(7)
     records = _plays(rng, 240)
-    paths = _files(tmp_path, records, 8, rng)
+    paths = _files(tmp_path, records, files, rng)
     lake = tmp_path / "lake"
     if store == "hdfs":
         lake = f"{request.getfixturevalue('hdfs_server').url}/windows-{uuid.uuid4().hex[:8]}"
