@@ -326,12 +326,13 @@ class _Hybrid:
         return {r["user_id"]: r["tweet_ids"] for r in export_timeline(client or self.client)}
 
 
+@pytest.mark.parametrize("redis_urls", ["server and cluster"], indirect=True)
 @pytest.mark.slow
-def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(spark, redis_url):
+def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(spark, redis_urls):
     """A celebrity's one-tweet batches: after the first, writing their posts (`write_few`, a limited collect)
     compiles no new code in Spark (a stage holding a limit is compiled anew for every query), and leaves the
     session's whole-stage code generation as it was."""
-    h = _Hybrid(spark, redis_url, cap=5, limit=1)
+    h = _Hybrid(spark, redis_urls, cap=5, limit=1)
     h.step([], [{"op": "follow", "follower_id": u, "followee_id": "c", "ts": 1} for u in ("r", "s")])
     compiles = codegen_compilations(spark)
     new_code = []
@@ -340,14 +341,16 @@ def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(
         (posts, few), *rest = h.phases([tweet], [])
         assert few == _FEW
         before = compiles()
-        h.sink.write_few(posts, h.batch)
+        for sink in h.sinks:  # to a redis-server and to a Redis Cluster
+            sink.write_few(posts, h.batch)
         new_code.append(compiles() - before)
         for phase in rest:
             h.write(phase, h.batch)
         h.batch += 1
     assert new_code[1:] == [0, 0], new_code
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
-    assert h.read("r") == h.read("s") == ["t2", "t1", "t0"]
+    for client in h.clients:
+        assert h.read("r", client) == h.read("s", client) == ["t2", "t1", "t0"]
 
 
 @pytest.mark.parametrize(
