@@ -237,6 +237,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
         else:
             log(f"Redis lost the serving copy of {job} ({reason}): rebuilding generation {new} from the logs")
         try:
+            started = time.time()
             build_s = build_and_switch(spark, settings, job, client, old, new)
             log(f"replay {job}: generation {new} is current (rebuilt in {build_s:.1f}s)")
             if pointer is not None:  # readers may still be on `old`: let them finish
@@ -244,8 +245,12 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
             removed = drop_generation(settings, client, spec, old)
             log(f"replay {job}: removed generation {old} ({removed:,} keys)")
             write_replay(settings, job, generation=new, seconds=round(build_s, 2), reason=reason)
-            at = int((time.time() - build_s) * 1000)
-            last = {"reason": reason, "generation": new, "seconds": round(build_s, 1), "at_ms": at}
+            last = {
+                "reason": reason,
+                "generation": new,
+                "seconds": round(build_s, 1),
+                "at_ms": int(started * 1000),
+            }
             built = built_status(settings, job, new)
             write_status(settings, job, file="status.json", generation=new, last_rebuild=last, **built)
         finally:
