@@ -210,13 +210,12 @@ def test_chunked_at_random_then_a_changed_definition_rebuilds_while_readers_read
     assert kept["late_events_kept"] == want.late_kept["orders_enriched"] and "late_events" not in kept, kept
 
     # a definition change: the list's cap and its where at once
-    changed_text = _changed(
+    new_text = _changed(
         _changed(text, "cap: 5\n", "cap: 3\n"),
         "entries: order_ids\n",
         'entries: order_ids\n        where: "amount >= 100"\n',
     )
-    client, view = connect(redis_url), "newest_orders"
-    generation, new_text = 2, changed_text
+    client, view, generation = connect(redis_url), "newest_orders", 2
     old = want
     new_file = tmp_path / f"shop-{generation}.yml"
     new_file.write_text(new_text)
