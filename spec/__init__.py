@@ -1,8 +1,9 @@
-"""Pipelines as data: the topics, jobs and views a pipeline file declares, loaded and checked without Spark."""
+"""Pipelines as data: the topics, jobs and views a pipeline file declares, loaded and checked without Spark (the
+loader takes the view kinds; `views.pipeline` is the loader with the registered ones)."""
 
 from spec.durations import parse_duration_ms
 from spec.errors import PipelineError, Problem
-from spec.load import RESERVED_JOBS, load_pipeline, parse_pipeline
+from spec.load import RESERVED_JOBS
 from spec.model import (
     FIELD_TYPES,
     MATCHES,
@@ -23,8 +24,6 @@ __all__ = [
     "PipelineError",
     "Problem",
     "RESERVED_JOBS",
-    "load_pipeline",
-    "parse_pipeline",
     "FIELD_TYPES",
     "MATCHES",
     "SQL_TYPES",

@@ -1,7 +1,7 @@
 """A pipeline as the service uses it: topics, jobs (a join of two topics, or a select of one) and the views they
 publish, resolved and checked.
 
-Made by `spec.load.load_pipeline` from a pipeline file; immutable. Nothing here knows a domain: a topic is its fields
+Made by `spec.load.load_pipeline` (with the view kinds of `views.kinds`: `views.pipeline.load_pipeline`) from a pipeline file; immutable. Nothing here knows a domain: a topic is its fields
 and roles (id or key, time, op), a job is a join kind over two topics or a select of one topic, a view is a kind
 (row, count, agg, list, log) over the rows the job gives.
 
@@ -225,7 +225,7 @@ class View:
 
     name: str
     job: str
-    kind: Literal["row", "count", "agg", "list", "log"]
+    kind: str  # a registered view kind (`views.kinds`)
     key: tuple[str, str] | None = None
     fields: tuple[tuple[str, str], ...] = ()
     values: tuple[tuple[str, str], ...] = ()

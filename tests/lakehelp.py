@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spec.builtin import default_pipeline
-from spec.load import load_pipeline
 from spec.model import Pipeline, Topic
+from views.pipeline import default_pipeline, load_pipeline
 
 
 def as_topic(topic: Topic | str, pipeline: Pipeline | Path | None = None) -> Topic:

@@ -57,7 +57,7 @@ class PgTable:
     def topics(self) -> tuple:
         """The built-in pipeline's `profiles` topic captured from this table (what the cdc job captures with
         `env()`), as `changelog.postgres.PgSource` takes it."""
-        from spec.builtin import builtin_pipeline
+        from views.pipeline import builtin_pipeline
 
         return (builtin_pipeline({"PG_TABLE": self.name}).topics["profiles"],)
 

@@ -302,7 +302,7 @@ def pieces(arrivals: list[tuple[str, dict]], topics: set[str], n: int, rng: rand
 def shop_file(directory: Path, text: str = SHOP):
     """The pipeline `text` written to `directory/shop.yml` and loaded from there: a job's settings name it with
     `MVIEW_PIPELINE=<pipeline>.file`, as a user's would."""
-    from spec import load_pipeline
+    from views.pipeline import load_pipeline
 
     path = Path(directory) / "shop.yml"
     path.write_text(text)

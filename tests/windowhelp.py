@@ -8,8 +8,8 @@ import json
 import random
 
 from changelog.ingest import ingest
-from spec import load_pipeline
 from tests.conftest import make_settings
+from views.pipeline import load_pipeline
 
 __all__ = ["run_in_pieces", "pipeline_file"]
 

@@ -95,10 +95,10 @@ from typing import Any
 import orjson
 
 from spec.durations import parse_duration_ms
-from spec.load import load_pipeline
 from spec.model import MATCHES, SQL_TYPES, VERSION, Job, Pipeline, Topic, View
 from spec.sql import Aggregate, parse_aggregate
 from timeline_demo.brute_sql import Expr, ExprError, cast_string, compile_expr, order_key, sql_compare
+from views.pipeline import load_pipeline
 
 __all__ = [
     "BruteError",

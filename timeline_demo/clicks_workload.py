@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from changelog.records import validate
 from changelog.storage import Lake
-from spec.builtin import builtin_pipeline
 from spec.model import Pipeline, Topic
 from timeline_demo.workload import T0, to_iso
+from views.pipeline import builtin_pipeline
 
 __all__ = [
     "ClicksWorkload",

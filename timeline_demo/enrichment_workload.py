@@ -19,8 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from changelog.records import validate
-from spec.builtin import builtin_pipeline
 from timeline_demo.workload import T0, to_iso
+from views.pipeline import builtin_pipeline
 
 __all__ = ["EnrichmentWorkload", "generate_enrichment", "expected_enriched", "expected_by_country"]
 

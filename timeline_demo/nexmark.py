@@ -45,8 +45,8 @@ from pathlib import Path
 import orjson
 
 from spec.durations import parse_duration_ms
-from spec.load import load_pipeline
 from timeline_demo.feed import Feed, arrange, delay, ts_value
+from views.pipeline import load_pipeline
 
 __all__ = [
     "PIPELINE",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from changelog.records import validate
-from spec.builtin import builtin_pipeline
+from views.pipeline import builtin_pipeline
 
 __all__ = ["current_tables", "expected_timelines"]
 

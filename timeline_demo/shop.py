@@ -35,8 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from spec.durations import parse_duration_ms
-from spec.load import load_pipeline
 from timeline_demo.feed import Feed, arrange, ts_value
+from views.pipeline import load_pipeline
 
 __all__ = ["PIPELINE", "T0", "WINDOW_MS", "TIERS", "generate_shop", "main"]
 

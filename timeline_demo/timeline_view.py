@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spec import load_pipeline
 from views.keys import entry_key, heavy_key, list_key, reads_key
 from views.list import export_list, read_list
+from views.pipeline import load_pipeline
 
 __all__ = [
     "BUILTIN_FILE",

@@ -48,7 +48,9 @@ from pyspark.sql.types import BooleanType, DataType, IntegralType, NumericType
 from changelog.current import quoted
 from changelog.storage import Lake
 from spec.model import Pipeline, View
-from spec.sql import Aggregate
+from spec.problems import Expr, expr_text
+from spec.sql import Aggregate, parse_aggregate
+from spec.viewfile import ViewCheck, ViewFile, WindowedKeys
 from views import window
 from views.errors import ViewError
 from views.fence import GATE_LUA, GATE_SHA, UNFENCED, Fence
@@ -58,7 +60,36 @@ from views.redis_io import Forwarder, current_generation, is_cluster, pack, sink
 from views.state import LakeState, StateStep, StateView, changed_rows, touched
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
-__all__ = ["AggView", "AggStep", "agg_views", "check_agg", "query_agg", "export_aggs"]
+__all__ = ["FILE", "AggView", "AggStep", "agg_views", "check_agg", "query_agg", "export_aggs"]
+
+
+class AggKeys(WindowedKeys):
+    """An agg view in the file: `agg: {<key name>: <expression>}` and its aggregates, `values` (`spec.sql`)."""
+
+    agg: dict[str, Expr]
+    values: dict[str, Expr] = {}
+
+
+def _read(keys: AggKeys, check: ViewCheck) -> dict:
+    if not keys.values:
+        check.add(("values",), 'an agg view needs `values`: its aggregates, e.g. `{rides: "count(*)"}`')
+    values = []
+    for name, value in keys.values.items():
+        name, text = str(name), expr_text(value)
+        check.name(name, ("values", name))
+        try:
+            aggregate = parse_aggregate(text)
+        except ValueError as why:
+            check.add(("values", name), str(why))
+            continue
+        if aggregate.expr is not None:
+            check.expr(aggregate.expr, ("values", name))
+        values.append((name, text))
+    return {"key": check.one_key(keys.agg, "agg"), "values": tuple(values)}
+
+
+FILE = ViewFile("agg", AggKeys, _read)
+
 
 _LIVE = "_sign > 0 AND _where AND _key IS NOT NULL"
 _SCAN = 500  # keys per pipelined round trip of an export

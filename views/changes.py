@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 
 from spec.model import Pipeline
 from views.agg import agg_views
-from views.count import COUNT_LUA, CountSink, count_delta, incremented
+from views.count import COUNT_LUA, CountRows, CountSink, count_delta, incremented
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import view_rows
 from views.log import log_rows, log_sinks
@@ -58,10 +58,11 @@ class DeltaViews:
     generation `generation` in the Redis at `redis_url`, every write fenced by `fence`: `sinks` by view name.
 
     `commands(frame, batch_id, rows=..., counts=...)` gives their Redis commands for one step from `frame`
-    (`views.frame.view_rows` of the job's rows): each row view's changes by `rows(frame, view)` (default
-    `views.row.row_delta`: `frame` holds row changes), each count view's by `counts(frame, view)` (default
-    `views.count.count_delta`), a count view's fenced by `batch_id` (`with_counts=False`: the caller writes its
-    count views itself, through `sinks`). `send(commands)` applies them all in one Spark job; `write` is both."""
+    (`views.frame.view_rows` of the job's rows; each sink's `commands`, `views.sink.CommandSink`): each row view's
+    changes by `rows(frame, view)` (default `views.row.row_delta`: `frame` holds row changes), each count view's by
+    `counts(frame, view)` (default `views.count.count_delta`) or given by view name (a DataFrame, or
+    `views.count.CountRows` collected on the driver: those are applied at once, from the driver), a count view's
+    fenced by `batch_id`. `send(commands)` applies them all in one Spark job; `write` is both."""
 
     def __init__(
         self, pipeline: Pipeline, job: str, *, redis_url: str, generation: int, fence: Fence = UNFENCED
@@ -84,14 +85,20 @@ class DeltaViews:
         batch_id: int,
         *,
         rows: Changes | None = None,
-        counts: Changes | None = None,
-        with_counts: bool = True,
+        counts: Changes | dict | None = None,
     ) -> list[DataFrame]:
         rows = rows or (lambda f, v: row_delta(f, v, self.pipeline))
-        counts = counts or (lambda f, v: count_delta(f, v, self.pipeline))
-        out = [self.sinks[v.name].commands(rows(frame, v)) for v in self.rows]
-        if with_counts:
-            out += [self.sinks[v.name].commands(counts(frame, v), batch_id) for v in self.counts]
+        if not isinstance(counts, dict):
+            by = counts or (lambda f, v: count_delta(f, v, self.pipeline))
+            counts = {v.name: by(frame, v) for v in self.counts}
+        out = [self.sinks[v.name].commands(rows(frame, v), batch_id) for v in self.rows]
+        for v in self.counts:
+            changes = counts[v.name]
+            if isinstance(changes, CountRows):  # collected on the driver: applied from here, now
+                if changes.rows:
+                    self.sinks[v.name].write(changes, batch_id)
+            else:
+                out.append(self.sinks[v.name].commands(changes, batch_id))
         return out
 
     def send(self, commands: list[DataFrame]) -> None:

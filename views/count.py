@@ -11,8 +11,8 @@ is below the step's fence and records the fence in the same call (and refuses th
 when the writer's lease epoch is below the job's fence, `views.fence`), so a step replayed after a crash adds nothing
 twice. A key whose sums are all 0 is absent for readers: its value fields are deleted, but its `_f` stays (a
 replay of the step that zeroed it must still see the fence; deleting the whole key would let it add again).
-`CountSink` sends the calls from the executors (`write`, one Spark job) or, for a step's few keys already on the
-driver, from the driver (`write_rows`, no Spark job).
+`CountSink.write` sends the calls from the executors (one Spark job) or, for a step's few keys already collected on
+the driver (`CountRows`), from the driver (no Spark job).
 
 Which rows a job counts: an interval job a left event once, when its window closes (with `unmatched: false` only
 if it matched); an asof job each emitted event once; a join job adds the values of added rows and subtracts those
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -33,6 +34,8 @@ from pyspark.sql.types import BooleanType, IntegralType
 
 from changelog.current import quoted
 from spec.model import Pipeline, View
+from spec.problems import Expr
+from spec.viewfile import ViewCheck, ViewFile, WindowedKeys
 from views.fence import UNFENCED, Fence
 from views.frame import select_view
 from views.keys import key_id, view_key, view_pattern
@@ -40,15 +43,34 @@ from views.redis_io import Forwarder, current_generation, is_cluster, pack, sink
 from views.wire import command, forward, hash_tag_column, lit, payload_rows, view_key_column
 
 __all__ = [
+    "FILE",
     "COUNT_LUA",
     "count_changes",
     "count_delta",
     "value_types",
+    "CountRows",
     "CountSink",
     "incremented",
     "query_count",
     "export_counts",
 ]
+
+
+class CountKeys(WindowedKeys):
+    """A count view in the file: `count: {<key name>: <expression>}` and the sums it keeps, `values`."""
+
+    count: dict[str, Expr]
+    values: dict[str, Expr] = {}
+
+
+def _read(keys: CountKeys, check: ViewCheck) -> dict:
+    if not keys.values:
+        check.add(("values",), "a count view needs `values`: the sums it keeps, e.g. `{orders: 1}`")
+    return {"key": check.one_key(keys.count, "count"), "values": check.named(keys.values, ("values",))}
+
+
+FILE = ViewFile("count", CountKeys, _read)
+
 
 # KEYS[1] = the job's fence (`views.fence`), KEYS[2] = the key; ARGV[1] = the writer's lease epoch, ARGV[2] = the
 # step's fence, ARGV[3] = the values' types (`i`/`f` each), ARGV[4..] = name, delta
@@ -118,46 +140,61 @@ def value_types(changes: DataFrame, view: View) -> str:
     )
 
 
+@dataclass(frozen=True)
+class CountRows:
+    """A step's count changes already collected on the driver: `(key, value, ...)` tuples, values in declared order,
+    `types` their letters (`value_types`)."""
+
+    rows: list
+    types: str
+
+
 class CountSink:
     """Applies a count view's changes (`count_changes`) to generation `generation` of view `view` in the Redis at
-    `url`, fenced per step (see the module docstring) and by the writer's lease epoch `fence` (`views.fence`: a call
-    carrying an epoch below the job's fence is refused whole). A `views.sink.Sink` whose batch id is the step's
-    fence."""
+    `url`, fenced per step by the batch id (see the module docstring) and by the writer's lease epoch `fence`
+    (`views.fence`: a call carrying an epoch below the job's fence is refused whole). A `views.sink.CommandSink`."""
 
     def __init__(self, url: str, view: View, generation: int, fence: Fence = UNFENCED):
         self.url, self.view, self.generation, self.fence = url, view, generation, fence
 
-    def commands(self, changes: DataFrame, fence: int) -> DataFrame:
-        """One fenced Lua call per key (`cmd`, `tag`: `views.wire.payload_rows`' input). The fence and the types
-        are string literals (not compiled into generated code: the next step reuses the code)."""
-        args = [lit(str(self.fence.epoch)), lit(str(int(fence))), lit(value_types(changes, self.view))]
+    def commands(self, changes: DataFrame, batch_id: int) -> DataFrame:
+        """One fenced Lua call per key (`cmd`, `tag`: `views.wire.payload_rows`' input), the key's step fence
+        `batch_id`. The fences and the types are string literals (not compiled into generated code: the next step
+        reuses the code)."""
+        args = [lit(str(self.fence.epoch)), lit(str(int(batch_id))), lit(value_types(changes, self.view))]
         for name, _ in self.view.values:
             args += [lit(name), f"CAST({quoted(name)} AS string)"]
         key = view_key_column(self.view.name, self.generation, "key")
         cmd = command(lit("EVALSHA"), lit(_SHA), lit("2"), lit(self.fence.key), key, *args)
         return changes.select(F.expr(cmd).alias("cmd"), F.expr(hash_tag_column("key")).alias("tag"))
 
-    def write(self, changes: DataFrame, fence: int) -> dict:
-        """Apply `changes` from the executors (one Spark job). Returns {}."""
-        rows = payload_rows(self.commands(changes, fence), cluster=is_cluster(self.url))
-        forward(rows, self.url, what=f"{self.view.name} sink", scripts=(COUNT_LUA,))
-        return {}
-
-    def write_rows(self, rows, fence: int, types: str) -> int:
-        """Apply changes already collected on the driver (`(key, value, ...)` tuples, values in declared order,
-        `types` their letters) from this process, pipelined; returns the number of keys changed (0 for a step
-        already applied)."""
+    def write(self, changes: DataFrame | CountRows, batch_id: int) -> dict:
+        """Apply `changes`: a DataFrame from the executors (one Spark job; returns {}), or `CountRows` already
+        collected on the driver from this process, pipelined (returns {"keys": the keys changed, 0 for a step
+        already applied})."""
+        if isinstance(changes, DataFrame):
+            rows = payload_rows(self.commands(changes, batch_id), cluster=is_cluster(self.url))
+            forward(rows, self.url, what=f"{self.view.name} sink", scripts=(COUNT_LUA,))
+            return {}
         names = [n for n, _ in self.view.values]
         what = f"{self.view.name} sink"
         with Forwarder(sink_client(self.url), what=what, scripts=(COUNT_LUA,)) as out:
-            for key, *values in rows:
+            for key, *values in changes.rows:
                 k = view_key(self.view.name, self.generation, key)
                 pairs = [x for n, v in zip(names, values, strict=True) for x in (n, repr(v))]
                 call = pack(
-                    "EVALSHA", _SHA, 2, self.fence.key, k, self.fence.epoch, int(fence), types, *pairs
+                    "EVALSHA",
+                    _SHA,
+                    2,
+                    self.fence.key,
+                    k,
+                    self.fence.epoch,
+                    int(batch_id),
+                    changes.types,
+                    *pairs,
                 )
                 out.add(call, 1, k)
-        return out.ints
+        return {"keys": out.ints}
 
 
 def _line(view: View, key: str, values: list, types: str) -> dict | None:

@@ -1,5 +1,6 @@
-"""The view kinds by the name a pipeline file gives them (`View.kind`), and how each is read: the one place that maps a
-kind's name to its module's readers, so that `views.read` (and the CLI through it) never branches on a kind.
+"""The view kinds by the name a pipeline file gives them (`View.kind`): the one place that maps a kind's name to its
+module, so that nothing else branches on a kind. Each kind's module declares how it is declared in a pipeline file
+(`file`: its keys, the job kinds it serves, its checks; `spec.viewfile`), and its readers:
 
 - `row`, `count`, `agg`, `list`: in Redis. `query(client, view, key, limit)` gives the key's entry (`{}` when it has
   none; `limit` bounds a list's items, the other kinds have one entry), `export(client, view, lake, spark)` every
@@ -9,7 +10,10 @@ kind's name to its module's readers, so that `views.read` (and the CLI through i
 `items`: the name of a query result's list of items (a list view's `items_name`), None for a kind whose result is one
 line.
 
-Adding a view kind adds its entry here (its readers live in its module); see docs/extending.md."""
+`FILES`: the kinds' file declarations, what the loader takes (`views.pipeline`).
+
+Adding a view kind adds its entry here (its file declaration and readers live in its module); see
+docs/extending.md."""
 
 from __future__ import annotations
 
@@ -17,51 +21,61 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from spec.model import View
-from views.agg import export_aggs, query_agg
-from views.count import export_counts, query_count
-from views.list import export_list, query_list
-from views.log import export_log
+from spec.viewfile import ViewFile
+from views import agg, count, log, row
+from views import list as list_
 from views.redis_io import current_generation
-from views.row import export_rows, query_row
 
-__all__ = ["ViewKind", "KINDS", "view_kind"]
+__all__ = ["ViewKind", "KINDS", "FILES", "view_kind"]
 
 
 @dataclass(frozen=True)
 class ViewKind:
     """How one view kind is read (see the module docstring)."""
 
-    name: str
+    file: ViewFile
     export: Callable[..., Iterator[dict]]
     query: Callable[..., dict] | None = None
     in_redis: bool = True
     items: Callable[[View], str] | None = None
 
+    @property
+    def name(self) -> str:
+        return self.file.name
+
 
 def _log_export(client, view: View, lake, spark) -> Iterator[dict]:
-    return export_log(spark(), lake, view, current_generation(client, view.job))
+    return log.export_log(spark(), lake, view, current_generation(client, view.job))
 
 
 KINDS: dict[str, ViewKind] = {
     k.name: k
     for k in (
         ViewKind(
-            "row", lambda c, v, lake, spark: export_rows(c, v), lambda c, v, key, limit: query_row(c, v, key)
+            row.FILE,
+            lambda c, v, lake, spark: row.export_rows(c, v),
+            lambda c, v, key, limit: row.query_row(c, v, key),
         ),
         ViewKind(
-            "count",
-            lambda c, v, lake, spark: export_counts(c, v),
-            lambda c, v, key, limit: query_count(c, v, key),
+            count.FILE,
+            lambda c, v, lake, spark: count.export_counts(c, v),
+            lambda c, v, key, limit: count.query_count(c, v, key),
         ),
         ViewKind(
-            "agg", lambda c, v, lake, spark: export_aggs(c, v), lambda c, v, key, limit: query_agg(c, v, key)
+            agg.FILE,
+            lambda c, v, lake, spark: agg.export_aggs(c, v),
+            lambda c, v, key, limit: agg.query_agg(c, v, key),
         ),
         ViewKind(
-            "list", lambda c, v, lake, spark: export_list(c, v), query_list, items=lambda v: v.items_name
+            list_.FILE,
+            lambda c, v, lake, spark: list_.export_list(c, v),
+            list_.query_list,
+            items=lambda v: v.items_name,
         ),
-        ViewKind("log", _log_export, in_redis=False),
+        ViewKind(log.FILE, _log_export, in_redis=False),
     )
 }
+FILES: dict[str, ViewFile] = {name: k.file for name, k in KINDS.items()}
 
 
 def view_kind(view: View) -> ViewKind:

@@ -44,8 +44,10 @@ before, leaves exactly the content of one application.
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import orjson
 from pyspark.sql import DataFrame
@@ -56,6 +58,8 @@ from redis.commands.core import Script
 from joins.table import JoinChanges, TableJoin
 from joins.table_list import GenericChanges, ListChanges, ListPosts, generic_list
 from spec.model import Pipeline, View
+from spec.problems import Expr
+from spec.viewfile import ViewCheck, ViewFile, WindowedKeys
 from views.errors import ViewError
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.keys import (
@@ -77,11 +81,13 @@ from views.redis_io import Forwarder, current_generation, is_cluster, sink_clien
 from views.wire import args, array_args, bulk, gated, hash_tag_column, lit, view_key_column
 
 __all__ = [
+    "FILE",
     "LIST_OPS_SCHEMA",
     "ENTRY_CARRY",
     "RETIRE_SECONDS",
     "ListView",
     "ListViewSink",
+    "Few",
     "join_lists",
     "list_caps",
     "entry",
@@ -92,6 +98,84 @@ __all__ = [
     "export_list",
     "item_entry_name",
 ]
+
+_ORDER = re.compile(r"^(.*?)(?:\s+(asc|desc))?$", re.IGNORECASE | re.DOTALL)
+
+
+class ListKeys(WindowedKeys):
+    """A list view in the file: `list: {<key name>: <expression>}`, each entry's id (`entry`) and `fields`, the
+    `order` of its entries and how many it keeps (`cap`), the export's and the query's names of its entries
+    (`entries`, `items`), and a join's `fanout_limit`."""
+
+    list: dict[str, Expr]
+    entry: Expr | None = None
+    order: builtins.list[str] | str | None = None
+    cap: int | None = None
+    entries: str | None = None
+    items: str | None = None
+    fanout_limit: int | None = None
+    fields: dict[str, Expr] = {}
+
+
+def _read(keys: ListKeys, check: ViewCheck) -> dict:
+    if keys.fanout_limit is not None and check.job_kind not in ("join", None):
+        check.add(
+            ("fanout_limit",),
+            "`fanout_limit` is for a list view of a join job (a heavy match value's entries are merged at read "
+            f"time); a {check.job_kind} job's list has none: remove it",
+        )
+    key = check.one_key(keys.list, "list")
+    fields = check.named(keys.fields, ("fields",))
+    entry = None
+    if keys.entry is None:
+        check.add(("entry",), "a list view needs `entry`: the expression of an entry's id")
+    else:
+        entry = check.expr(keys.entry, ("entry",))
+    order = _order(keys, entry, check)
+    if keys.cap is None or keys.cap < 1:
+        check.add(("cap",), "a list view needs `cap`, a number >= 1: the entries kept per key")
+    if keys.fanout_limit is not None and keys.fanout_limit < 0:
+        check.add(("fanout_limit",), "a number >= 0, or empty for no limit")
+    return {
+        "key": key,
+        "fields": fields,
+        "entry": entry,
+        "order": order,
+        "cap": keys.cap,
+        "entries": keys.entries or "entries",
+        "items": keys.items,
+        "fanout_limit": keys.fanout_limit,
+    }
+
+
+def _order(keys: ListKeys, entry: str | None, check: ViewCheck) -> tuple[tuple[str, bool], ...]:
+    """The list's order: one expression (a number or a timestamp) and its direction, then optionally the entry in the
+    same direction (ties are ordered by the entry either way)."""
+    if keys.order is None:
+        check.add(("order",), "a list view needs `order`, e.g. `[ts desc, order_id desc]`")
+        return ()
+    parsed = []
+    for i, term in enumerate([keys.order] if isinstance(keys.order, str) else keys.order):
+        m = _ORDER.match(str(term).strip())
+        expr, direction = m.group(1).strip(), (m.group(2) or "asc").lower()
+        parsed.append((check.expr(expr, ("order", i)), direction == "desc"))
+    if parsed:
+        check.numeric(parsed[0][0], ("order", 0), "a list's order")
+    if not 1 <= len(parsed) <= 2:
+        check.add(
+            ("order",), "a list's order is one expression (a number or timestamp), then optionally the entry"
+        )
+    elif len(parsed) == 2 and (parsed[1][0] != entry or parsed[1][1] != parsed[0][1]):
+        check.add(
+            ("order", 1),
+            "the second term of a list's order is the entry, in the same direction as the first (ties are ordered "
+            "by the entry)",
+        )
+    return tuple(parsed[:1])
+
+
+FILE = ViewFile("list", ListKeys, _read)
+
 
 LIST_OPS_SCHEMA = (
     "kind string, id string, mode string, removes array<string>, entries array<string>, body string"
@@ -271,7 +355,7 @@ def _wire(ops_df, view: str, generation: int, cap: int, descending: bool, cluste
     `ops_df` has it. One SQL text per column (see `views.wire`); the key and the array sizes are a projection of
     their own, computed once per row and referred to by name (written out in every command, they made a tree the
     optimizer and code generator took a few hundred ms to plan in every batch)."""
-    phase = ["_phase"] if "_phase" in ops_df.columns else []  # kept last (`ListViewSink.write_phases`)
+    phase = ["_phase"] if "_phase" in ops_df.columns else []  # kept last (`ListViewSink.write`, `Few`)
     keyed = ops_df.selectExpr(
         "kind",
         "mode",
@@ -363,47 +447,52 @@ class ListViewSink:
         return _wire(ops_df, self.view, self.generation, self.cap, self.descending, cluster, self.fence)
 
     def write(self, ops, batch_id: int) -> dict:
-        """Apply `ops` (LIST_OPS_SCHEMA: a write phase, or a list of them applied one after the other; a phase is a
-        DataFrame or a (DataFrame, rows_at_most) pair as `ListView.phases` makes them); return {"lists": list
-        operations applied, "entries": entries added to lists}."""
-        url, written = self.url, [0, 0]
-        for phase in [ops] if isinstance(ops, (DataFrame, tuple)) else ops:
-            ops_df, at_most = phase if isinstance(phase, tuple) else (phase, None)
-            wire = self._wire(ops_df)
-            if at_most is not None and at_most <= self.DRIVER_ROWS:
-                done = _forward(wire.collect(), url)
-            else:
-                sc = ops_df.sparkSession.sparkContext
-                counters = (sc.accumulator(0), sc.accumulator(0))
-                wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
-                done = (counters[0].value, counters[1].value)
-            written = [written[0] + done[0], written[1] + done[1]]
-        return {"lists": written[0], "entries": written[1]}
-
-    def write_few(self, ops_df: DataFrame, batch_id: int) -> dict:
-        """`write` of one phase expected to be small whose size is not known: its first `DRIVER_ROWS` + 1 operations
-        are collected (one Spark job); when that is all of them they are applied from the driver, else the phase is
-        applied from the executors (computed again)."""
-        rows = _few(self._wire(ops_df), self.DRIVER_ROWS + 1)
-        if len(rows) > self.DRIVER_ROWS:
-            return self.write((ops_df, None), batch_id)
-        done = _forward(rows, self.url)
-        return {"lists": done[0], "entries": done[1]}
-
-    def write_phases(self, ops_df: DataFrame, phases: int, batch_id: int) -> dict:
-        """`write` of operations expected to be few whose number is not known, each with its write phase (`_phase`,
-        0 to `phases` - 1; the phases applied in that order, one after the other): the first `DRIVER_ROWS` + 1
-        operations are collected in one Spark job; when that is all of them they are applied from the driver, else
-        `write` applies them phase by phase from the executors (computed again)."""
-        rows = _few(self._wire(ops_df), self.DRIVER_ROWS + 1)
-        if len(rows) > self.DRIVER_ROWS:
-            each = [(ops_df.where(F.col("_phase") == i).drop("_phase"), None) for i in range(phases)]
-            return self.write(each, batch_id)
+        """Apply `ops` (LIST_OPS_SCHEMA): a write phase, or a list of them applied one after the other. A phase is a
+        DataFrame (applied from the executors) or a (DataFrame, size) pair, as `ListView.phases` makes them: size a
+        bound on its operations (at most `DRIVER_ROWS`: collected in one Spark job and applied from the driver), None
+        (unknown: from the executors), or `Few` (expected few, number unknown: its first `DRIVER_ROWS` + 1
+        operations are collected in one Spark job and applied from the driver when that is all of them, else it is
+        applied from the executors, computed again). Returns {"lists": list operations applied, "entries": entries
+        added to lists}."""
         written = [0, 0]
-        for i in range(phases):
-            done = _forward([r[:-1] for r in rows if r[-1] == i], self.url)
+        for phase in [ops] if isinstance(ops, (DataFrame, tuple)) else ops:
+            ops_df, size = phase if isinstance(phase, tuple) else (phase, None)
+            done = self._few(ops_df, size) if isinstance(size, Few) else self._phase(ops_df, size)
             written = [written[0] + done[0], written[1] + done[1]]
         return {"lists": written[0], "entries": written[1]}
+
+    def _phase(self, ops_df: DataFrame, at_most: int | None) -> tuple[int, int]:
+        wire, url = self._wire(ops_df), self.url
+        if at_most is not None and at_most <= self.DRIVER_ROWS:
+            return _forward(wire.collect(), url)
+        sc = ops_df.sparkSession.sparkContext
+        counters = (sc.accumulator(0), sc.accumulator(0))
+        wire.foreachPartition(lambda rows, c=counters: _apply_partition(rows, url, c))
+        return counters[0].value, counters[1].value
+
+    def _few(self, ops_df: DataFrame, few: Few) -> tuple[int, int]:
+        rows = _few(self._wire(ops_df), self.DRIVER_ROWS + 1)
+        phases = range(few.phases)
+        many = len(rows) > self.DRIVER_ROWS
+        if few.phases == 1:
+            return self._phase(ops_df, None) if many else _forward(rows, self.url)
+        written = [0, 0]
+        for i in phases:
+            if many:
+                done = self._phase(ops_df.where(F.col("_phase") == i).drop("_phase"), None)
+            else:
+                done = _forward([r[:-1] for r in rows if r[-1] == i], self.url)
+            written = [written[0] + done[0], written[1] + done[1]]
+        return written[0], written[1]
+
+
+@dataclass(frozen=True)
+class Few:
+    """The size of a write phase expected to hold few operations, their number unknown (`ListViewSink.write`).
+    phases: when above 1, the operations carry their write phase (`_phase`, 0 to phases - 1), applied in that order,
+    one after the other."""
+
+    phases: int = 1
 
 
 def _few(wire: DataFrame, n: int) -> list:
@@ -563,7 +652,7 @@ def read_list(
     job: str | None = None,
     pipeline: Pipeline | None = None,
 ) -> dict:
-    """The list of `key` in list view `view` (its name in `pipeline`, default `spec.builtin.default_pipeline()`, or
+    """The list of `key` in list view `view` (its name in `pipeline`, default `views.pipeline.default_pipeline()`, or
     the `View`) as the view defines it, in the serving generation of the view's job:
     `{"<key name>": key, "generation": g, "<entries>": [entry, ...], "<items>": [{<entry>, <fields>}, ...]}`, in the
     view's order, at most `limit` (None: the whole list, `cap` entries at most). Each item is the entry's fields,

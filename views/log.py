@@ -15,6 +15,7 @@ among its fields, `time_field`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -23,9 +24,11 @@ from changelog.current import quoted
 from changelog.storage import Lake
 from changelog.topics import ensure_delta_table, table_version
 from spec.model import Pipeline, View
+from spec.viewfile import ViewCheck, ViewFile, ViewKeys
 from views.frame import empty_rows, select_view, view_rows
 
 __all__ = [
+    "FILE",
     "log_key",
     "log_path",
     "log_rows",
@@ -36,6 +39,36 @@ __all__ = [
     "log_sinks",
     "export_log",
 ]
+
+
+class LogKeys(ViewKeys):
+    """A log view in the file: `log: {fields: {<name>: <expression>, ...}}`."""
+
+    log: dict[str, Any]
+
+
+def _read(keys: LogKeys, check: ViewCheck) -> dict:
+    if check.job_kind == "select" and not check.event:
+        check.add(("log",), "a log view of a select is of an event topic (a table's rows change and leave)")
+    for extra in sorted(set(keys.log) - {"fields"})[:1]:
+        check.add(("log", extra), "unknown key (a log view has `fields`)")
+    given = keys.log.get("fields") or {}
+    if not isinstance(given, dict):
+        check.add(("log", "fields"), "a mapping ({name: expression, ...})")
+        given = {}
+    fields = check.named(given, ("log", "fields"))
+    if not fields:
+        check.add(("log", "fields"), "a log view needs `fields`")
+    return {"fields": fields}
+
+
+FILE = ViewFile(
+    "log",
+    LogKeys,
+    _read,
+    serves=("asof", "select"),
+    serves_note="a log view is for asof and select jobs (an output log of the emitted rows)",
+)
 
 
 def log_key(view: str, generation: int) -> str:

@@ -1,6 +1,6 @@
 """The read side of every view: `query_view` (one key) and `export_view` (all keys), by the view's kind.
 
-A view is looked up in the pipeline (`spec.builtin.default_pipeline`: `MVIEW_PIPELINE` or the built-in one, unless
+A view is looked up in the pipeline (`views.pipeline.default_pipeline`: `MVIEW_PIPELINE` or the built-in one, unless
 the caller passes one) and read by its kind (`views.kinds`), never by its name:
 - `row` (`views.row`), `count` (`views.count`), `agg` (`views.agg`), `list` (`views.list`): from Redis, without
   Spark;
@@ -18,10 +18,10 @@ import json
 from collections.abc import Iterator
 
 from changelog.storage import Lake
-from spec.builtin import default_pipeline
 from spec.model import Pipeline, View
 from views.errors import UnknownView, ViewError, WrongJob, WrongViewKind
 from views.kinds import view_kind
+from views.pipeline import default_pipeline
 
 __all__ = ["query_view", "export_view", "format_result", "printable", "resolve_view"]
 
@@ -29,7 +29,7 @@ __all__ = ["query_view", "export_view", "format_result", "printable", "resolve_v
 def resolve_view(
     view: str | View, pipeline: Pipeline | None = None, *, job: str | None = None, kind: str | None = None
 ) -> View:
-    """`view` itself, or the view of that name in `pipeline` (default: `spec.builtin.default_pipeline()`): raises
+    """`view` itself, or the view of that name in `pipeline` (default: `views.pipeline.default_pipeline()`): raises
     `UnknownView` for a name the pipeline lacks, `WrongJob` when `job` is given and is not the view's job, and
     `WrongViewKind` when `kind` is given and is not the view's kind. A reader needs no job: the view's is used."""
     if not isinstance(view, View):

@@ -29,13 +29,39 @@ from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from spec.model import Pipeline, View
+from spec.problems import Expr
+from spec.viewfile import ShownKeys, ViewCheck, ViewFile
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import line_sql, select_view
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import current_generation, is_cluster
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
-__all__ = ["ROW_CHANGES", "row_changes", "row_delta", "RowSink", "query_row", "export_rows", "pick_row"]
+__all__ = [
+    "FILE",
+    "ROW_CHANGES",
+    "row_changes",
+    "row_delta",
+    "RowSink",
+    "query_row",
+    "export_rows",
+    "pick_row",
+]
+
+
+class RowKeys(ShownKeys):
+    """A row view in the file: `row: {<key name>: <expression>}` and the `fields` of its row."""
+
+    row: dict[str, Expr]
+    fields: dict[str, Expr] = {}
+
+
+def _read(keys: RowKeys, check: ViewCheck) -> dict:
+    return {"key": check.one_key(keys.row, "row"), "fields": check.named(keys.fields, ("fields",))}
+
+
+FILE = ViewFile("row", RowKeys, _read)
+
 
 ROW_CHANGES = "key string, id string, body string"
 _SCAN = 500  # keys per pipelined round trip of an export
@@ -110,14 +136,14 @@ def row_delta(rows: DataFrame, view: View, pipeline: Pipeline) -> DataFrame:
 class RowSink:
     """Applies a row view's changes (`ROW_CHANGES`) to generation `generation` of view `view` in the Redis at
     `url` (see the module docstring), each write fenced by `fence` (`views.fence`). A `views.sink.Sink`: idempotent per
-    batch (absolute content)."""
+    batch (absolute content); a `views.sink.CommandSink`."""
 
     def __init__(self, url: str, view: str, generation: int, fence: Fence = UNFENCED):
         self.url, self.view, self.generation, self.fence = url, view, generation, fence
 
-    def commands(self, changes: DataFrame) -> DataFrame:
+    def commands(self, changes: DataFrame, batch_id: int) -> DataFrame:
         """The changes as Redis commands (`cmd`, `tag`: `views.wire.payload_rows`' input): one fenced call each
-        (`views.fence`), HSET or HDEL."""
+        (`views.fence`), HSET or HDEL (absolute content: the batch id is not needed to apply a batch once)."""
         key = view_key_column(self.view, self.generation, "key")
         hset = args(lit("HSET"), "k", "id", "body")
         hdel = args(lit("HDEL"), "k", "id")
@@ -129,7 +155,7 @@ class RowSink:
 
     def write(self, changes: DataFrame, batch_id: int) -> dict:
         """Apply `changes` from the executors (one Spark job). Returns {}: the job counts its rows itself."""
-        rows = payload_rows(self.commands(changes), cluster=is_cluster(self.url))
+        rows = payload_rows(self.commands(changes, batch_id), cluster=is_cluster(self.url))
         forward(rows, self.url, what=f"{self.view} sink", scripts=(GATE_LUA,))
         return {}
 

@@ -48,7 +48,7 @@ from views import window
 from views.errors import ViewError
 from views.fence import UNFENCED, Fence
 from views.frame import empty_rows, select_view, view_rows
-from views.list import ListViewSink, _op, body_sql, entry
+from views.list import Few, ListViewSink, _op, body_sql, entry
 from views.state import LakeState, StateStep, StateView, changed_rows, fresh, touched, views_of
 from views.wire import lit
 
@@ -243,10 +243,10 @@ class TopList(StateView):
         return ListStep(batch_id, log, staged, state, after, self._ops(state, after, touched(log)))
 
     def publish(self, step: ListStep) -> dict:
-        """Write the batch's operations, phase after phase (`views.list.ListViewSink.write_phases`: from the driver
-        when at most `ListViewSink.DRIVER_ROWS` operations, else from the executors). Returns `{"lists": n,
-        "entries": m}`."""
-        return self.sink.write_phases(step.ops, 3, step.batch_id)
+        """Write the batch's operations, phase after phase (`views.list.ListViewSink.write` of a phase of `Few`: from
+        the driver when at most `ListViewSink.DRIVER_ROWS` operations, else from the executors). Returns `{"lists":
+        n, "entries": m}`."""
+        return self.sink.write((step.ops, Few(3)), step.batch_id)
 
 
 def list_views(spark, lake: Lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[TopList]:

@@ -11,9 +11,9 @@ from pathlib import Path
 from changelog.errors import UnknownTopic
 from changelog.storage import Lake, open_lake
 from spec import Pipeline
-from spec.builtin import BUILTIN_FILE, pipeline_at
 from spec.durations import parse_duration_ms
 from spec.model import Topic
+from views.pipeline import BUILTIN_FILE, pipeline_at
 
 __all__ = ["Settings", "lake_location", "parse_duration_ms"]
 
@@ -97,7 +97,7 @@ class Settings:
         "7 days"); a consumer lagging further behind than this cannot resume (replay it).
     compact_topics: COMPACT_TOPICS, table topics whose logs maintenance compacts to the deciding record per key
         (default "auto": every table topic no asof job reads, since an asof job needs every version; empty = none).
-    pipeline_file: MVIEW_PIPELINE, the pipeline file (default: the built-in pipeline, `spec.builtin.BUILTIN_FILE`).
+    pipeline_file: MVIEW_PIPELINE, the pipeline file (default: the built-in pipeline, `views.pipeline.BUILTIN_FILE`).
         `pipeline()` loads it, with `${VAR}` taken from the environment the settings were read from.
     replay_grace: REPLAY_GRACE, how long a replay waits after the switch before deleting the old generation's
         keys, so reads that resolved the old pointer finish (default "2 s").

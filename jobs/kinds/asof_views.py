@@ -20,7 +20,7 @@ from joins.asof import AsofResult, AsofSides
 from joins.asof_state import AsofState
 from spec.model import Pipeline
 from views.changes import DeltaViews, state_views
-from views.count import count_changes, value_types
+from views.count import CountRows, count_changes, value_types
 from views.frame import empty_rows, view_rows
 from views.log import log_rows, log_sinks, time_field, whole_log
 from views.row import row_changes
@@ -117,15 +117,13 @@ class AsofViews:
         """Every view's part of batch `batch_id` (`frame`: the emitted rows as the views see them); `watermark`:
         the one a windowed view's windows close under (`_windows_watermark`)."""
         by_name = {v.name: v for v in self.views}
-        commands = self.delta.commands(
-            frame, batch_id, rows=lambda f, v: row_changes(f, v, self.pipeline), with_counts=False
+        collected = {
+            name: ch if rows is None else CountRows(rows, value_types(ch, by_name[name]))
+            for name, (ch, rows) in counts.items()
+        }
+        self.delta.write(
+            frame, batch_id, rows=lambda f, v: row_changes(f, v, self.pipeline), counts=collected
         )
-        for name, (ch, rows) in counts.items():
-            if rows is None:
-                commands.append(self.delta.sinks[name].commands(ch, batch_id))
-            elif rows:
-                self.delta.sinks[name].write_rows(rows, batch_id, value_types(ch, by_name[name]))
-        self.delta.send(commands)
         if self.aggs:
             t = quoted(self.sides.stream.time)
             rows = frame.selectExpr("*", "1 AS _sign", f"CAST({t} AS bigint) AS _time")

@@ -36,7 +36,7 @@ from joins.table_state import TableStore
 from spec.model import Pipeline
 from views.changes import ChangeViews
 from views.frame import check_job
-from views.list import ListViewSink, join_lists
+from views.list import Few, ListViewSink, join_lists
 
 __all__ = ["run"]
 
@@ -130,7 +130,9 @@ def _process(
     posts = step.posts.get(posting.view.name) if posting else None
     sinks = views.list_sinks
     early = (
-        sinks[posting.view.name].write_few(posting.posts_ops(posts), batch_id) if posts is not None else None
+        sinks[posting.view.name].write((posting.posts_ops(posts), Few()), batch_id)
+        if posts is not None
+        else None
     )
     per_topic = per_topic or dict(batch.groupBy("topic").count().collect())
     if not (n_events := sum(per_topic.values())):

@@ -394,8 +394,8 @@ def cmd_check(args) -> int:
     or a store that answers), each topic's log is compared with its declaration too (a change its records do not
     follow is a problem)."""
     from changelog.postgres import captured_topics
-    from spec import PipelineError, load_pipeline
-    from spec.builtin import pipeline_file
+    from spec import PipelineError
+    from views.pipeline import load_pipeline, pipeline_file
 
     file = args.file or pipeline_file()
     try:
@@ -548,7 +548,7 @@ def _refuse_invalid_pipeline() -> None:
     the environment is not valid, or one of its topics no longer fits the records its log holds
     (`_changed_topics`): before a command starts anything. A valid one stays loaded for the command."""
     from spec import PipelineError
-    from spec.builtin import default_pipeline
+    from views.pipeline import default_pipeline
 
     try:
         _settings().pipeline()

@@ -195,8 +195,7 @@ _SHOP = None
 def _shop():
     global _SHOP
     if _SHOP is None:
-        from spec.builtin import BUILTIN_FILE
-        from spec.load import load_pipeline
+        from views.pipeline import BUILTIN_FILE, load_pipeline
 
         _SHOP = load_pipeline(BUILTIN_FILE.with_name("shop.yml"))
     return _SHOP
@@ -353,7 +352,7 @@ def test_only_a_table_topic_with_capture_takes_debezium_events():
     is no op of the topic. A captured topic without `op:` takes upserts, and refuses a delete in words."""
     from changelog.errors import InvalidRecord
     from changelog.records import validate
-    from spec.load import parse_pipeline
+    from views.pipeline import parse_pipeline
 
     event = {"after": {"order_id": "o1", "customer_id": "c1", "amount": 2.0}, "source": _CUST_SRC, "op": "c"}
     with pytest.raises(InvalidRecord, match=r"unknown op 'c' \(one of open, close\)"):

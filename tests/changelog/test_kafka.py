@@ -15,8 +15,8 @@ from confluent_kafka import Consumer
 
 from changelog.kafka import PARTITIONS, end_offsets, kafka_key, kafka_topic, probe
 from changelog.storage import as_lake
-from spec.builtin import builtin_pipeline
 from tests.lakehelp import as_topic
+from views.pipeline import builtin_pipeline
 
 
 def _consume(bootstrap: str, name: str, n: int) -> list:
@@ -238,7 +238,7 @@ def test_produce_says_exactly_which_lines_the_broker_did_not_acknowledge(tmp_pat
 def test_a_message_key_is_the_records_id_or_key_composite_ones_joined():
     """`kafka_key`: an event topic's `id` fields, a table topic's `key` fields, several joined by U+0000 (ids hold
     no control character), a long as its decimal text; no key when a line does not hold them all."""
-    from spec.load import parse_pipeline
+    from views.pipeline import parse_pipeline
 
     own = parse_pipeline(
         """

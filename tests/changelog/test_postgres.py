@@ -287,7 +287,7 @@ topics:
 def _own(pg, tables: bool = True):
     """(the source capturing the two tables of `_OWN` for `pg`, the pipeline's topics); the tables made first."""
     from changelog.postgres import captured_topics
-    from spec.load import parse_pipeline
+    from views.pipeline import parse_pipeline
 
     if tables:
         pg.sql(

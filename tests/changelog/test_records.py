@@ -5,8 +5,7 @@ import pytest
 
 from changelog.errors import InvalidRecord, RecordTooLarge
 from changelog.records import MAX_RECORD_BYTES, check_record_size, parse_line, parse_ts, validate
-from spec.builtin import builtin_pipeline
-from spec.load import parse_pipeline
+from views.pipeline import builtin_pipeline, parse_pipeline
 
 T = builtin_pipeline().topics  # the built-in topics, by name
 

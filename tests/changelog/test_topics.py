@@ -39,7 +39,7 @@ topics:
 def _orders(text: str = _V1, **over):
     """The `orders` topic of a pipeline `text`, its fields changed by `over` (field -> type, None: removed;
     `optional` a list)."""
-    from spec.load import parse_pipeline
+    from views.pipeline import parse_pipeline
 
     optional = over.pop("optional", [])
     fields = {"order_id": "id", "amount": "double", "ts": "timestamp"}

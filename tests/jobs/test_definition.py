@@ -9,9 +9,9 @@ import pytest
 from changelog.ingest import ingest
 from jobs.core.registry import job_spec
 from jobs.core.runtime import read_status
-from spec.builtin import BUILTIN_FILE
 from tests.conftest import make_settings, write_jsonl
 from timeline_demo.workload import T0
+from views.pipeline import BUILTIN_FILE
 from views.read import export_view
 from views.redis_io import connect, current_generation
 
@@ -74,10 +74,10 @@ def test_a_select_with_agg_views_replays_and_rebuilds_on_a_changed_aggregate(spa
     the brute force of the definition it was built from."""
 
     from jobs.ops.replay import replay
-    from spec import load_pipeline
     from tests.shophelp import write_chunk
     from tests.tickethelp import ticket_text, workload
     from timeline_demo.brute import brute_force
+    from views.pipeline import load_pipeline
 
     text = ticket_text(agg=True)
     settings = _settings(tmp_path, redis_url, text)

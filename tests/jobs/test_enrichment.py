@@ -14,10 +14,10 @@ from changelog.records import validate
 from changelog.storage import as_lake
 from jobs.core.registry import job_spec
 from jobs.core.runtime import read_status
-from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
 from views.log import export_log
+from views.pipeline import builtin_pipeline
 from views.read import export_view
 from views.redis_io import connect, set_generation
 

@@ -10,12 +10,12 @@ import pytest
 
 from changelog.ingest import ingest
 from changelog.storage import as_lake
-from spec import load_pipeline
 from tests.builtin import run_timeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import generate
 from views.list import export_list, read_list
+from views.pipeline import load_pipeline
 from views.redis_io import connect, current_generation
 
 BUILTIN_FILE = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"

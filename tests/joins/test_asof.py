@@ -8,7 +8,7 @@ import json
 from changelog.storage import as_lake
 from joins.asof import AsofSides, asof_join, dedupe_events, version_rows, with_identity
 from joins.asof_state import AsofProgress, AsofState
-from spec.builtin import builtin_pipeline
+from views.pipeline import builtin_pipeline
 
 CHANGE_SCHEMA = "op string, user_id string, name string, country string, ts bigint"
 EVENT_SCHEMA = "event_id string, user_id string, action string, ts bigint, profile_version string"

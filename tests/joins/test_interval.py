@@ -15,7 +15,7 @@ from changelog.storage import as_lake, open_lake
 from joins.errors import BadJoinArgument
 from joins.interval import MIN_WATERMARK, JoinSide, interval_join
 from joins.interval_state import IntervalProgress, IntervalSides, IntervalStore
-from spec import parse_pipeline
+from views.pipeline import parse_pipeline
 
 H = 3_600_000
 L_SCHEMA = "sid string, k string, ts bigint"

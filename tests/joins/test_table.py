@@ -16,8 +16,8 @@ from joins.sparkapi import plan_text, size_estimate
 from joins.state import empty_frame, with_row_count
 from joins.table import TableJoin, TableState, begin_join, maintain_join, side_changes, state_schema
 from joins.table_list import generic_list
-from spec import load_pipeline, parse_pipeline
 from views.list_join import generic_spec, list_shape
+from views.pipeline import load_pipeline, parse_pipeline
 
 BUILTIN = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"
 _TWEETS = "op string, tweet_id string, user_id string, text string, ts bigint"

@@ -13,7 +13,7 @@ from changelog.storage import as_lake, open_lake
 from joins.sparkapi import codegen_compilations
 from joins.table import TableJoin, maintain_join
 from joins.table_state import TableStore
-from spec import load_pipeline, parse_pipeline
+from views.pipeline import load_pipeline, parse_pipeline
 
 BUILTIN = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"
 _TWEETS = "op string, tweet_id string, user_id string, text string, ts bigint"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spec import PipelineError, load_pipeline, parse_pipeline
+from spec import PipelineError
+from views.pipeline import load_pipeline, parse_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILTIN = ROOT / "timeline_demo" / "pipelines" / "builtin.yml"

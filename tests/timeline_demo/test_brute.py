@@ -10,7 +10,6 @@ import textwrap
 import orjson
 import pytest
 
-from spec import load_pipeline, parse_pipeline
 from timeline_demo.brute import (
     BruteError,
     ExprError,
@@ -26,6 +25,7 @@ from timeline_demo.clicks_workload import expected_clicks, generate_clicks
 from timeline_demo.enrichment_workload import expected_by_country, expected_enriched, generate_enrichment
 from timeline_demo.reference import expected_timelines
 from timeline_demo.workload import generate
+from views.pipeline import load_pipeline, parse_pipeline
 
 
 def pipeline(text: str):

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from spec import parse_pipeline
 from timeline_demo.brute import Rejected, batches_from_dir, parse_time, validate
 from timeline_demo.feed import arrange, bad_line, ts_value
+from views.pipeline import parse_pipeline
 
 P = parse_pipeline(
     textwrap.dedent(

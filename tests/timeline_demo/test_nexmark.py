@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from spec import load_pipeline
 from timeline_demo.brute import batches_from_dir, brute_force, parse_time
 from timeline_demo.nexmark import PIPELINE, PROPORTIONS, T0, generate_nexmark, kind_of, main
+from views.pipeline import load_pipeline
 
 
 @pytest.fixture(scope="module")

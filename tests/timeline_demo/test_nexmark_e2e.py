@@ -17,7 +17,6 @@ import json
 
 import pytest
 
-from spec.load import load_pipeline
 from tests.jobs.opshelp import mview_here
 from tests.timeline_demo.e2ehelp import (
     assert_same,
@@ -29,6 +28,7 @@ from tests.timeline_demo.e2ehelp import (
 )
 from timeline_demo.brute import brute_force
 from timeline_demo.nexmark import PIPELINE, generate_nexmark
+from views.pipeline import load_pipeline
 
 pytestmark = pytest.mark.slow
 

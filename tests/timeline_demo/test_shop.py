@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from spec import load_pipeline
 from timeline_demo.brute import batches_from_dir, brute_force, parse_time
 from timeline_demo.shop import PIPELINE, WINDOW_MS, generate_shop, main
+from views.pipeline import load_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,6 @@ import pytest
 from jobs.core.registry import job_spec
 from jobs.core.runtime import read_status
 from jobs.ops.status import job_status
-from spec.load import load_pipeline
 from tests.jobs.opshelp import mview_here
 from tests.pghelp import log_commits
 from tests.timeline_demo.e2ehelp import (
@@ -52,6 +51,7 @@ from tests.timeline_demo.e2ehelp import (
 )
 from timeline_demo.brute import brute_force
 from timeline_demo.shop import PIPELINE, T0, generate_shop
+from views.pipeline import load_pipeline
 from views.redis_io import connect, current_generation
 
 pytestmark = pytest.mark.slow

@@ -13,11 +13,11 @@ import random
 import pytest
 
 from changelog.storage import as_lake
-from spec import parse_pipeline
 from views.agg import AggView, export_aggs, query_agg
 from views.errors import Fenced
 from views.fence import Fence, raise_fence
 from views.frame import ExpressionError, check_job, empty_rows, view_rows
+from views.pipeline import parse_pipeline
 from views.read import export_view, query_view
 from views.redis_io import connect, set_generation
 

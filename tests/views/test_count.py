@@ -10,11 +10,10 @@ import json
 import pytest
 
 from jobs.ops.cli import main
-from spec import parse_pipeline
-from spec.builtin import builtin_pipeline
 from tests.shophelp import SHOP
-from views.count import CountSink, count_changes, export_counts, query_count, value_types
+from views.count import CountRows, CountSink, count_changes, export_counts, query_count, value_types
 from views.frame import view_rows
+from views.pipeline import builtin_pipeline, parse_pipeline
 from views.redis_io import connect, set_generation
 
 LEFT = (
@@ -59,7 +58,9 @@ def test_fenced_sink_from_executors_and_driver_zero_sums_and_types(spark, redis_
     step = spark.createDataFrame([("eu", 2, 1, 12.5, 3), ("a|b {x}", 1, 0, 0.25, 1)], schema).repartition(2)
     sink.write(step, 1_000_000)
     sink.write(step, 1_000_000)  # replayed after a crash: counted once
-    assert sink.write_rows([("eu", 1, 1, 1.0, 1)], 999_999, "iifi") == 0  # an older step adds nothing
+    assert sink.write(CountRows([("eu", 1, 1, 1.0, 1)], "iifi"), 999_999) == {
+        "keys": 0
+    }  # an older step adds nothing
     want = {"region": "eu", "orders": 2, "paid": 1, "amount": 12.5, "qty": 3}
     assert query_count(client, view, "eu") == {**want, "generation": 1}
     assert isinstance(query_count(client, view, "eu")["amount"], float)
@@ -69,11 +70,13 @@ def test_fenced_sink_from_executors_and_driver_zero_sums_and_types(spark, redis_
     ]
     # a step that brings every sum of a key to 0: the key is absent, and a replay of that step adds nothing
     back = [("a|b {x}", -1, 0, -0.25, -1)]
-    assert sink.write_rows(back, 2_000_000, "iifi") == 1
-    assert sink.write_rows(back, 2_000_000, "iifi") == 0
+    assert sink.write(CountRows(back, "iifi"), 2_000_000) == {"keys": 1}
+    assert sink.write(CountRows(back, "iifi"), 2_000_000) == {"keys": 0}
     assert query_count(client, view, "a|b {x}") == {}
     assert [r["region"] for r in export_counts(client, view)] == ["eu"]
-    assert sink.write_rows([("a|b {x}", 1, 1, 1.5, 2)], 3_000_000, "iifi") == 1  # and comes back
+    assert sink.write(CountRows([("a|b {x}", 1, 1, 1.5, 2)], "iifi"), 3_000_000) == {
+        "keys": 1
+    }  # and comes back
     assert query_count(client, view, "a|b {x}")["amount"] == 1.5
 
 
@@ -82,7 +85,7 @@ def test_the_cli_reads_a_count_view_by_its_kind_with_its_show_template(spark, re
     client = connect(redis_url)
     set_generation(client, "enrichment", 1)
     view = builtin_pipeline().views["activity_by_country"]
-    assert CountSink(redis_url, view, 1).write_rows([("NL", 3), ("unknown", 1)], 0, "i") == 2
+    assert CountSink(redis_url, view, 1).write(CountRows([("NL", 3), ("unknown", 1)], "i"), 0) == {"keys": 2}
     monkeypatch.setenv("REDIS_URL", redis_url)
     assert main(["query", "activity_by_country", "NL", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"country": "NL", "events": 3, "generation": 1}

@@ -11,14 +11,14 @@ import pytest
 from redis.cluster import RedisCluster
 
 from jobs.core.generations import record_batch
-from spec import parse_pipeline
 from tests.shophelp import SHOP
 from tests.views.test_list import _ops
-from views.count import CountSink
+from views.count import CountRows, CountSink
 from views.errors import Fenced
 from views.fence import Fence, fenced_call, raise_fence
 from views.keys import gen_key, meta_key, view_key
 from views.list import ListViewSink
+from views.pipeline import parse_pipeline
 from views.redis_io import connect, set_generation
 from views.row import ROW_CHANGES, RowSink
 
@@ -62,8 +62,8 @@ def _writes(spark, url: str, fence: Fence, step: int):
     return {
         "row": lambda: RowSink(url, "by_payments", 1, fence).write(rows, step),
         "count (executors)": lambda: CountSink(url, view, 1, fence).write(counts, step * 10),
-        "count (driver)": lambda: CountSink(url, view, 1, fence).write_rows(
-            [("nl", 1, 1, 1.0, 1)], step * 10, "iifi"
+        "count (driver)": lambda: CountSink(url, view, 1, fence).write(
+            CountRows([("nl", 1, 1, 1.0, 1)], "iifi"), step * 10
         ),
         "list": lambda: ListViewSink(url, "timeline", 1, cap=3, fence=fence).write(ops, step),
         "batch record": lambda: record_batch(client, JOB, 1, step, fence=fence, n=step),

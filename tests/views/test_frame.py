@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from spec import parse_pipeline
 from tests.shophelp import SHOP
 from views.frame import ExpressionError, check_job, empty_rows, line_sql, mentions, select_view, view_rows
+from views.pipeline import parse_pipeline
 
 # the join layout of an asof job's rows: the stream's fields, the table's in `_s1`, `_version`, `_id`
 ASOF_ROWS = (
@@ -106,7 +106,7 @@ def test_an_expression_spark_cannot_use_is_one_line_naming_file_line_key_and_exp
 
 
 def test_every_expression_of_the_shop_and_the_builtin_pipeline_is_analysed_without_error(spark, shop):
-    from spec.builtin import builtin_pipeline
+    from views.pipeline import builtin_pipeline
 
     for job in shop.jobs:
         check_job(spark, shop, job)

@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
-import typing
+import importlib
 
 import pytest
 
+from spec.errors import PipelineError
 from spec.model import View
 from views.errors import ViewError
-from views.kinds import KINDS, view_kind
+from views.kinds import FILES, KINDS, view_kind
+from views.pipeline import parse_pipeline
 from views.read import export_view, format_result, query_view
 from views.redis_io import connect
 
 
-def test_every_kind_a_pipeline_file_accepts_has_its_readers():
-    assert set(KINDS) == set(typing.get_args(typing.get_type_hints(View)["kind"]))
+def test_every_kind_is_one_module_that_declares_its_file_keys_and_its_readers():
+    assert list(KINDS) == ["row", "count", "agg", "list", "log"]
     for name, kind in KINDS.items():
-        assert kind.name == name
+        module = importlib.import_module(f"views.{name}")
+        assert kind.name == name and kind.file is module.FILE
+        assert {kind.file.read.__module__, kind.file.keys.__module__} == {module.__name__}
+        assert name in kind.file.key_names  # the kind's own key is named as the kind
         assert (kind.query is None) == (not kind.in_redis)  # a kind in Redis answers a query; a log does not
+        readers = [kind.export] + ([kind.query] if kind.query else [])
+        assert all(f.__module__ in (module.__name__, "views.kinds") for f in readers)
+
+
+def test_the_loader_knows_every_registered_kind_and_no_other():
+    assert FILES == {name: kind.file for name, kind in KINDS.items()}
+    with pytest.raises(PipelineError, match="a view has exactly one of `row`, `count`, `agg`, `list`, `log`"):
+        parse_pipeline(
+            "topics: {t: {fields: {id: string, ts: timestamp}, time: ts, id: id}}\n"
+            "jobs: {j: {select: {from: t}, views: {v: {gauge: {id: id}}}}}\n",
+            "p.yml",
+            {},
+        )
 
 
 @pytest.mark.parametrize(

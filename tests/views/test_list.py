@@ -15,10 +15,10 @@ from redis.cluster import RedisCluster
 from joins.sparkapi import codegen_compilations
 from joins.state import empty_frame
 from joins.table import TableJoin, TableState, begin_join, maintain_join, state_schema
-from spec import load_pipeline
 from tests.conftest import split_at_random
 from views.keys import entry_key, heavy_key, list_key, meta_key, reads_key
-from views.list import ListView, ListViewSink, entry, export_list, member, query_list, read_list
+from views.list import Few, ListView, ListViewSink, entry, export_list, member, query_list, read_list
+from views.pipeline import load_pipeline
 from views.redis_io import connect, set_generation
 from views.sink import ListSink
 
@@ -233,7 +233,7 @@ _TWEETS = "op string, tweet_id string, user_id string, text string, ts bigint"
 _FOLLOWS = "op string, follower_id string, followee_id string, ts bigint"
 
 
-_FEW = "few"  # the posts' phase: written by `ListViewSink.write_few`, as the job does
+_FEW = Few()  # the posts' phase: its size unknown and expected few, as the job writes it
 
 
 @pytest.fixture
@@ -270,7 +270,7 @@ class _Hybrid:
     def phases(self, tweets: list[dict], follows: list[dict]):
         """The write phases of one batch of records (validated, as the logs hold them); the state moves on."""
         from changelog.records import validate
-        from spec.builtin import builtin_pipeline
+        from views.pipeline import builtin_pipeline
 
         topics = builtin_pipeline().topics
         tw = [validate(topics["tweets"], r) for r in tweets]
@@ -292,7 +292,7 @@ class _Hybrid:
         )
         step = begin_join(self.view.join, self.state, batches, self.view.parts)
         posts = step.posts.get("timeline")
-        # as the job applies them: a tweets-only batch's posts first (`write_few`: no bound), then the phases after them
+        # as the job applies them: a tweets-only batch's posts first (`Few`: no bound), then the phases after them
         phases = [(self.view.posts_ops(posts), _FEW)] if posts is not None else []
         changes = step.finish()
         self.state = changes.settle()
@@ -302,12 +302,8 @@ class _Hybrid:
         return phases
 
     def write(self, phase, batch: int) -> None:
-        ops, at_most = phase
         for sink in self.sinks:
-            if at_most == _FEW:
-                sink.write_few(ops, batch)
-            else:
-                sink.write(phase, batch)
+            sink.write(phase, batch)
 
     def step(self, tweets: list[dict], follows: list[dict]) -> None:
         for phase in self.phases(tweets, follows):
@@ -329,7 +325,7 @@ class _Hybrid:
 @pytest.mark.parametrize("redis_urls", ["server and cluster"], indirect=True)
 @pytest.mark.slow
 def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(spark, redis_urls):
-    """A celebrity's one-tweet batches: after the first, writing their posts (`write_few`, a limited collect)
+    """A celebrity's one-tweet batches: after the first, writing their posts (a phase of `Few`, a limited collect)
     compiles no new code in Spark (a stage holding a limit is compiled anew for every query), and leaves the
     session's whole-stage code generation as it was."""
     h = _Hybrid(spark, redis_urls, cap=5, limit=1)
@@ -342,7 +338,7 @@ def test_the_posts_of_a_tweets_only_batch_compile_no_code_after_the_first_batch(
         assert few == _FEW
         before = compiles()
         for sink in h.sinks:  # to a redis-server and to a Redis Cluster
-            sink.write_few(posts, h.batch)
+            sink.write((posts, few), h.batch)
         new_code.append(compiles() - before)
         for phase in rest:
             h.write(phase, h.batch)
@@ -515,7 +511,7 @@ def _arrivals(rng: random.Random, events: int = 90) -> list[tuple[str, dict]]:
 
 class _Job:
     """A `join` job's steps without its streaming query, for every list view of the job: `begin_join` with the list
-    shapes, each view's posts (`write_few`) and write phases through the real sink into generation 1 of each Redis
+    shapes, each view's posts (a phase of `Few`) and write phases through the real sink into generation 1 of each Redis
     target (the same phases written to each)."""
 
     def __init__(self, spark, redis_urls: list[str], pipeline, job: str):
@@ -546,7 +542,7 @@ class _Job:
             posts = step.posts.get(v.view.name)
             if posts is not None:
                 for sinks in self.targets:
-                    sinks[v.view.name].write_few(v.posts_ops(posts), batch_id)
+                    sinks[v.view.name].write((v.posts_ops(posts), Few()), batch_id)
         changes = step.finish()
         for v in self.views:
             phases = list(v.phases(changes, step.posts.get(v.view.name) is not None))
@@ -572,8 +568,8 @@ def test_every_list_view_of_any_shape_reads_as_the_definition(spark, redis_urls,
     with a key over the entry's side, with a key over the other side) exports and reads every key, on each Redis
     target, exactly as the brute force of the contract's definitions; a fan-out limit changes where entries are
     kept, not what is read."""
-    from spec import parse_pipeline
     from timeline_demo.brute import batches_of, brute_force
+    from views.pipeline import parse_pipeline
 
     pipeline = parse_pipeline(_SHOP, "shop.yml")
     job = _Job(spark, redis_urls, pipeline, "j")
@@ -630,7 +626,7 @@ jobs:
 def bikes(redis_url):
     """The bike-sharing pipeline of issue #41 and its job's generation 1 in Redis as its sinks write it: station
     s01 holds riders r1 (older) and r2, whose fields do not name the entry; s41 holds none."""
-    from spec import parse_pipeline
+    from views.pipeline import parse_pipeline
 
     client = connect(redis_url)
     set_generation(client, "membership", 1)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from changelog.storage import as_lake
-from spec import parse_pipeline
 from tests.shophelp import SHOP
 from views.frame import view_rows
 from views.log import LogSink, export_log, log_key, log_path, log_rows, log_schema, time_field
+from views.pipeline import parse_pipeline
 
 ROWS = (
     "order_id string, customer_id string, region string, amount double, qty bigint, coupon string, "

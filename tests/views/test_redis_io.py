@@ -69,8 +69,9 @@ def protected(tmp_path):
     own.stop()
 
 
-def _in_thread(fn, timeout_s: float = 60.0):
-    """Run `fn` in a thread; (finished, its result or exception). A call that waits forever does not finish."""
+def _in_thread(fn, timeout_s: float = 60.0, threads: list | None = None):
+    """Run `fn` in a thread; (finished, its result or exception). A call that waits forever does not finish (the
+    thread is appended to `threads` for the caller to wait for)."""
     out = {}
 
     def run():
@@ -82,6 +83,8 @@ def _in_thread(fn, timeout_s: float = 60.0):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(timeout_s)
+    if threads is not None:
+        threads.append(t)
     return not t.is_alive(), out.get("value")
 
 
@@ -113,11 +116,14 @@ def test_permanent_errors_are_classified_and_never_waited_for(protected, capfd):
 def test_a_waiting_call_gives_up_when_the_process_stops(protected, capfd):
     client = connect(protected.url())
     protected.stop()
+    waiting: list[threading.Thread] = []
     try:
-        finished, _ = _in_thread(client.ping, timeout_s=2.0)
+        finished, _ = _in_thread(client.ping, timeout_s=2.0, threads=waiting)
         assert not finished  # waits for Redis ...
         STOP.set()  # ... until the process stops
         finished, error = _in_thread(client.ping, timeout_s=30.0)
+        waiting[0].join(30.0)  # the first call gives up too (else it would retry for the rest of the session)
+        assert not waiting[0].is_alive()
     finally:
         STOP.clear()
     assert finished and isinstance(error, RedisUnavailable) and "stopping" in str(error)

@@ -9,10 +9,9 @@ import json
 import pytest
 
 from jobs.ops.cli import main
-from spec import parse_pipeline
-from spec.builtin import builtin_pipeline
 from tests.shophelp import SHOP
 from views.frame import view_rows
+from views.pipeline import builtin_pipeline, parse_pipeline
 from views.redis_io import connect, set_generation
 from views.row import ROW_CHANGES, RowSink, export_rows, pick_row, query_row, row_changes
 from views.sink import ListSink

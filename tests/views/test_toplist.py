@@ -12,12 +12,12 @@ import random
 import pytest
 
 from changelog.storage import as_lake
-from spec import parse_pipeline
 from tests.views.test_agg import _changes  # a batch's row changes from the live rows before and after it
 from views.fence import Fence, raise_fence
 from views.frame import check_job, empty_rows, view_rows
 from views.keys import key_id, view_pattern
 from views.list import export_list, read_list
+from views.pipeline import parse_pipeline
 from views.redis_io import connect, set_generation
 from views.toplist import TopList, list_views
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from changelog.storage import as_lake
-from spec import parse_pipeline
 from views.agg import AggView
 from views.frame import empty_rows, view_rows
+from views.pipeline import parse_pipeline
 from views.read import export_view, query_view
 from views.redis_io import connect, set_generation
 from views.toplist import TopList

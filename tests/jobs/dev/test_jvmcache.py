@@ -24,8 +24,8 @@ from jobs.dev.jvmcache import (
     match_fields,
     training_workload,
 )
-from spec import load_pipeline
 from spec.model import Pipeline
+from views.pipeline import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[3]
 

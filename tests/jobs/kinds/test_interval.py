@@ -12,10 +12,10 @@ import pytest
 
 from jobs.core.runtime import read_status
 from jobs.kinds.interval import run
-from spec import parse_pipeline
 from tests.conftest import make_settings
 from tests.shophelp import SHOP, expected, pieces, shop_file, workload, write_chunk
 from views.frame import ExpressionError
+from views.pipeline import parse_pipeline
 from views.read import export_view, query_view
 from views.redis_io import connect
 

@@ -34,10 +34,10 @@ from changelog.storage import as_lake
 from changelog.topics import topic_path
 from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.ops.deploy import deploy, settings_env, stop
-from spec.builtin import builtin_pipeline
 from tests.conftest import make_settings
 from tests.jobs.opshelp import batch_in_flight, mview_here, status_of, wait_for
 from tests.lakehelp import as_topic, log_rows
+from views.pipeline import builtin_pipeline
 
 JOB = "kafka"
 TOPICS = tuple(builtin_pipeline().topics)  # the built-in pipeline's topics: the kafka job copies every one

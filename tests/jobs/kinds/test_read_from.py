@@ -13,10 +13,10 @@ from changelog.deadletters import count_dead_letters
 from changelog.errors import ReadFrom
 from changelog.ingest import ingest
 from jobs.kinds.select import run
-from spec import load_pipeline
 from tests.conftest import make_settings, write_jsonl
 from tests.shophelp import pieces, write_chunk
 from timeline_demo.brute import BruteError, brute_force
+from views.pipeline import load_pipeline
 from views.read import export_view
 from views.redis_io import connect
 

@@ -15,12 +15,12 @@ import pytest
 
 from changelog.ingest import ingest
 from jobs.kinds.select import run
-from spec import load_pipeline
 from tests.conftest import make_settings
 from tests.shophelp import write_chunk
 from tests.tickethelp import JOBS, T0, ticket_text, workload
 from timeline_demo.brute import brute_force
 from views.log import export_log
+from views.pipeline import load_pipeline
 from views.read import export_view, query_view
 from views.redis_io import connect
 

@@ -1,6 +1,8 @@
-"""Which pipeline a command uses: the file `MVIEW_PIPELINE` names, or the built-in pipeline shipped with the project
-(`timeline_demo/pipelines/builtin.yml`). Loaded once per file, its modification time and the environment it reads
-(`${VAR}` in the file), so a long-running process sees an edited file on its next call."""
+"""Pipeline files read with the registered view kinds (`views.kinds.FILES`): `load_pipeline(path)` and
+`parse_pipeline(text, file)` (`spec.load` with the kinds), and which pipeline a command uses: the file
+`MVIEW_PIPELINE` names, or the built-in pipeline shipped with the project (`timeline_demo/pipelines/builtin.yml`).
+`pipeline_at` loads a file once per content (its modification time) and environment (`${VAR}` in the file), so a
+long-running process sees an edited file on its next call."""
 
 from __future__ import annotations
 
@@ -9,12 +11,32 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from spec.load import load_pipeline
+from spec import load
 from spec.model import Pipeline
+from views.kinds import FILES
 
-__all__ = ["BUILTIN_FILE", "pipeline_file", "pipeline_at", "builtin_pipeline", "default_pipeline"]
+__all__ = [
+    "load_pipeline",
+    "parse_pipeline",
+    "BUILTIN_FILE",
+    "pipeline_file",
+    "pipeline_at",
+    "builtin_pipeline",
+    "default_pipeline",
+]
 
 BUILTIN_FILE = Path(__file__).resolve().parents[1] / "timeline_demo" / "pipelines" / "builtin.yml"
+
+
+def parse_pipeline(text: str, file: str, env: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline in `text` (read from `file`, named in messages), `${VAR}` taken from `env` (default: the process
+    environment); raises `spec.errors.PipelineError` with every problem found (`spec.load.parse_pipeline`)."""
+    return load.parse_pipeline(text, file, env, kinds=FILES)
+
+
+def load_pipeline(path: str | Path, env: Mapping[str, str] | None = None) -> Pipeline:
+    """The pipeline of the file at `path` (see `parse_pipeline`); a file that cannot be read is one problem too."""
+    return load.load_pipeline(path, env, kinds=FILES)
 
 
 def pipeline_file(env: Mapping[str, str] | None = None) -> str:
