@@ -1,13 +1,13 @@
 """The three jobs on a real three-master Redis Cluster (REDIS_CLUSTER=true): every view equals its definition, a
-replay switches generations and drops the old one on every master, `mview query`/`export`/`status` read it; and
-a deployed job whose master is killed (SIGKILL, append-only file on) waits, retries and converges, nothing lost."""
+replay switches generations and drops the old one on every master, `mview query`/`export`/`status` read it. (A
+deployed job whose master is killed waits, retries and converges with nothing lost: `tests/jobs/ops/test_service.py`,
+on that module's deployment.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 
@@ -16,12 +16,11 @@ import redis
 from redis.cluster import RedisCluster
 
 from changelog.ingest import ingest
-from jobs.dev.redis import scratch_redis_cluster, start_cluster_node
-from jobs.ops.deploy import deploy, settings_env, stop
+from jobs.ops.deploy import settings_env
 from jobs.ops.replay import replay
 from tests.builtin import run_timeline
 from tests.conftest import make_settings, split_at_random, write_jsonl
-from tests.jobs.opshelp import status_of, wait_for
+from tests.jobs.opshelp import status_of
 from tests.jobs.test_clicks import M
 from tests.jobs.test_clicks import _run_chunked as run_clicks_chunked
 from tests.jobs.test_enrichment import _run_chunked as run_enrichment_chunked
@@ -108,59 +107,3 @@ def test_clicks_and_enrichment_on_a_cluster_equal_their_definitions(spark, tmp_p
     assert {r["event_id"]: r for r in export_enriched(spark, settings.lake_dir, 1)} == truth
     counts = {r["country"]: r["events"] for r in export_activity_by_country(connect(cluster_url))}
     assert counts == expected_by_country(truth)
-
-
-@pytest.mark.slow  # a deployed driver (a JVM of its own) and a cluster of its own
-def test_a_deployed_job_waits_for_a_killed_master_and_converges_with_nothing_lost(spark, tmp_path):
-    workdir = tmp_path / "cluster"
-    workdir.mkdir()
-    procs, ports = scratch_redis_cluster(workdir, persist=True)
-    url = f"redis://127.0.0.1:{ports[0]}/0"
-    settings = make_settings(
-        tmp_path / "lake", url, TIMELINE_CAP=CAP, TRIGGER_INTERVAL="200 ms", REDIS_CLUSTER="true"
-    )
-    wl = generate(seed=29, users=50, celebrities=2, follows=300, tweets=300)
-    parts = list(
-        zip(*(split_at_random(x, 3, random.Random(29)) for x in (wl.tweets, wl.follows)), strict=True)
-    )
-    truths = [
-        expected_timelines(
-            sum((p[0] for p in parts[: i + 1]), []), sum((p[1] for p in parts[: i + 1]), []), CAP
-        )
-        for i in range(3)
-    ]
-
-    def caught_up(i) -> bool:
-        s = status_of(settings, "timeline")
-        if not (s["running"] and s["lag_versions"] == 0 and s.get("state") == "running"):
-            return False
-        try:
-            return _timelines(connect(url, wait=False)) == truths[i]
-        except Exception:  # noqa: BLE001 - the cluster is still coming back
-            return False
-
-    try:
-        _feed(spark, settings, tmp_path, 0, *parts[0])
-        assert deploy(settings, "timeline") == 0
-        wait_for(lambda: caught_up(0), "the first input to be in the views")
-
-        procs[1].send_signal(signal.SIGKILL)  # a master that holds a third of the slots
-        procs[1].wait(10)
-        _feed(spark, settings, tmp_path, 1, *parts[1])
-        wait_for(
-            lambda: "waiting for Redis" in str(status_of(settings, "timeline").get("redis", "")),
-            "the job to say it waits for Redis",
-        )
-        procs[1] = start_cluster_node(ports[1], workdir, persist=True)
-        wait_for(lambda: caught_up(1), "the views to be whole again after the master came back")
-        s = status_of(settings, "timeline")
-        assert s["generation"] == 1 and not s.get("rebuilds")  # nothing was lost: no rebuild
-
-        _feed(spark, settings, tmp_path, 2, *parts[2])
-        wait_for(lambda: caught_up(2), "the job to go on")
-    finally:
-        stop(settings, "timeline")
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)

@@ -1,5 +1,6 @@
-"""The deployed job's guard (`jobs.ops.service`) on a real three-master Redis Cluster (REDIS_CLUSTER=true, no
-persistence), driven as a user drives it: `mview ingest`, `mview deploy`, `mview replay`, `mview status`.
+"""The deployed job's guard (`jobs.ops.service`) on a real three-master Redis Cluster (REDIS_CLUSTER=true, each
+master's append-only file on), driven as a user drives it: `mview ingest`, `mview deploy`, `mview replay`, `mview
+status`.
 
 One deployment serves the module (a deployed Spark driver costs tens of seconds here); each test starts from the
 running, caught-up job (a test run alone deploys it first) and feeds the next slice of one workload:
@@ -9,7 +10,10 @@ running, caught-up job (a test run alone deploys it first) and feeds the next sl
    the next generation without a manual step, as on one server, and new input goes into that generation;
 2. `mview replay timeline` while deployed: the deployed job moves to the new generation (the replay does not end
    with "has not moved"), the replay removes the old generation from every master, and new input goes into the
-   new one.
+   new one;
+3. a master is SIGKILLed while input arrives: the job says in its status that it waits for Redis, and once the
+   master is back with its data (its append-only file) the views are whole in the same generation, nothing rebuilt
+   and nothing lost, and the job goes on.
 
 Apart from the deployment: the guard that cannot read the lake (a NameNode that does not answer) says the lake,
 not Redis, both when it goes blind and when it reads again.
@@ -17,6 +21,7 @@ not Redis, both when it goes blind and when it reads again.
 
 from __future__ import annotations
 
+import shutil
 import signal
 
 import pytest
@@ -32,7 +37,7 @@ from timeline_demo.workload import generate
 from views.keys import gen_key
 from views.redis_io import connect
 
-JOB, CAP, PARTS = "timeline", 10, 3
+JOB, CAP, PARTS = "timeline", 10, 5
 
 
 class _Deployment:
@@ -42,7 +47,7 @@ class _Deployment:
         self.root = root
         self.workdir = root / "cluster"
         self.workdir.mkdir()
-        self.procs, self.ports = scratch_redis_cluster(self.workdir)
+        self.procs, self.ports = scratch_redis_cluster(self.workdir, persist=True)
         self.url = f"redis://127.0.0.1:{self.ports[0]}/0"
         self.settings = make_settings(
             root / "lake",
@@ -52,7 +57,7 @@ class _Deployment:
             REPLAY_GRACE="200 ms",
             REDIS_CLUSTER="true",
         )
-        wl = generate(seed=31, users=30, celebrities=2, follows=50 * PARTS, tweets=50 * PARTS)
+        wl = generate(seed=31, users=40, celebrities=2, follows=60 * PARTS, tweets=60 * PARTS)
         size = -(-len(wl.tweets) // PARTS), -(-len(wl.follows) // PARTS)
         self.tw = [wl.tweets[i * size[0] : (i + 1) * size[0]] for i in range(PARTS)]
         self.fo = [wl.follows[i * size[1] : (i + 1) * size[1]] for i in range(PARTS)]
@@ -98,6 +103,10 @@ class _Deployment:
         )
         return status_of(self.settings, JOB)
 
+    def kill(self, i: int) -> None:
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait(10)
+
     def master_of(self, key: str) -> int:
         """The index in `ports` (and `procs`) of the master that holds `key`."""
         return self.ports.index(RedisCluster.from_url(self.url).get_node_from_key(key).port)
@@ -123,9 +132,9 @@ def test_a_master_restarted_without_its_data_while_idle_is_rebuilt(deployment):
     gen, rebuilds = before["generation"], before.get("rebuilds") or 0
 
     i = d.master_of(gen_key(JOB))
-    d.procs[i].send_signal(signal.SIGKILL)
-    d.procs[i].wait(10)
-    d.procs[i] = start_cluster_node(d.ports[i], d.workdir)  # same slots, no data: the pointer is gone
+    d.kill(i)
+    shutil.rmtree(d.workdir / f"aof-{d.ports[i]}")  # same slots, no data: the pointer is gone
+    d.procs[i] = start_cluster_node(d.ports[i], d.workdir, persist=True)
 
     wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to rebuild the lost serving copy", timeout_s=600)
     s = status_of(d.settings, JOB)
@@ -152,6 +161,29 @@ def test_replay_while_deployed_moves_the_job_to_the_new_generation(spark, deploy
 
     d.truth = d.feed_next()  # the job writes the new generation
     wait_for(lambda: d.caught_up(gen + 1, d.truth), "the job to go on in the new generation", timeout_s=600)
+
+
+@pytest.mark.slow
+def test_a_master_killed_while_input_arrives_is_waited_for_and_nothing_is_lost(deployment):
+    d = deployment
+    before = d.up()
+    gen, rebuilds = before["generation"], before.get("rebuilds") or 0
+
+    i = next(n for n in range(len(d.ports)) if n != d.master_of(gen_key(JOB)))  # a third of the slots
+    d.kill(i)
+    d.truth = d.feed_next()
+    wait_for(
+        lambda: "waiting for Redis" in str(status_of(d.settings, JOB).get("redis", "")),
+        "the job to say it waits for Redis",
+        timeout_s=600,
+    )
+    d.procs[i] = start_cluster_node(d.ports[i], d.workdir, persist=True)  # back with its append-only file
+    wait_for(lambda: d.caught_up(gen, d.truth), "the views to be whole again after the master came back", 600)
+    s = status_of(d.settings, JOB)
+    assert s["generation"] == gen and (s.get("rebuilds") or 0) == rebuilds, s  # nothing lost: no rebuild
+
+    d.truth = d.feed_next()
+    wait_for(lambda: d.caught_up(gen, d.truth), "the job to go on", timeout_s=600)
 
 
 def test_the_guard_blind_to_the_lake_names_the_lake_not_redis(tmp_path, redis_url, capsys):
