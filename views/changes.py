@@ -27,14 +27,13 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame
 
 from spec.model import Pipeline
-from views.agg import agg_views
 from views.count import COUNT_LUA, CountRows, CountSink, count_delta, incremented
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import view_rows
+from views.kinds import KINDS
 from views.log import log_rows, log_sinks
 from views.redis_io import is_cluster
 from views.row import RowSink, row_delta
-from views.toplist import list_views
 from views.wire import forward, payload_rows
 
 __all__ = ["ChangeViews", "DeltaViews", "state_views"]
@@ -42,11 +41,11 @@ __all__ = ["ChangeViews", "DeltaViews", "state_views"]
 
 def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list:
     """The views of `job` that keep their own state under `<state_key>/views/<view>` of `lake` and take its row
-    changes by `write(rows, batch_id)`: `views.agg.agg_views` then `views.toplist.list_views` (keyword arguments
-    `append_only`, `redis_url`, `generation`, `fence`: theirs)."""
-    return agg_views(spark, lake, pipeline, job, state_key, **kw) + list_views(
-        spark, lake, pipeline, job, state_key, **kw
-    )
+    changes by `write(rows, batch_id)`: each view kind's `state` in `views.kinds` (`views.agg.agg_views`, then
+    `views.toplist.list_views`; keyword arguments `append_only`, `redis_url`, `generation`, `fence`: theirs)."""
+    return [
+        v for k in KINDS.values() if k.state for v in k.state(spark, lake, pipeline, job, state_key, **kw)
+    ]
 
 
 # (frame, view) -> the view's changes (`row_delta`'s, `count_delta`'s layout)

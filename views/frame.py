@@ -55,6 +55,8 @@ __all__ = [
     "select_view",
     "evaluate",
     "check_job",
+    "check_view",
+    "check_sums",
     "line_sql",
     "mentions",
     "view_path",
@@ -250,19 +252,27 @@ def check_job(spark, pipeline: Pipeline, job: str) -> None:
     view's aggregate that `views.agg.check_agg` refuses. Runs no Spark job."""
     _refuse_outside_reach(spark, pipeline, job)
     _check_matches(spark, pipeline, job)
+    from views.kinds import KINDS  # the kinds' modules evaluate with this module
+
     frame = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
     for view in pipeline.jobs[job].views:
-        if view.kind == "agg":
-            from views.agg import check_agg  # views.agg evaluates with this module
+        KINDS[view.kind].check(frame, view, pipeline)
 
-            check_agg(frame, view, pipeline)
-            continue
-        out = select_view(frame, view, pipeline)
-        for name, expr in view.values:
-            kind = out.schema[name].dataType
-            if not isinstance(kind, (NumericType, BooleanType)):
-                why = f"a count's value is a number (or a boolean, counted as 1), not a {kind.simpleString()}"
-                raise ExpressionError(pipeline.where(*view_path(view, "values", name)), expr, why)
+
+def check_view(frame: DataFrame, view: View, pipeline: Pipeline) -> None:
+    """Analyse `view`'s expressions (key, where, fields, entry, order) over `frame` (`check_job`'s): what a view kind
+    checks when it has no check of its own. Raises `ExpressionError`."""
+    select_view(frame, view, pipeline)
+
+
+def check_sums(frame: DataFrame, view: View, pipeline: Pipeline) -> None:
+    """`check_view`, and each of the view's values is a number (or a boolean, counted as 1): a count view's check."""
+    out = select_view(frame, view, pipeline)
+    for name, expr in view.values:
+        kind = out.schema[name].dataType
+        if not isinstance(kind, (NumericType, BooleanType)):
+            why = f"a count's value is a number (or a boolean, counted as 1), not a {kind.simpleString()}"
+            raise ExpressionError(pipeline.where(*view_path(view, "values", name)), expr, why)
 
 
 def line_sql(view: View, key: str = "_key") -> str:

@@ -8,7 +8,9 @@ module, so that nothing else branches on a kind. Each kind's module declares how
 - `log`: an output log in the lake (`in_redis` false): no query; `export` reads the serving generation's log with
   Spark (`spark`, a callable returning a SparkSession, is called only then).
 `items`: the name of a query result's list of items (a list view's `items_name`), None for a kind whose result is one
-line.
+line. `check(frame, view, pipeline)`: the kind's analysis of a view's expressions on a job's empty rows, when the
+job starts (`views.frame.check_job`). `state(spark, lake, pipeline, job, state_key, **kw)`: the views of a job that
+keep their own state on the lake, for a kind that keeps one (`views.changes.state_views`).
 
 `FILES`: the kinds' file declarations, what the loader takes (`views.pipeline`).
 
@@ -22,8 +24,9 @@ from dataclasses import dataclass
 
 from spec.model import View
 from spec.viewfile import ViewFile
-from views import agg, count, log, row
+from views import agg, count, log, row, toplist
 from views import list as list_
+from views.frame import check_sums, check_view
 from views.redis_io import current_generation
 
 __all__ = ["ViewKind", "KINDS", "FILES", "view_kind"]
@@ -38,6 +41,8 @@ class ViewKind:
     query: Callable[..., dict] | None = None
     in_redis: bool = True
     items: Callable[[View], str] | None = None
+    check: Callable[..., None] = check_view
+    state: Callable[..., list] | None = None
 
     @property
     def name(self) -> str:
@@ -60,17 +65,21 @@ KINDS: dict[str, ViewKind] = {
             count.FILE,
             lambda c, v, lake, spark: count.export_counts(c, v),
             lambda c, v, key, limit: count.query_count(c, v, key),
+            check=check_sums,  # a windowed count view keeps its state as agg views do (`agg.agg_views`)
         ),
         ViewKind(
             agg.FILE,
             lambda c, v, lake, spark: agg.export_aggs(c, v),
             lambda c, v, key, limit: agg.query_agg(c, v, key),
+            check=agg.check_agg,
+            state=agg.agg_views,
         ),
         ViewKind(
             list_.FILE,
             lambda c, v, lake, spark: list_.export_list(c, v),
             list_.query_list,
             items=lambda v: v.items_name,
+            state=toplist.list_views,
         ),
         ViewKind(log.FILE, _log_export, in_redis=False),
     )

@@ -25,6 +25,9 @@ def test_every_kind_is_one_module_that_declares_its_file_keys_and_its_readers():
         assert (kind.query is None) == (not kind.in_redis)  # a kind in Redis answers a query; a log does not
         readers = [kind.export] + ([kind.query] if kind.query else [])
         assert all(f.__module__ in (module.__name__, "views.kinds") for f in readers)
+        # its check and its state are its module's, or the shared ones of `views.frame` (no state: none)
+        assert kind.check.__module__ in (module.__name__, "views.frame")
+        assert kind.state is None or kind.state.__module__ in (module.__name__, "views.toplist")
 
 
 def test_the_loader_knows_every_registered_kind_and_no_other():
