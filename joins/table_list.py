@@ -3,7 +3,7 @@
 A list keys the join's rows by an expression (the *list key*), names each row's *entry* by another, orders them by a
 number (ties by the entry, in the same direction) and keeps the first `cap` per key. Two algorithms maintain it,
 with the same result, each run from a spec of SQL texts and numbers (`ListShape`, `GenericList`); which one serves
-a list view, and its spec, `views.list_join` tells from the view's declaration.
+a list view, and its spec, `views.list.join` tells from the view's declaration.
 
 **The list shape (`ListShape`)**, for a list whose key is a field of one side (the *list side*; the built-in
 timeline: `follows.follower_id`), whose entry is the other side's key (the *entry side*: `tweets.tweet_id`), whose

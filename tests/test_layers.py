@@ -241,7 +241,7 @@ def test_a_view_declaration_is_found_wherever_it_is_taken(tmp_path, source, line
 def test_no_join_module_reads_a_view():
     """`joins/` is an operator per join kind with its state and knows nothing of views: none of its modules imports
     `views` or takes a view's declaration (`spec.model.View`). Which of a join's algorithms serves a view, and the
-    join-level spec it runs with, `views` decides from the declaration (`views.list_join`)."""
+    join-level spec it runs with, `views` decides from the declaration (`views.list.join`)."""
     joins = {m: p for m, p in MODULES.items() if m.split(".")[0] == "joins"}
     found = sorted(
         [

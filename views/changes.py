@@ -9,7 +9,7 @@ written by one call per micro-batch.
   (`views.log.LogSink`; a log is of a job whose rows are never removed);
 - `agg` views: each key the batch touches is recomputed from the view's state and written whole (`views.agg.AggView`,
   its state under `<state_key>/views/<view>`; `append_only`: the job never removes a row);
-- `list` views: likewise, each touched key's list and the bodies of its entries (`views.toplist.TopList`).
+- `list` views: likewise, each touched key's list and the bodies of its entries (`views.list.rows.TopList`).
 `state_views` makes the agg and list views of a job that keep their own state, `DeltaViews` its row views and
 count views without a window (the views written by Redis commands made from a frame of rows). Every job kind writes
 its views through these three (`ChangeViews` holds them all for the job kinds whose rows are row changes: `select`,
@@ -42,7 +42,7 @@ __all__ = ["ChangeViews", "DeltaViews", "state_views"]
 def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list:
     """The views of `job` that keep their own state under `<state_key>/views/<view>` of `lake` and take its row
     changes by `write(rows, batch_id)`: each view kind's `state` in `views.kinds` (`views.agg.agg_views`, then
-    `views.toplist.list_views`; keyword arguments `append_only`, `redis_url`, `generation`, `fence`: theirs)."""
+    `views.list.rows.list_views`; keyword arguments `append_only`, `redis_url`, `generation`, `fence`: theirs)."""
     return [
         v for k in KINDS.values() if k.state for v in k.state(spark, lake, pipeline, job, state_key, **kw)
     ]

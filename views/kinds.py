@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from spec.model import View
 from spec.viewfile import ViewFile
-from views import agg, count, log, row, toplist
+from views import agg, count, log, row
 from views import list as list_
 from views.frame import check_sums, check_view
 from views.redis_io import current_generation
@@ -79,7 +79,7 @@ KINDS: dict[str, ViewKind] = {
             lambda c, v, lake, spark: list_.export_list(c, v),
             list_.query_list,
             items=lambda v: v.items_name,
-            state=toplist.list_views,
+            state=list_.list_views,
         ),
         ViewKind(log.FILE, _log_export, in_redis=False),
     )

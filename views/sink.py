@@ -18,7 +18,7 @@ Contract:
 
 Implementations, one per view kind, each in its kind's module: `views.row.RowSink` and `views.count.CountSink`
 (command sinks; a count sink also takes `CountRows`, a step's few keys already collected on the driver, applied from
-there), `views.agg.AggView` and `views.toplist.TopList` (their own state on the lake, `views.state.StateView`; `write`
+there), `views.agg.AggView` and `views.list.rows.TopList` (their own state on the lake, `views.state.StateView`; `write`
 takes the job's row changes and the watermark windows close under), `views.list.ListViewSink` (a join job's list:
 `write` takes its write phases, each with what is known of its size), and the Delta output log `views.log.LogSink`.
 `views.changes` applies a batch to every view of a job; `ListSink` keeps the rows in memory, for tests of the

@@ -1,5 +1,5 @@
 """A view's own state on the lake, kept from a job's row changes, and the protocol of one micro-batch: what the views
-that keep state share (`views.agg`, and `views.toplist`, the `list` kind of the jobs that give row changes).
+that keep state share (`views.agg`, and `views.list.rows`, the `list` kind of the jobs that give row changes).
 
 State: rows, each with an identity `_sid` (unique in the state), a key `_key` and the view's payload columns, under
 the view's root key of the lake:

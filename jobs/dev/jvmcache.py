@@ -273,7 +273,7 @@ def _ingest(lake: Path, topic: Topic, records: list[dict], path: Path) -> None:
 
 def _limited(spark, pipeline: Pipeline) -> tuple[Pipeline, dict[str, int]]:
     """`pipeline` with a fan-out limit of LIMIT on every list view of a join job that can have one (the list shape
-    of `joins.table_list`, `views.list_join.list_shape`), and the entry side of each job that has such a view."""
+    of `joins.table_list`, `views.list.join.list_shape`), and the entry side of each job that has such a view."""
     from joins.table import TableJoin
     from views.list import join_lists
 

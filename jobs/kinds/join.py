@@ -9,7 +9,7 @@ operations: list operations are idempotent per key, a row view's entries are abs
 fenced by N; nothing is lost or doubled.
 
 - A list view of the built-in timeline's shape (its key over one side, its entry the other side's key) runs that
-  algorithm (`joins.table_list`, chosen by `views.list_join`), with its posts written before the batch is counted
+  algorithm (`joins.table_list`, chosen by `views.list.join`), with its posts written before the batch is counted
   in a batch of entries only under a `fanout_limit`; any other list applies the join's delta (`views.list`).
 - A row view: a removed row's entry is removed, an added row's entry set (a moved row: both; per key and row the
   added one wins).

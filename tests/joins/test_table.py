@@ -16,7 +16,7 @@ from joins.sparkapi import plan_text, size_estimate
 from joins.state import empty_frame, with_row_count
 from joins.table import TableJoin, TableState, begin_join, maintain_join, side_changes, state_schema
 from joins.table_list import generic_list
-from views.list_join import generic_spec, list_shape
+from views.list import generic_spec, list_shape
 from views.pipeline import load_pipeline, parse_pipeline
 
 BUILTIN = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"

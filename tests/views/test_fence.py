@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 
 from jobs.core.generations import record_batch
 from tests.shophelp import SHOP
-from tests.views.test_list import _ops
+from tests.views.list.test_join import _ops
 from views.count import CountRows, CountSink
 from views.errors import Fenced
 from views.fence import Fence, fenced_call, raise_fence

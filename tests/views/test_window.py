@@ -1,4 +1,4 @@
-"""`views.window` through the views that keep windows (`views.agg` for agg and count views, `views.toplist` for
+"""`views.window` through the views that keep windows (`views.agg` for agg and count views, `views.list.rows` for
 lists), on a Redis server and a Redis Cluster: sessions that merge across batches, hopping windows, `final` as the
 watermark passes and `retain` removing old windows, against lines written out by hand from the definitions; and a
 batch staged, partly written and then replayed in a new process (its state read from the lake) has the effect of
@@ -11,10 +11,10 @@ import pytest
 from changelog.storage import as_lake
 from views.agg import AggView
 from views.frame import empty_rows, view_rows
+from views.list import TopList
 from views.pipeline import parse_pipeline
 from views.read import export_view, query_view
 from views.redis_io import connect, set_generation
-from views.toplist import TopList
 
 PIPELINE = """\
 topics:

@@ -529,7 +529,7 @@ def test_query_of_a_list_view_of_a_users_own_pipeline_says_each_entry(redis_serv
     entry) and on the shop's list (whose fields do): `query --json` gives the export line's entries array and each
     item with its entry; a key with no entry prints `{}`, the plain output nothing; `export` is unchanged. The
     views' Redis keys are filled as their sinks write them (no Spark)."""
-    from tests.views.test_list import BIKES
+    from tests.views.list.test_join import BIKES
     from views.keys import entry_key, list_key
     from views.redis_io import set_generation
 

@@ -1,4 +1,4 @@
-"""The `list` view kind of jobs that give row changes (`views.toplist`) against a brute force in plain Python over
+"""The `list` view kind of jobs that give row changes (`views.list.rows`) against a brute force in plain Python over
 the live rows: random adds, removes and moves (a select of a table: rows change and leave, so lists are refilled)
 or only adds (a select of an event topic: the `top` mode), with ties, nulls and a `where`, descending and ascending
 (a timestamp order); each key's list and items after every batch, and Redis holds the body of exactly the entries
@@ -16,10 +16,9 @@ from tests.views.test_agg import _changes  # a batch's row changes from the live
 from views.fence import Fence, raise_fence
 from views.frame import check_job, empty_rows, view_rows
 from views.keys import key_id, view_pattern
-from views.list import export_list, read_list
+from views.list import TopList, export_list, list_views, read_list
 from views.pipeline import parse_pipeline
 from views.redis_io import connect, set_generation
-from views.toplist import TopList, list_views
 
 FIELDS = "{%s: id, board: string, player: string, score: long, ts: timestamp}"
 VIEWS = (

@@ -48,7 +48,7 @@ from views import window
 from views.errors import ViewError
 from views.fence import UNFENCED, Fence
 from views.frame import empty_rows, select_view, view_rows
-from views.list import Few, ListViewSink, _op, body_sql, entry
+from views.list.sink import Few, ListViewSink, as_ops, body_sql, entry
 from views.state import LakeState, StateStep, StateView, changed_rows, fresh, touched, views_of
 from views.wire import lit
 
@@ -195,7 +195,7 @@ class TopList(StateView):
         )  # fmt: skip
         pairs = f"{lit(self.view.key_name)}, _k0, 'window_start', _ws, 'window_end', _we, 'final', _fin"
         body = f"CASE WHEN _k0 IS NOT NULL THEN to_json(named_struct({pairs})) END"
-        ops = _op(keys.join(per_key, "_key", "left"), "window", "_key", body=body)
+        ops = as_ops(keys.join(per_key, "_key", "left"), "window", "_key", body=body)
         return ops.withColumn("_phase", F.lit(1))
 
     def _ops(self, before: DataFrame, after: DataFrame, keys: DataFrame) -> DataFrame:
@@ -210,7 +210,7 @@ class TopList(StateView):
         new = ranked(after.join(keys, "_key", "left_semi"))
         per_key = new.selectExpr("_key", f"{entry('_o', '_e')} AS _p").groupBy("_key")
         lists = keys.join(per_key.agg(F.collect_list("_p").alias("_ps")), "_key", "left")
-        lists = _op(lists, "list", "_key", "'replace'", entries="coalesce(_ps, array())")
+        lists = as_ops(lists, "list", "_key", "'replace'", entries="coalesce(_ps, array())")
         cand = fresh(old.select("_e").union(new.select("_e")).distinct())
         held = after.join(F.broadcast(cand), "_e", "left_semi")  # the rows of the candidates
         if not self.append_only:  # those in their key's list
@@ -219,7 +219,9 @@ class TopList(StateView):
                 F.broadcast(cand), "_e", "left_semi"
             )
         bodies = cand.join(held.groupBy("_e").agg(F.max("_b").alias("_b")), "_e", "left")
-        bodies = _op(bodies, "entry", "_e", body="_b").withColumn("_phase", F.expr("IF(body IS NULL, 2, 0)"))
+        bodies = as_ops(bodies, "entry", "_e", body="_b").withColumn(
+            "_phase", F.expr("IF(body IS NULL, 2, 0)")
+        )
         ops = bodies.unionByName(lists.withColumn("_phase", F.lit(1)))
         return ops if self.window is None else ops.unionByName(self._window_ops(after, keys))
 

@@ -22,7 +22,7 @@ from views.pipeline import load_pipeline
 from views.redis_io import connect, set_generation
 from views.sink import ListSink
 
-BUILTIN = Path(__file__).resolve().parents[2] / "timeline_demo" / "pipelines" / "builtin.yml"
+BUILTIN = Path(__file__).resolve().parents[3] / "timeline_demo" / "pipelines" / "builtin.yml"
 VIEW = load_pipeline(BUILTIN, {}).views["timeline"]
 
 
