@@ -11,7 +11,8 @@ written by one call per micro-batch.
   its state under `<state_key>/views/<view>`; `append_only`: the job never removes a row);
 - `list` views: likewise, each touched key's list and the bodies of its entries (`views.list.rows.TopList`).
 `state_views` makes the agg and list views of a job that keep their own state, `DeltaViews` its row views and
-count views without a window (the views written by Redis commands made from a frame of rows). Every job kind writes
+count views without a window (the views written by Redis commands made from a frame of rows), each as its kind's
+entry in `views.kinds` says. Every job kind writes
 its views through these three (`ChangeViews` holds them all for the job kinds whose rows are row changes: `select`,
 `join`; the `interval` and `asof` jobs say which of their rows count, and when): no job branches on a view's kind.
 The Redis writes of the row and count views go out in one Spark job (`views.wire.forward`), each fenced by the
@@ -27,13 +28,11 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame
 
 from spec.model import Pipeline
-from views.count import COUNT_LUA, CountRows, CountSink, count_delta, incremented
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import view_rows
-from views.kinds import KINDS
+from views.kinds import KINDS, view_kind
 from views.log import log_rows, log_sinks
 from views.redis_io import is_cluster
-from views.row import RowSink, row_delta
 from views.wire import forward, payload_rows
 
 __all__ = ["ChangeViews", "DeltaViews", "state_views"]
@@ -48,32 +47,31 @@ def state_views(spark, lake, pipeline: Pipeline, job: str, state_key: str, **kw)
     ]
 
 
-# (frame, view) -> the view's changes (`row_delta`'s, `count_delta`'s layout)
+# (frame, view) -> the view's changes (in its sink's layout)
 Changes = Callable[[DataFrame, object], DataFrame]
 
 
 class DeltaViews:
-    """The row views and the count views without a window (`views.count.incremented`) of job `job` of `pipeline`,
-    generation `generation` in the Redis at `redis_url`, every write fenced by `fence`: `sinks` by view name.
+    """The views of job `job` of `pipeline` whose kind takes a batch as Redis commands (`views.kinds.Commands`: the
+    row views and the count views without a window), generation `generation` in the Redis at `redis_url`, every
+    write fenced by `fence`: `sinks` by view name, `counted` the views whose changes are the rows that count.
 
-    `commands(frame, batch_id, rows=..., counts=...)` gives their Redis commands for one step from `frame`
-    (`views.frame.view_rows` of the job's rows; each sink's `commands`, `views.sink.CommandSink`): each row view's
-    changes by `rows(frame, view)` (default `views.row.row_delta`: `frame` holds row changes), each count view's by
-    `counts(frame, view)` (default `views.count.count_delta`) or given by view name (a DataFrame, or
-    `views.count.CountRows` collected on the driver: those are applied at once, from the driver), a count view's
-    fenced by `batch_id`. `send(commands)` applies them all in one Spark job; `write` is both."""
+    `commands(frame, batch_id, shown=..., counted=...)` gives their Redis commands for one step from `frame`
+    (`views.frame.view_rows` of the job's rows; each sink's `commands`, `views.sink.CommandSink`): a view's changes
+    are its kind's reading of the rows (`shown` or `counted`), given by the job as `(frame, view) -> changes` or by
+    view name (a DataFrame, or changes already collected on the driver, `views.count.CountRows`: those are applied
+    at once, from the driver), else the kind's own (`Commands.changes`: `frame` holds row changes), fenced by
+    `batch_id`. `send(commands)` applies them all in one Spark job; `write` is both."""
 
     def __init__(
         self, pipeline: Pipeline, job: str, *, redis_url: str, generation: int, fence: Fence = UNFENCED
     ):
         self.pipeline, self.job, self.url = pipeline, job, redis_url
-        views = pipeline.jobs[job].views
-        self.counts = incremented(views)
-        self.rows = [v for v in views if v.kind == "row"]
-        self.sinks = {  # RowSink and CountSink by view name
-            **{v.name: RowSink(redis_url, v.name, generation, fence) for v in self.rows},
-            **{v.name: CountSink(redis_url, v, generation, fence) for v in self.counts},
-        }
+        self.views = [v for v in pipeline.jobs[job].views if view_kind(v).commands]
+        self.how = {v.name: view_kind(v).commands for v in self.views}
+        self.sinks = {v.name: self.how[v.name].sink(redis_url, v, generation, fence) for v in self.views}
+        self.counted = [v for v in self.views if self.how[v.name].reading == "counted"]
+        self.scripts = tuple(dict.fromkeys((GATE_LUA, *(s for c in self.how.values() for s in c.scripts))))
 
     def __bool__(self) -> bool:
         return bool(self.sinks)
@@ -83,21 +81,22 @@ class DeltaViews:
         frame: DataFrame,
         batch_id: int,
         *,
-        rows: Changes | None = None,
-        counts: Changes | dict | None = None,
+        shown: Changes | dict | None = None,
+        counted: Changes | dict | None = None,
     ) -> list[DataFrame]:
-        rows = rows or (lambda f, v: row_delta(f, v, self.pipeline))
-        if not isinstance(counts, dict):
-            by = counts or (lambda f, v: count_delta(f, v, self.pipeline))
-            counts = {v.name: by(frame, v) for v in self.counts}
-        out = [self.sinks[v.name].commands(rows(frame, v), batch_id) for v in self.rows]
-        for v in self.counts:
-            changes = counts[v.name]
-            if isinstance(changes, CountRows):  # collected on the driver: applied from here, now
-                if changes.rows:
-                    self.sinks[v.name].write(changes, batch_id)
+        given = {"shown": shown, "counted": counted}
+        out = []
+        for v in self.views:
+            how, sink = self.how[v.name], self.sinks[v.name]
+            by = given[how.reading]
+            if isinstance(by, dict):
+                changes = by[v.name]
             else:
-                out.append(self.sinks[v.name].commands(changes, batch_id))
+                changes = by(frame, v) if by else how.changes(frame, v, self.pipeline)
+            if isinstance(changes, DataFrame):
+                out.append(sink.commands(changes, batch_id))
+            elif changes:  # collected on the driver: applied from here, now
+                sink.write(changes, batch_id)
         return out
 
     def send(self, commands: list[DataFrame]) -> None:
@@ -107,7 +106,7 @@ class DeltaViews:
                 payload_rows(cmds, cluster=is_cluster(self.url)),
                 self.url,
                 what=f"{self.job} views",
-                scripts=(GATE_LUA, COUNT_LUA) if self.counts else (GATE_LUA,),
+                scripts=self.scripts,
             )
 
     def write(self, frame: DataFrame, batch_id: int, **kw) -> None:

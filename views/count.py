@@ -50,7 +50,6 @@ __all__ = [
     "value_types",
     "CountRows",
     "CountSink",
-    "incremented",
     "query_count",
     "export_counts",
 ]
@@ -102,12 +101,6 @@ _SHA = hashlib.sha1(COUNT_LUA.encode()).hexdigest()
 _SCAN = 500  # keys per pipelined round trip of an export
 
 
-def incremented(views) -> list[View]:
-    """The views of `views` kept as this module keeps them, by increments: the count views without a window (a
-    windowed count view is an agg view of sums, `views.agg`)."""
-    return [v for v in views if v.kind == "count" and v.window is None]
-
-
 def count_changes(
     frame: DataFrame, view: View, pipeline: Pipeline, *, counted: str = "true", sign: str | None = None
 ) -> DataFrame:
@@ -147,6 +140,9 @@ class CountRows:
 
     rows: list
     types: str
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
 
 
 class CountSink:

@@ -12,6 +12,9 @@ line. `check(frame, view, pipeline)`: the kind's analysis of a view's expression
 job starts (`views.frame.check_job`). `state(spark, lake, pipeline, job, state_key, **kw)`: the views of a job that
 keep their own state on the lake, for a kind that keeps one (`views.changes.state_views`).
 
+`commands`: for a kind whose batch changes are Redis commands made from a frame of the job's rows (`Commands`), how:
+its views' commands go out with every such view's in one Spark job (`views.changes.DeltaViews`).
+
 `FILES`: the kinds' file declarations, what the loader takes (`views.pipeline`).
 
 Adding a view kind adds its entry here (its file declaration and readers live in its module); see
@@ -29,7 +32,21 @@ from views import list as list_
 from views.frame import check_sums, check_view
 from views.redis_io import current_generation
 
-__all__ = ["ViewKind", "KINDS", "FILES", "view_kind"]
+__all__ = ["ViewKind", "Commands", "KINDS", "FILES", "view_kind"]
+
+
+@dataclass(frozen=True)
+class Commands:
+    """How the views of a kind take a batch as Redis commands (see the module docstring). `sink(url, view,
+    generation, fence)`: the view's `views.sink.CommandSink`. `reading`: which of a job's two readings of its rows
+    the view's changes come from, `"shown"` (a row's entry while it is shown) or `"counted"` (a row's values times
+    its sign while it counts), and `changes(frame, view, pipeline)` that reading when the job gives none of its own.
+    `scripts`: the Lua scripts its commands call (`views.wire.forward` loads them)."""
+
+    sink: Callable[..., object]
+    reading: str
+    changes: Callable[..., object]
+    scripts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class ViewKind:
     items: Callable[[View], str] | None = None
     check: Callable[..., None] = check_view
     state: Callable[..., list] | None = None
+    commands: Commands | None = None
 
     @property
     def name(self) -> str:
@@ -60,12 +78,16 @@ KINDS: dict[str, ViewKind] = {
             row.FILE,
             lambda c, v, lake, spark: row.export_rows(c, v),
             lambda c, v, key, limit: row.query_row(c, v, key),
+            commands=Commands(
+                lambda url, v, g, fence: row.RowSink(url, v.name, g, fence), "shown", row.row_delta
+            ),
         ),
         ViewKind(
             count.FILE,
             lambda c, v, lake, spark: count.export_counts(c, v),
             lambda c, v, key, limit: count.query_count(c, v, key),
             check=check_sums,  # a windowed count view keeps its state as agg views do (`agg.agg_views`)
+            commands=Commands(count.CountSink, "counted", count.count_delta, (count.COUNT_LUA,)),
         ),
         ViewKind(
             agg.FILE,

@@ -88,7 +88,7 @@ class AsofViews:
                 F.to_json(F.struct("*")).alias("x"),
             )
         ]
-        changes = {v.name: count_changes(frame, v, self.pipeline) for v in self.delta.counts}
+        changes = {v.name: count_changes(frame, v, self.pipeline) for v in self.delta.counted}
         for name, ch in changes.items():
             values = F.to_json(F.struct(*[c for c in ch.columns if c != "key"]))
             parts.append(
@@ -122,7 +122,7 @@ class AsofViews:
             for name, (ch, rows) in counts.items()
         }
         self.delta.write(
-            frame, batch_id, rows=lambda f, v: row_changes(f, v, self.pipeline), counts=collected
+            frame, batch_id, shown=lambda f, v: row_changes(f, v, self.pipeline), counted=collected
         )
         if self.aggs:
             t = quoted(self.sides.stream.time)

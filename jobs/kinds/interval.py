@@ -66,7 +66,7 @@ def _store(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int) ->
 
 def _changes(pipeline: Pipeline, unmatched: str) -> dict:
     """How a step's frame of left events (those that got new matches or closed in it) becomes the row and count
-    views' changes (`views.changes.DeltaViews.commands`' `rows` and `counts`)."""
+    views' changes (`views.changes.DeltaViews.commands`' `shown` and `counted`)."""
 
     def rows(frame, view):
         # a key or where over `matches` may change with it: the row's entry before the step may have to go
@@ -84,7 +84,7 @@ def _changes(pipeline: Pipeline, unmatched: str) -> dict:
     def counts(frame, view):
         return count_changes(frame, view, pipeline, counted=f"_closed AND (_matches > 0 OR {unmatched})")
 
-    return {"rows": rows, "counts": counts}
+    return {"shown": rows, "counted": counts}
 
 
 def _aggs(spark, settings: Settings, pipeline: Pipeline, job: str, gen: int, epoch) -> list:
