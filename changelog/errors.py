@@ -201,10 +201,17 @@ class UnknownTopic(ChangelogError):
 
 
 class ReadFrom(ChangelogError):
-    """`topic` is read `from:` the topic `source` (its log is that one's): records are written to `source`."""
+    """`topic` is read `from:` the topic `source` (its log is that one's): records are written to `source`. Or it is
+    read from the view `view` (`source` None): its job writes it, nothing else."""
 
-    def __init__(self, topic: str, source: str):
-        self.topic, self.source = topic, source
+    def __init__(self, topic: str, source: str | None, view: str | None = None):
+        self.topic, self.source, self.view = topic, source, view
+        if source is None:
+            super().__init__(
+                f"topic {topic!r} is view {view!r} (`from:` in the pipeline file): the view's job writes it, "
+                "no records are written to it"
+            )
+            return
         super().__init__(
             f"topic {topic!r} is read from {source!r} (`from:` in the pipeline file): write its records to {source!r}"
         )

@@ -520,8 +520,8 @@ def ingest(
     Needs no Spark: `spark` is not used (None is fine); it stays first so callers holding a session need not
     change."""
     spec = topic
-    if spec.source is not None:
-        raise ReadFrom(spec.name, spec.source)
+    if spec.source is not None or spec.view is not None:
+        raise ReadFrom(spec.name, spec.source, spec.view)
     table = _open_log(lake, spec, sources, quiet)
     ctx = _Context(
         spec.name,

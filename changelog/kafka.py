@@ -482,8 +482,8 @@ def publish(
     (module docstring). Raises `NotProduced`, its `result` the report, when a line was not acknowledged;
     `KafkaUnavailable` when no broker answers at the start.
     """
-    if topic.source is not None:
-        raise ReadFrom(topic.name, topic.source)
+    if topic.source is not None or topic.view is not None:
+        raise ReadFrom(topic.name, topic.source, topic.view)
     name = kafka_topic(prefix, topic)
     ensure_kafka_topics(bootstrap, [name], timeout=timeout)
     names = ["<stdin>" if s == "-" else str(s) for s in sources]

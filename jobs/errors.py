@@ -15,6 +15,7 @@ __all__ = [
     "KafkaConnectFailed",
     "SourceNotConfigured",
     "LeaseLost",
+    "ChainNotRun",
 ]
 
 
@@ -89,6 +90,18 @@ class SourceNotConfigured(JobsError):
     def __init__(self, job: str, system: str, variable: str, example: str):
         super().__init__(f"{system} is not configured: set {variable} (e.g. {example}) to run the {job} job")
         self.job, self.system, self.variable, self.example = job, system, variable, example
+
+
+class ChainNotRun(JobsError):
+    """Job `job` reads topic `topic`, which is view `view` of job `upstream` (`from: {view: ...}`): `mview check`
+    checks such a chain, but no job over another job's view runs yet."""
+
+    def __init__(self, job: str, topic: str, view: str, upstream: str):
+        super().__init__(
+            f"{job} reads {topic!r}, view {view!r} of job {upstream!r}: a job over another job's view is checked "
+            "(mview check) but does not run yet; read the topics of its job instead"
+        )
+        self.job, self.topic, self.view, self.upstream = job, topic, view, upstream
 
 
 class JobRunning(JobsError):

@@ -49,6 +49,7 @@ from spec.problems import (
 )
 from spec.source import YamlProblem, read_yaml
 from spec.viewfile import ViewCheck, ViewFile, WindowedKeys
+from spec.viewtable import BATCH, OP, table_key
 
 __all__ = ["load_pipeline", "parse_pipeline", "RESERVED_JOBS"]
 
@@ -147,12 +148,8 @@ def _read_from(name: str, t: _Topic, declared: dict, out: Problems) -> _Topic | 
     """A topic declared `from: <event topic>`: that topic's log read as a table, keyed by its own `key`, with the
     source's fields, time and optional fields (None, with its problems, when it cannot be)."""
     path, before = ("topics", name), len(out.found)
-    src = declared.get(t.from_) if isinstance(t.from_, str) else None
-    if not isinstance(t.from_, str):
-        out.add(
-            (*path, "from"), "a view read as a topic (`from: {view: ...}`) is not built yet: read a topic"
-        )
-    elif t.from_ not in declared:
+    src = declared.get(t.from_)
+    if t.from_ not in declared:
         out.add((*path, "from"), f"{t.from_!r} is not a topic of this file (topics: {', '.join(declared)})")
     elif src is None:  # declared, with problems of its own (reported where it is declared)
         return None
@@ -483,15 +480,19 @@ def parse_pipeline(
     except ValidationError as e:
         pydantic_problems(e, out)
         raise PipelineError(unique(out.found)) from None
-    topics = _topics(raw, out)
-    out.broken_topics = set(raw.topics) - set(topics)
+    topics, of_views = _topics(raw, out)
+    out.broken_topics = set(raw.topics) - set(topics) - set(of_views)
     if not raw.topics:
         out.add(("topics",), "no topics: declare at least one")
     jobs, views_seen = {}, {}
-    for name, body in raw.jobs.items():
-        job = _job(name, body, topics, views_seen, out, kinds)
+    for name in _job_order(raw, of_views, out):
+        _view_topics(_raw_reads(raw.jobs[name]), raw, of_views, topics, jobs, out, kinds)
+        job = _job(name, raw.jobs[name], topics, views_seen, out, kinds)
         if job is not None:
             jobs[name] = job
+    jobs = {n: jobs[n] for n in raw.jobs if n in jobs}  # in the file's order
+    topics = {n: topics[n] for n in raw.topics if n in topics}
+    _view_topics(list(of_views), raw, of_views, topics, jobs, out, kinds)  # those no job reads
     if out.found:
         raise PipelineError(unique(out.found))
     read = Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
@@ -538,14 +539,180 @@ def _job(
     return Job(name, kind, spec, tuple(views)) if spec is not None else None
 
 
-def _topics(raw: _Pipeline, out: Problems) -> dict[str, Topic]:
-    """The file's topics that are valid (a topic read `from:` another completed from it first)."""
+def _raw_reads(body) -> list[str]:
+    """The topic names a job's declaration reads, as written (before it is checked)."""
+    if not isinstance(body, dict):
+        return []
+    names = []
+    for kind in ("interval", "asof", "join", "select"):
+        spec = body.get(kind)
+        if isinstance(spec, dict):
+            names += [v for k, v in spec.items() if k in ("left", "right", "stream", "table", "from")]
+    return [n for n in names if isinstance(n, str)]
+
+
+def _raw_views(body) -> list[str]:
+    views = body.get("views") if isinstance(body, dict) else None
+    return [str(v) for v in views] if isinstance(views, dict) else []
+
+
+def _job_order(raw: _Pipeline, of_views: dict[str, _Topic], out: Problems) -> list[str]:
+    """The file's jobs, each after the jobs whose views it reads (through topics read `from: {view: ...}`). A cycle
+    is one problem naming it, on the first of its topics; the jobs of a cycle are left out (and those topics
+    counted as broken, so that nothing else reports them again)."""
+    owner = {v: j for j, body in raw.jobs.items() for v in _raw_views(body)}
+    via = {n: t.from_.get("view") for n, t in of_views.items()}
+    needs = {
+        j: [(n, owner[via[n]]) for n in _raw_reads(body) if n in via and via[n] in owner]
+        for j, body in raw.jobs.items()
+    }
+    order, state = [], {}
+
+    def visit(j: str, path: list[tuple[str, str]]) -> None:
+        state[j] = "visiting"
+        for topic, up in needs[j]:
+            if state.get(up) == "visiting":
+                ring = [*path, (j, topic)]
+                ring = ring[[x for x, _ in ring].index(up) :]
+                names = " -> ".join([x for x, _ in ring] + [up])
+                how = "; ".join(f"{x} reads {t!r} (view {via[t]!r} of {owner[via[t]]!r})" for x, t in ring)
+                out.add(
+                    ("topics", ring[0][1], "from"), f"jobs {names} read each other's views ({how}): a cycle"
+                )
+                out.broken_topics.update(t for _, t in ring)
+                state.update({x: "cyclic" for x, _ in ring})
+            elif up not in state:
+                visit(up, [*path, (j, topic)])
+        if state[j] == "visiting":
+            state[j] = "done"
+            order.append(j)
+
+    for j in raw.jobs:
+        if j not in state:
+            visit(j, [])
+    return [j for j in order if state[j] == "done"]
+
+
+def _view_topics(
+    names: list[str],
+    raw: _Pipeline,
+    of_views: dict[str, _Topic],
+    topics: dict[str, Topic],
+    jobs: dict,
+    out: Problems,
+    kinds: Mapping[str, ViewFile],
+) -> None:
+    """Make each topic of `names` read from a view, not made yet, once the job of that view is read (`_job_order`
+    puts it first); one whose view's job has problems of its own is counted as broken."""
+    by_view = {v.name: (j, v) for j in jobs.values() for v in j.views}
+    for name in names:
+        if name not in of_views or name in topics or name in out.broken_topics:
+            continue
+        t = of_views[name]
+        view = t.from_.get("view") if isinstance(t.from_, dict) else None
+        if view in by_view:
+            made = _view_topic(name, t, *by_view[view], topics, out, kinds)
+            if made is not None:
+                topics[name] = made
+                continue
+        elif any(view in _raw_views(b) for b in raw.jobs.values()):  # its job has problems of its own
+            pass
+        else:
+            names = ", ".join(v for b in raw.jobs.values() for v in _raw_views(b))
+            out.add(("topics", name, "from", "view"), f"unknown view {view!r} (views: {names})")
+        out.broken_topics.add(name)
+
+
+_VIEW_OWN = ("key", "op", "optional", "final_deletes", "remove_fields", "capture")
+
+
+# long: one rule per part of the declaration, as spec.viewtable's docstring lists them
+def _view_topic(
+    name: str,
+    t: _Topic,
+    job: Job,
+    view: View,
+    topics: dict[str, Topic],
+    out: Problems,
+    kinds: Mapping[str, ViewFile],
+):
+    """The topic `name` read from view `view` of job `job` (see `spec.viewtable`), or None with its problems."""
+    path, before = ("topics", name), len(out.found)
+    if not NAME.match(name):
+        out.add(path, "a topic name is a letter then letters, digits or _")
+    if set(t.from_) != {"view"} or not isinstance(t.from_.get("view"), str):
+        out.add((*path, "from"), "a topic read from a view is `from: {view: <view name>}`")
+        return None
+    kind = kinds[view.kind]
+    if kind.topic is None:
+        readable = ", ".join(k for k, f in kinds.items() if f.topic is not None)
+        out.add(
+            (*path, "from", "view"),
+            f"{view.name!r} is a {view.kind} view, which is not read as a topic (read a view of: {readable})",
+        )
+        return None
+    event = kind.events
+    for k in (k for k in _VIEW_OWN if k in t.model_fields_set):
+        out.add((*path, k), "a topic read from a view has the view's key and records: remove it")
+    if not event:
+        for k in (k for k in ("id", "time") if k in t.model_fields_set):
+            out.add((*path, k), f"a topic read from a {view.kind} view is keyed by the view's key: remove it")
+    seen = _seen_names(job.kind, tuple(topics[n] for n in job.spec.topics))
+    fields = dict(kind.topic(view, seen))
+    for f, kind in t.fields.items():
+        if f not in fields:
+            out.add((*path, "fields", f), f"{f!r} is not a field of view {view.name!r} ({', '.join(fields)})")
+        elif kind not in FIELD_TYPES:
+            out.add(
+                (*path, "fields", f), f"field {f!r} has type {kind!r}: choose one of {', '.join(FIELD_TYPES)}"
+            )
+        else:
+            fields[f] = kind
+    exprs = dict(view.fields) | dict(view.values)
+    for f in (f for f, kind in fields.items() if kind is None):
+        out.add(
+            (*path, "from"),
+            f"the type of {f!r} of view {view.name!r} ({exprs.get(f, f)}) cannot be told from its expression: "
+            f"give it, `fields: {{{f}: <type>}}`",
+        )
+    if event:
+        ident = _names(t.id) if t.id is not None else ()
+        if not ident:
+            out.add(
+                path,
+                f"a topic read from a log view is an event topic: give its `id` (of {', '.join(fields)})",
+            )
+        for f in ident:
+            if fields.get(f, "") not in ("id", "string", "long"):
+                out.add((*path, "id"), f"{f!r} is not a string or long field of view {view.name!r}")
+        if t.time is None or fields.get(t.time) != "timestamp":
+            out.add((*path, "time"), f"give `time`, a timestamp field of view {view.name!r}")
+    if len(out.found) > before:
+        return None
+    if event:
+        return Topic(name=name, fields=tuple(fields.items()), time=t.time, id=_names(t.id), view=view.name)
+    return Topic(
+        name=name,
+        fields=(*fields.items(), (BATCH, "timestamp")),
+        time=BATCH,
+        key=table_key(view),
+        op=OP,
+        view=view.name,
+    )
+
+
+def _topics(raw: _Pipeline, out: Problems) -> tuple[dict[str, Topic], dict[str, _Topic]]:
+    """The file's topics that are valid (a topic read `from:` another completed from it first), and those read from
+    a view (`from: {view: ...}`), made once their view's job is read (`_view_topic`)."""
     declared = {n: validated(_Topic, t, ("topics", n), out) for n, t in raw.topics.items()}
+    of_views = {n: t for n, t in declared.items() if t is not None and isinstance(t.from_, dict)}
     declared = {
         n: _read_from(n, t, declared, out) if t is not None and t.from_ is not None else t
         for n, t in declared.items()
+        if n not in of_views
     }
-    return {n: t for n, t in ((n, _topic(n, t, out)) for n, t in declared.items() if t) if t is not None}
+    topics = {n: t for n, t in ((n, _topic(n, t, out)) for n, t in declared.items() if t) if t is not None}
+    return topics, of_views
 
 
 def load_pipeline(

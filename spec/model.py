@@ -79,7 +79,9 @@ class Topic:
         fields: (name, type) in declared order. optional: fields that may be absent or null. op: (upsert name, remove
         name) of the record's field `op`, or None (every record is an upsert). remove_fields: fields a remove record
         must carry besides the key and the time (none by default). source: the event topic whose log this table topic
-    reads (`from:`; nothing is written to this topic itself), None for a topic of its own log. declared_at: `<file>:<line>: topics.<name>.fields`
+    reads (`from:`; nothing is written to this topic itself), None for a topic of its own log. view: the view whose
+    rows this topic is (`from: {view: ...}`: a log view's as an event topic, a row, count or agg view's as a table
+    topic keyed by the view's key, `spec.viewtable`), None otherwise. declared_at: `<file>:<line>: topics.<name>.fields`
         of the declaration it was read from, for messages (None for a topic made in code; not compared)."""
 
     name: str
@@ -93,6 +95,7 @@ class Topic:
     remove_fields: tuple[str, ...] = ()
     capture: Capture | None = None
     source: str | None = None
+    view: str | None = None
     declared_at: str | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -284,8 +287,33 @@ class Pipeline:
 
     @property
     def written(self) -> dict[str, Topic]:
-        """The topics with a log of their own, those producers write (not read `from:` another), by name."""
-        return {n: t for n, t in self.topics.items() if t.source is None}
+        """The topics with a log of their own, those producers write (not read `from:` another topic or a view), by
+        name."""
+        return {n: t for n, t in self.topics.items() if t.source is None and t.view is None}
+
+    def view_job(self, view: str) -> str:
+        """The job that maintains view `view`."""
+        return self.views[view].job
+
+    def upstream(self, job: str) -> tuple[str, ...]:
+        """The jobs whose views `job` reads (through a topic read `from: {view: ...}`), directly, in the order of its
+        topics."""
+        views = [self.topics[t].view for t in self.jobs[job].topics]
+        return tuple(dict.fromkeys(self.view_job(v) for v in views if v is not None))
+
+    def chain(self, job: str) -> tuple[str, ...]:
+        """The jobs `job` depends on, directly or through others, each after those it depends on (the order `run
+        --once` runs them in); not `job` itself. The loader refuses a cycle, so there is none."""
+        out: dict[str, None] = {}
+
+        def visit(j: str) -> None:
+            for up in self.upstream(j):
+                if up not in out:
+                    visit(up)
+                    out[up] = None
+
+        visit(job)
+        return tuple(out)
 
     def where(self, *path) -> str:
         """`<file>:<line>: <dotted path>` for messages about the key at `path` (the nearest line known)."""
@@ -322,13 +350,19 @@ class Pipeline:
     def definition(self, job: str) -> dict:
         """What a generation of `job` is built from, as plain data: the job with its views (`job`) and the
         declarations of the topics it reads (`topics`; where a topic's records come from, its capture, does not
-        change what they mean, nor where in a file it was declared)."""
+        change what they mean, nor where in a file it was declared), and the definitions of the jobs whose views it
+        reads (`upstream`, when it reads any)."""
         j = self.jobs[job]
         topics = {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics}
         body = {
             "job": asdict(j),
-            "topics": {t: {k: v for k, v in d.items() if k != "declared_at"} for t, d in topics.items()},
+            "topics": {
+                t: {k: v for k, v in d.items() if k != "declared_at" and (k != "view" or v is not None)}
+                for t, d in topics.items()
+            },
         }
+        if self.upstream(job):  # a view read changes with its job's definition: so does this job's
+            body["upstream"] = {up: self.definition(up) for up in self.upstream(job)}
         return json.loads(json.dumps(body, default=_plain))
 
 

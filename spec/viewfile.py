@@ -46,13 +46,18 @@ class ViewFile:
     """A view kind in a pipeline file. name: its key (`count:`). keys: the pydantic model of every key it takes.
     read(keys, check): the parts of its `View` beside name, job, kind, where, show, window and retain (a dict of
     `View` fields), its problems added through `check`. serves: the job kinds whose rows it takes; serves_note: what
-    is said when it is declared on another (default: the list)."""
+    is said when it is declared on another (default: the list). topic(view, seen): the fields of a view of the kind
+    read as a topic (`from: {view: ...}`, `spec.viewtable`), (name, type or None where it cannot be told) in order,
+    `seen` what the view's expressions see by topic; None for a kind that is not read as a topic. events: read as a
+    topic, it is an event topic of its rows (else a table topic of its entries, by key)."""
 
     name: str
     keys: type[ViewKeys]
     read: Callable[[Any, ViewCheck], dict[str, Any]]
     serves: tuple[str, ...] = JOB_KINDS
     serves_note: str = ""
+    topic: Callable[[Any, Mapping], list[tuple[str, str | None]]] | None = None
+    events: bool = False
 
     @property
     def windowed(self) -> bool:

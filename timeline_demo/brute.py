@@ -872,6 +872,8 @@ def _accept(pipeline: Pipeline, batches: Iterable[Mapping[str, Iterable[Any]]]):
             topic = pipeline.topics.get(name)
             if topic is None:
                 raise BruteError(f"unknown topic {name!r} (topics: {', '.join(pipeline.topics)})")
+            if topic.view is not None:
+                raise BruteError(f"topic {name!r} is view {topic.view!r}: its job writes it")
             if topic.source is not None:
                 raise BruteError(
                     f"topic {name!r} is read from {topic.source!r}: give its records to {topic.source!r}"

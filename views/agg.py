@@ -51,6 +51,7 @@ from spec.model import Pipeline, View
 from spec.problems import Expr, expr_text
 from spec.sql import Aggregate, parse_aggregate
 from spec.viewfile import ViewCheck, ViewFile, WindowedKeys
+from spec.viewtable import agg_type, entry_fields
 from views import window
 from views.errors import ViewError
 from views.fence import GATE_LUA, GATE_SHA, UNFENCED, Fence
@@ -88,7 +89,11 @@ def _read(keys: AggKeys, check: ViewCheck) -> dict:
     return {"key": check.one_key(keys.agg, "agg"), "values": tuple(values)}
 
 
-FILE = ViewFile("agg", AggKeys, _read)
+def _topic(view: View, seen) -> list:
+    return entry_fields(view, [(n, agg_type(e, seen)) for n, e in view.values])
+
+
+FILE = ViewFile("agg", AggKeys, _read, topic=_topic)
 
 
 _LIVE = "_sign > 0 AND _where AND _key IS NOT NULL"

@@ -36,6 +36,7 @@ from changelog.current import quoted
 from spec.model import Pipeline, View
 from spec.problems import Expr
 from spec.viewfile import ViewCheck, ViewFile, WindowedKeys
+from spec.viewtable import entry_fields, expr_type
 from views.fence import UNFENCED, Fence
 from views.frame import select_view
 from views.keys import key_id, view_key, view_pattern
@@ -68,7 +69,15 @@ def _read(keys: CountKeys, check: ViewCheck) -> dict:
     return {"key": check.one_key(keys.count, "count"), "values": check.named(keys.values, ("values",))}
 
 
-FILE = ViewFile("count", CountKeys, _read)
+def _topic(view: View, seen) -> list:
+    """A sum of longs (or of booleans, each 1 or 0) is a long, of doubles a double."""
+    types = [(n, expr_type(e, seen)) for n, e in view.values]
+    return entry_fields(
+        view, [(n, "long" if t == "boolean" else t if t in ("long", "double") else None) for n, t in types]
+    )
+
+
+FILE = ViewFile("count", CountKeys, _read, topic=_topic)
 
 
 # KEYS[1] = the job's fence (`views.fence`), KEYS[2] = the key; ARGV[1] = the writer's lease epoch, ARGV[2] = the

@@ -25,6 +25,7 @@ from changelog.storage import Lake
 from changelog.topics import ensure_delta_table, table_version
 from spec.model import Pipeline, View
 from spec.viewfile import ViewCheck, ViewFile, ViewKeys
+from spec.viewtable import expr_type
 from views.frame import empty_rows, select_view, view_rows
 
 __all__ = [
@@ -68,6 +69,8 @@ FILE = ViewFile(
     _read,
     serves=("asof", "select"),
     serves_note="a log view is for asof and select jobs (an output log of the emitted rows)",
+    topic=lambda view, seen: [(n, expr_type(e, seen)) for n, e in view.fields],
+    events=True,
 )
 
 

@@ -31,6 +31,7 @@ from changelog.current import quoted
 from spec.model import Pipeline, View
 from spec.problems import Expr
 from spec.viewfile import ShownKeys, ViewCheck, ViewFile
+from spec.viewtable import entry_fields, expr_type
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import line_sql, select_view
 from views.keys import key_id, view_key, view_pattern
@@ -60,7 +61,11 @@ def _read(keys: RowKeys, check: ViewCheck) -> dict:
     return {"key": check.one_key(keys.row, "row"), "fields": check.named(keys.fields, ("fields",))}
 
 
-FILE = ViewFile("row", RowKeys, _read)
+def _topic(view: View, seen) -> list:
+    return entry_fields(view, [(n, expr_type(e, seen)) for n, e in view.fields])
+
+
+FILE = ViewFile("row", RowKeys, _read, topic=_topic)
 
 
 ROW_CHANGES = "key string, id string, body string"

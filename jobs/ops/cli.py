@@ -73,9 +73,13 @@ def _check_topics(settings, topics) -> None:
 def _job_topics(settings, job: str) -> list:
     """The topics the job `job` reads (a pipeline job) or writes (kafka: every topic; cdc: the captured ones)."""
     from jobs.core.registry import job_spec
+    from jobs.errors import ChainNotRun
 
     pipeline = _pipeline(settings)
-    return [pipeline.topics[t] for t in job_spec(settings, job).topics]
+    topics = [pipeline.topics[t] for t in job_spec(settings, job).topics]
+    for t in (t for t in topics if t.view is not None):
+        raise ChainNotRun(job, t.name, t.view, pipeline.view_job(t.view))
+    return topics
 
 
 def _commit_bound() -> dict:
@@ -412,12 +416,17 @@ def cmd_check(args) -> int:
     print(f"{file}: valid: {len(pipeline.topics)} topics, {len(pipeline.jobs)} jobs, {len(views)} views")
     topics = [
         f"{n} ({t.kind}{', captured from ' + captured[n] if n in captured else ''}"
-        f"{', read from ' + t.source if t.source else ''})"
+        f"{', read from ' + t.source if t.source else ''}{', view ' + t.view if t.view else ''})"
         for n, t in pipeline.topics.items()
     ]
     print(f"topics: {', '.join(topics)}")
     if pipeline.jobs:
-        jobs = [f"{n} ({j.kind}: {' x '.join(j.topics)})" for n, j in pipeline.jobs.items()]
+        jobs = [
+            f"{n} ({j.kind}: {' x '.join(j.topics)}"
+            + (f"; after {', '.join(pipeline.chain(n))}" if pipeline.upstream(n) else "")
+            + ")"
+            for n, j in pipeline.jobs.items()
+        ]
         print(f"jobs: {', '.join(jobs)}")
         shown = (
             f"{n} ({v.kind} of {v.job}{', ' + v.window.text if v.window else ''})" for n, v in views.items()

@@ -49,7 +49,7 @@ BROKEN = [
                 "give only `key`",
             ),
             ("no key", "{from: orders}", "topics.t", "give its `key`"),
-            ("a view", "{from: {view: v}, key: k}", "topics.t.from", "not built yet"),
+            ("an unknown view", "{from: {view: v}}", "topics.t.from.view", "unknown view 'v'"),
             ("no fields at all", "{key: order_id}", "topics.t", "needs `fields`"),
         ]
     ],
@@ -604,3 +604,146 @@ def test_other_variables_are_read(name):
     text = _job(PAID + _ROW_VIEW.replace("X", f"\"concat('${{{name}}}', order_id)\""))
     pipeline = parse_pipeline(text, "shop.yml", {name: "v1"})
     assert dict(pipeline.views["v"].fields)["x"] == "concat('v1', order_id)"
+
+
+# --- Chained jobs: topics read from a view (`from: {view: ...}`) ---
+
+CHAIN = (
+    BASE
+    + """\
+  totals: {from: {view: by_customer}}
+  tiers: {from: {view: tier_of}}
+  paid_log: {from: {view: paid_orders}, id: order_id, time: ts}
+jobs:
+  rich:
+    join: {left: totals, right: tiers, match: {customer_id: customer_id}}
+    views:
+      by_tier: {agg: {tier: tier}, values: {customers: count(*), spent: sum(total)}}
+  sums:
+    select: {from: orders}
+    views:
+      by_customer: {agg: {customer_id: customer_id}, values: {n: count(*), total: sum(amount), top: max(amount)}}
+      paid_orders: {log: {fields: {order_id: order_id, amount: amount, ts: ts}}}
+  tiers_job:
+    select: {from: customers}
+    views:
+      tier_of: {row: {customer_id: customer_id}, fields: {tier: tier}}
+  again:
+    select: {from: paid_log}
+    views:
+      big: {count: {order_id: order_id}, values: {n: "if(amount > 10, 1, 0)"}}
+"""
+)
+
+
+def test_a_view_read_as_a_topic_has_the_view_s_key_fields_and_batches():
+    p = parse_pipeline(CHAIN, "chain.yml", {})
+    totals = p.topics["totals"]
+    assert (totals.kind, totals.key, totals.view, totals.time, totals.op) == (
+        "table", ("customer_id",), "by_customer", "_batch", ("upsert", "remove")
+    )  # fmt: skip
+    assert totals.fields == (
+        ("customer_id", "string"), ("n", "long"), ("total", "double"), ("top", "double"), ("_batch", "timestamp")
+    )  # fmt: skip
+    paid = p.topics["paid_log"]
+    assert (paid.kind, paid.id, paid.time, paid.fields) == (
+        "event", ("order_id",), "ts", (("order_id", "string"), ("amount", "double"), ("ts", "timestamp"))
+    )  # fmt: skip
+    assert set(p.written) == {
+        "orders",
+        "payments",
+        "customers",
+        "open_orders",
+    }  # nothing writes a view's topic
+    assert list(p.jobs) == ["rich", "sums", "tiers_job", "again"]  # as the file declares them
+
+
+def test_a_job_depends_on_the_jobs_of_the_views_it_reads_and_its_definition_holds_theirs():
+    p = parse_pipeline(CHAIN, "chain.yml", {})
+    assert p.upstream("rich") == ("sums", "tiers_job") and p.upstream("sums") == ()
+    assert p.chain("rich") == ("sums", "tiers_job") and p.chain("again") == ("sums",)
+    assert p.definition("rich")["upstream"] == {
+        "sums": p.definition("sums"),
+        "tiers_job": p.definition("tiers_job"),
+    }
+    assert "upstream" not in p.definition("sums")
+    changed = parse_pipeline(CHAIN.replace("top: max(amount)", "top: min(amount)"), "chain.yml", {})
+    moved = {j for j in p.jobs if changed.fingerprint(j) != p.fingerprint(j)}
+    assert moved == {"sums", "rich", "again"}  # a change upstream reaches every job that reads it, no other
+
+
+CHAIN_BROKEN = [
+    (
+        "a cycle",
+        BASE
+        + "  a_t: {from: {view: va}}\n  b_t: {from: {view: vb}}\njobs:\n"
+        + "  ja:\n    select: {from: b_t}\n    views: {va: {row: {k: k}, fields: {n: k}}}\n"
+        + "  jb:\n    select: {from: a_t}\n    views: {vb: {row: {k: k}, fields: {n: k}}}\n",
+        "topics.b_t.from",
+        "jobs ja -> jb -> ja read each other's views (ja reads 'b_t' (view 'vb' of 'jb'); jb reads 'a_t' (view 'va'",
+    ),
+    (
+        "a list view",
+        BASE
+        + "  t: {from: {view: l}}\njobs:\n  j:\n    select: {from: orders}\n"
+        + "    views: {l: {list: {c: customer_id}, entry: order_id, order: ts desc, cap: 3}}\n",
+        "topics.t.from.view",
+        "'l' is a list view, which is not read as a topic (read a view of: row, count, agg, log)",
+    ),
+    (
+        "a key of its own",
+        CHAIN.replace("totals: {from: {view: by_customer}}", "totals: {from: {view: by_customer}, key: n}"),
+        "topics.totals.key",
+        "has the view's key and records",
+    ),
+    (
+        "a type not told",
+        CHAIN.replace("fields: {tier: tier}", "fields: {tier: tier, odd: 'mystery(tier)'}"),
+        "topics.tiers.from",
+        "the type of 'odd' of view 'tier_of' (mystery(tier)) cannot be told from its expression: give it",
+    ),
+    (
+        "a type given for no field",
+        CHAIN.replace(
+            "tiers: {from: {view: tier_of}}", "tiers: {from: {view: tier_of}, fields: {nope: long}}"
+        ),
+        "topics.tiers.fields.nope",
+        "'nope' is not a field of view 'tier_of'",
+    ),
+    (
+        "a log view without id",
+        CHAIN.replace(
+            "paid_log: {from: {view: paid_orders}, id: order_id, time: ts}",
+            "paid_log: {from: {view: paid_orders}, time: ts}",
+        ),
+        "topics.paid_log",
+        "a topic read from a log view is an event topic: give its `id`",
+    ),
+    (
+        "a log view's time not a timestamp",
+        CHAIN.replace("id: order_id, time: ts}", "id: order_id, time: amount}"),
+        "topics.paid_log.time",
+        "give `time`, a timestamp field of view 'paid_orders'",
+    ),
+    (
+        "a table view with a time",
+        CHAIN.replace("tiers: {from: {view: tier_of}}", "tiers: {from: {view: tier_of}, time: ts}"),
+        "topics.tiers.time",
+        "is keyed by the view's key: remove it",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "key", "says"), CHAIN_BROKEN, ids=[c[0] for c in CHAIN_BROKEN])
+def test_a_broken_chain_is_one_line_that_names_it(case, text, key, says):
+    with pytest.raises(PipelineError) as e:
+        parse_pipeline(text, "chain.yml", {})
+    lines = [p for p in e.value.problems if p.key == key]
+    assert len(lines) == 1 and says in lines[0].message, e.value.problems
+
+
+def test_a_type_given_beside_from_completes_the_topic():
+    text = CHAIN.replace("fields: {tier: tier}", "fields: {tier: tier, odd: 'mystery(tier)'}").replace(
+        "tiers: {from: {view: tier_of}}", "tiers: {from: {view: tier_of}, fields: {odd: long}}"
+    )
+    assert dict(parse_pipeline(text, "chain.yml", {}).topics["tiers"].fields)["odd"] == "long"

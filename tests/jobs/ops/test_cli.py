@@ -357,6 +357,28 @@ def _installed(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
+def test_a_chain_is_checked_with_its_order_and_its_jobs_say_in_one_line_that_they_do_not_run_yet(tmp_path):
+    """A pipeline with a job over other jobs' views: `mview check` shows what each job runs after; `run` of that
+    job, and `ingest` into a view's topic, refuse in one line, before Spark or the lake."""
+    from tests.spec.test_load import CHAIN
+
+    (tmp_path / "chain.yml").write_text(CHAIN)
+    env = {"LAKE_DIR": str(tmp_path / "lake"), "MVIEW_PIPELINE": str(tmp_path / "chain.yml")}
+    check = _installed("check", env=env)
+    assert check.returncode == 0, check.stderr
+    assert "rich (join: totals x tiers; after sums, tiers_job)" in check.stdout
+    assert "totals (table, view by_customer)" in check.stdout
+    run = _installed("run", "rich", "--once", env=env)
+    assert run.returncode == 1 and run.stderr.splitlines() == [
+        "mview: rich reads 'totals', view 'by_customer' of job 'sums': a job over another job's view is checked "
+        "(mview check) but does not run yet; read the topics of its job instead"
+    ]
+    (tmp_path / "one.jsonl").write_text("{}\n")
+    ingest = _installed("ingest", "totals", str(tmp_path / "one.jsonl"), env=env)
+    assert ingest.returncode == 1 and "the view's job writes it" in ingest.stderr
+    assert not (tmp_path / "lake" / "topics" / "totals").exists()
+
+
 def test_check_says_every_problem_of_a_pipeline_one_line_each_and_every_command_refuses_it(tmp_path):
     """`mview check FILE` through the installed command: the shop passes with a summary; a broken copy gives one
     `<file>:<line>: <key>: ...` line per problem, exit 1, no traceback, no Spark; any other command with that
