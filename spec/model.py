@@ -351,7 +351,8 @@ class Pipeline:
         """What a generation of `job` is built from, as plain data: the job with its views (`job`) and the
         declarations of the topics it reads (`topics`; where a topic's records come from, its capture, does not
         change what they mean, nor where in a file it was declared), and the definitions of the jobs whose views it
-        reads (`upstream`, when it reads any)."""
+        reads (`upstream`, when it reads any); the views of `job` that other jobs read (`read_as_topics`, when there
+        are any: such a view keeps a log from its first batch, so a reader added later rebuilds the job)."""
         j = self.jobs[job]
         topics = {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics}
         body = {
@@ -361,6 +362,9 @@ class Pipeline:
                 for t, d in topics.items()
             },
         }
+        tables = sorted(t.view for t in self.topics.values() if t.view in {v.name for v in j.views})
+        if tables:  # a view another job reads keeps a log of its entries from its first batch (`views.table`)
+            body["read_as_topics"] = tables
         if self.upstream(job):  # a view read changes with its job's definition: so does this job's
             body["upstream"] = {up: self.definition(up) for up in self.upstream(job)}
         return json.loads(json.dumps(body, default=_plain))

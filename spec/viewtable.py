@@ -203,15 +203,17 @@ def expr_type(sql: str, seen: Mapping[str, Topic]) -> str | None:
 
 
 def agg_type(text: str, seen: Mapping[str, Topic]) -> str | None:
-    """The type of an agg view's value `text` (`count(...)`: a long, `avg`: a double, `sum`, `min`, `max`: their
-    expression's; a sum of booleans is not told)."""
+    """The type of an agg view's value `text` (`count(...)`: a long, `avg`: a double, `sum`: a long of longs or
+    booleans (true counts 1), a double of doubles; `min`, `max`: their expression's)."""
     a = parse_aggregate(text)
     if a.func == "count":
         return "long"
     if a.func == "avg":
         return "double"
     t = expr_type(a.expr, seen)
-    return None if a.func == "sum" and t == "boolean" else t
+    if a.func == "sum":
+        return "long" if t in ("long", "boolean") else "double" if t == "double" else None
+    return t
 
 
 def entry_fields(view: View, values: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:

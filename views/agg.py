@@ -59,6 +59,7 @@ from views.frame import ExpressionError, _quiet, empty_rows, evaluate, select_vi
 from views.keys import key_id, view_key, view_pattern
 from views.redis_io import Forwarder, current_generation, is_cluster, pack, sink_client
 from views.state import LakeState, StateStep, StateView, changed_rows, touched
+from views.table import ViewTable, reading_topic
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
 __all__ = ["FILE", "AggView", "AggStep", "agg_views", "check_agg", "query_agg", "export_aggs"]
@@ -269,6 +270,10 @@ class AggView(StateView):
         mode = "windows" if self.window is not None else "parts" if append_only else "rows"
         root = f"{key.strip('/')}/{mode}".lstrip("/")
         self.store = LakeState(spark, lake, root, self._payload(), snapshot_every=snapshot_every)
+        topic = reading_topic(
+            pipeline, view
+        )  # another job reads the view as a table: its log (`views.table`)
+        self.table = ViewTable(spark, lake, view, topic, view.job, generation) if topic is not None else None
 
     def _payload(self) -> list[tuple[str, DataType | str]]:
         """(name, type) of a state row's columns after `_sid` and `_key`."""
@@ -414,9 +419,11 @@ class AggView(StateView):
         return AggStep(batch_id, log, staged, state, after, self._lines(after, touched(log)))
 
     def publish(self, step: AggStep) -> dict:
-        """Write the lines of the batch's keys to Redis (SET or DEL, each one fenced call): from the driver when
-        at most `driver_max` keys, else from the executors. Returns `{"keys": n}`, the keys written (None when sent
-        from the executors)."""
+        """Write the lines of the batch's keys to the view's table log when another job reads it (`views.table`),
+        then to Redis (SET or DEL, each one fenced call): from the driver when at most `driver_max` keys, else from
+        the executors. Returns `{"keys": n}`, the keys written (None when sent from the executors)."""
+        if self.table is not None:
+            self.table.write(step.lines, step.batch_id)
         if self.driver_max > 0:
             rows = step.lines.coalesce(1).limit(self.driver_max + 1).collect()  # one Spark job
             if len(rows) <= self.driver_max:
