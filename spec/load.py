@@ -609,17 +609,15 @@ def _view_topics(
         if name not in of_views or name in topics or name in out.broken_topics:
             continue
         t = of_views[name]
-        view = t.from_.get("view") if isinstance(t.from_, dict) else None
+        view = t.from_.get("view")
+        declared = [v for b in raw.jobs.values() for v in _raw_views(b)]
         if view in by_view:
             made = _view_topic(name, t, *by_view[view], topics, out, kinds)
             if made is not None:
                 topics[name] = made
                 continue
-        elif any(view in _raw_views(b) for b in raw.jobs.values()):  # its job has problems of its own
-            pass
-        else:
-            names = ", ".join(v for b in raw.jobs.values() for v in _raw_views(b))
-            out.add(("topics", name, "from", "view"), f"unknown view {view!r} (views: {names})")
+        elif view not in declared:  # a view of a job with problems of its own is said there
+            out.add(("topics", name, "from", "view"), f"unknown view {view!r} (views: {', '.join(declared)})")
         out.broken_topics.add(name)
 
 
@@ -659,17 +657,18 @@ def _view_topic(
             out.add((*path, k), f"a topic read from a {view.kind} view is keyed by the view's key: remove it")
     seen = _seen_names(job.kind, tuple(topics[n] for n in job.spec.topics))
     fields = dict(kind.topic(view, seen))
-    for f, kind in t.fields.items():
+    for f, given in t.fields.items():
         if f not in fields:
             out.add((*path, "fields", f), f"{f!r} is not a field of view {view.name!r} ({', '.join(fields)})")
-        elif kind not in FIELD_TYPES:
+        elif given not in FIELD_TYPES:
             out.add(
-                (*path, "fields", f), f"field {f!r} has type {kind!r}: choose one of {', '.join(FIELD_TYPES)}"
+                (*path, "fields", f),
+                f"field {f!r} has type {given!r}: choose one of {', '.join(FIELD_TYPES)}",
             )
         else:
-            fields[f] = kind
+            fields[f] = given
     exprs = dict(view.fields) | dict(view.values)
-    for f in (f for f, kind in fields.items() if kind is None):
+    for f in (f for f, told in fields.items() if told is None):
         out.add(
             (*path, "from"),
             f"the type of {f!r} of view {view.name!r} ({exprs.get(f, f)}) cannot be told from its expression: "

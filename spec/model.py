@@ -362,11 +362,13 @@ class Pipeline:
                 for t, d in topics.items()
             },
         }
-        tables = sorted(t.view for t in self.topics.values() if t.view in {v.name for v in j.views})
+        own = {v.name for v in j.views}
+        tables = sorted(t.view for t in self.topics.values() if t.view in own)
         if tables:  # a view another job reads keeps a log of its entries from its first batch (`views.table`)
             body["read_as_topics"] = tables
-        if self.upstream(job):  # a view read changes with its job's definition: so does this job's
-            body["upstream"] = {up: self.definition(up) for up in self.upstream(job)}
+        upstream = self.upstream(job)
+        if upstream:  # a view read changes with its job's definition: so does this job's
+            body["upstream"] = {up: self.definition(up) for up in upstream}
         return json.loads(json.dumps(body, default=_plain))
 
 

@@ -270,9 +270,8 @@ class AggView(StateView):
         mode = "windows" if self.window is not None else "parts" if append_only else "rows"
         root = f"{key.strip('/')}/{mode}".lstrip("/")
         self.store = LakeState(spark, lake, root, self._payload(), snapshot_every=snapshot_every)
-        topic = reading_topic(
-            pipeline, view
-        )  # another job reads the view as a table: its log (`views.table`)
+        # another job reads the view as a table: its log (`views.table`)
+        topic = reading_topic(pipeline, view)
         self.table = ViewTable(spark, lake, view, topic, view.job, generation) if topic is not None else None
 
     def _payload(self) -> list[tuple[str, DataType | str]]:
