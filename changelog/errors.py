@@ -21,6 +21,7 @@ __all__ = [
     "IngestFailed",
     "UnknownTopic",
     "ReadFrom",
+    "ViewNotPublished",
     "TopicChanged",
     "KafkaUnavailable",
     "NotProduced",
@@ -214,6 +215,18 @@ class ReadFrom(ChangelogError):
             return
         super().__init__(
             f"topic {topic!r} is read from {source!r} (`from:` in the pipeline file): write its records to {source!r}"
+        )
+
+
+class ViewNotPublished(ChangelogError):
+    """`topic` is read from view `view`, and no generation of the view's job is known to read it from: the job has
+    not run yet (or Redis and the lake could not be asked). Its log is resolved when a job runs
+    (`jobs.core.chain`)."""
+
+    def __init__(self, topic: str, view: str):
+        self.topic, self.view = topic, view
+        super().__init__(
+            f"topic {topic!r} is view {view!r}, whose job has not published a generation yet: run that job first"
         )
 
 

@@ -78,7 +78,7 @@ from contextlib import contextmanager
 from arro3.core import Array, ChunkedArray, DataType, RecordBatch, Table
 
 from changelog.checksums import write_checksums
-from changelog.errors import TopicChanged, UnknownTopic
+from changelog.errors import TopicChanged, UnknownTopic, ViewNotPublished
 from changelog.lakeformat import record_format
 from changelog.storage import Lake, NotFound
 from spec.model import Topic
@@ -137,7 +137,12 @@ def _name(topic: Topic) -> str:
 
 
 def topic_key(topic: Topic) -> str:
-    """`topics/<name>`: the key of the topic's log in the lake (a topic read `from:` another: that one's log)."""
+    """`topics/<name>`: the key of the topic's log in the lake (a topic read `from:` another: that one's log; a
+    topic read from a view: the view's table log a job resolved, `Topic.log`; `ViewNotPublished` when none was)."""
+    if topic.view is not None:
+        if topic.log is None:
+            raise ViewNotPublished(topic.name, topic.view)
+        return topic.log
     return f"topics/{topic.source}" if topic.source is not None else f"topics/{_name(topic)}"
 
 

@@ -93,15 +93,17 @@ class SourceNotConfigured(JobsError):
 
 
 class ChainNotRun(JobsError):
-    """Job `job` reads topic `topic`, which is view `view` of job `upstream` (`from: {view: ...}`): `mview check`
-    checks such a chain, but no job over another job's view runs yet."""
+    """Job `job` reads topic `topic`, which is view `view` (of kind `kind`) of job `upstream` (`from: {view: ...}`):
+    `mview check` checks such a chain, but a job over a view that keeps no table log (`views.table.keeps_table`:
+    a row, unwindowed count or log view) does not run yet."""
 
-    def __init__(self, job: str, topic: str, view: str, upstream: str):
+    def __init__(self, job: str, topic: str, view: str, upstream: str, kind: str):
         super().__init__(
-            f"{job} reads {topic!r}, view {view!r} of job {upstream!r}: a job over another job's view is checked "
-            "(mview check) but does not run yet; read the topics of its job instead"
+            f"{job} reads {topic!r}, {kind} view {view!r} of job {upstream!r}: a job over an agg view or a windowed "
+            f"count view runs; over a {kind} view it is checked (mview check) but does not run yet; read the topics "
+            "of its job instead"
         )
-        self.job, self.topic, self.view, self.upstream = job, topic, view, upstream
+        self.job, self.topic, self.view, self.upstream, self.kind = job, topic, view, upstream, kind
 
 
 class JobRunning(JobsError):

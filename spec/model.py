@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from spec.durations import duration_text
@@ -81,7 +81,9 @@ class Topic:
         must carry besides the key and the time (none by default). source: the event topic whose log this table topic
     reads (`from:`; nothing is written to this topic itself), None for a topic of its own log. view: the view whose
     rows this topic is (`from: {view: ...}`: a log view's as an event topic, a row, count or agg view's as a table
-    topic keyed by the view's key, `spec.viewtable`), None otherwise. declared_at: `<file>:<line>: topics.<name>.fields`
+    topic keyed by the view's key, `spec.viewtable`), None otherwise. log: the lake key of the log such a topic
+    reads, the view's table log in the generation its job serves (`views.table.table_key`), set when a job runs
+    (`jobs.core.chain`); None in the file's pipeline. declared_at: `<file>:<line>: topics.<name>.fields`
         of the declaration it was read from, for messages (None for a topic made in code; not compared)."""
 
     name: str
@@ -96,6 +98,7 @@ class Topic:
     capture: Capture | None = None
     source: str | None = None
     view: str | None = None
+    log: str | None = None
     declared_at: str | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -291,6 +294,13 @@ class Pipeline:
         name."""
         return {n: t for n, t in self.topics.items() if t.source is None and t.view is None}
 
+    def reading(self, logs: Mapping[str, str]) -> Pipeline:
+        """This pipeline with each topic named in `logs` reading the log at that lake key (`Topic.log`: a topic read
+        from a view, its table log in the generation its job serves)."""
+        if not logs:
+            return self
+        return replace(self, topics={n: replace(t, log=logs.get(n, t.log)) for n, t in self.topics.items()})
+
     def view_job(self, view: str) -> str:
         """The job that maintains view `view`."""
         return self.views[view].job
@@ -358,7 +368,11 @@ class Pipeline:
         body = {
             "job": asdict(j),
             "topics": {
-                t: {k: v for k, v in d.items() if k != "declared_at" and (k != "view" or v is not None)}
+                t: {
+                    k: v
+                    for k, v in d.items()
+                    if k != "declared_at" and (k not in ("view", "log") or v is not None)
+                }
                 for t, d in topics.items()
             },
         }

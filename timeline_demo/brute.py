@@ -97,6 +97,7 @@ import orjson
 from spec.durations import parse_duration_ms
 from spec.model import MATCHES, SQL_TYPES, VERSION, Job, Pipeline, Topic, View
 from spec.sql import Aggregate, parse_aggregate
+from spec.viewtable import BATCH
 from timeline_demo.brute_sql import Expr, ExprError, cast_string, compile_expr, order_key, sql_compare
 from views.pipeline import load_pipeline
 
@@ -908,7 +909,8 @@ def brute_force(
     late: dict[str, int] = {}
     held: dict[str, int] = {}
     late_kept: dict[str, int] = {}
-    for job in pipeline.jobs.values():
+    for job in _in_chain_order(pipeline):
+        _read_views(pipeline, job, views, valid)
         if job.kind == "interval":
             got = _interval(pipeline, job, valid, lateness)
             late[job.name] = got.late
@@ -927,6 +929,26 @@ def brute_force(
         for view in job.views:
             views[view.name] = _view(view, got.rows, cols, job.kind == "interval", got.watermark)
     return BruteResult(pipeline, views, accepted, rejected, reasons, late, held, late_kept)
+
+
+def _in_chain_order(pipeline: Pipeline) -> list[Job]:
+    """The pipeline's jobs, each after the jobs whose views it reads."""
+    order: dict[str, None] = {}
+    for name in pipeline.jobs:
+        order.update(dict.fromkeys((*pipeline.chain(name), name)))
+    return [pipeline.jobs[n] for n in order]
+
+
+def _read_views(pipeline: Pipeline, job: Job, views: dict[str, _ViewOut], valid: list[dict]) -> None:
+    """Give each topic of `job` read from a view (a table topic) the view's entries after the last batch, as
+    upsert records of that batch: a view read as a table is its current entries."""
+    for name in job.topics:
+        topic = pipeline.topics[name]
+        if topic.view is None or not valid:
+            continue
+        lines = views[topic.view].lines.values()
+        records = [{**{n: line.get(n) for n in topic.names}, "op": topic.op[0], BATCH: 0} for line in lines]
+        valid[-1][name] = [validate(topic, r) for r in records]
 
 
 def batches_of(arrivals: Iterable[tuple[str, Any]], cuts: Iterable[int] = ()) -> list[dict[str, list]]:

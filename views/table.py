@@ -26,9 +26,15 @@ from changelog.topics import ensure_delta_table
 from spec.model import Pipeline, Topic, View
 from spec.viewtable import BATCH
 
-__all__ = ["table_key", "reading_topic", "ViewTable"]
+__all__ = ["keeps_table", "table_key", "reading_topic", "ViewTable"]
 
 _WINDOW_KEY = r"^(.*)\|(-?[0-9]+)$"  # `<key>|<window start>`: `views.window.windowed_key`
+
+
+def keeps_table(view: View) -> bool:
+    """Whether `view`'s job keeps its table log when a topic reads it: an agg view or a windowed count view (their
+    kind keeps each key's whole line per batch); a row, unwindowed count or log view does not."""
+    return view.kind == "agg" or (view.kind == "count" and view.window is not None)
 
 
 def table_key(view: str, generation: int) -> str:

@@ -36,6 +36,7 @@ from views.errors import Fenced
 from views.fence import UNFENCED, Fence, is_cluster_client
 from views.keys import gen_key, meta_key, view_pattern
 from views.log import log_key
+from views.table import table_key
 
 __all__ = [
     "key_kinds",
@@ -95,7 +96,8 @@ def replay_in_progress(settings: Settings, job: str) -> int | None:
 
 def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, *, files: bool = True) -> int:
     """Remove generation `generation` of `spec`: its Redis keys (SCAN + UNLINK, in batches of 1,000) and, with
-    `files`, its checkpoint and state dirs, the output logs of its `log` views and the late records it set aside.
+    `files`, its checkpoint and state dirs, the output logs of its `log` views, the table logs of its views other jobs
+    read (`views.table`) and the late records it set aside.
     Returns the number of Redis keys removed. Never call it on the serving generation."""
     removed = 0
     patterns = [view_pattern(kind, generation) for kind in key_kinds(spec)]
@@ -115,6 +117,7 @@ def drop_generation(settings: Settings, client, spec: JobSpec, generation: int, 
             state_key(spec.name, generation),
             f"{job_key(spec.name)}/late/g{generation}",
             *(log_key(view, generation) for view in spec.views),
+            *(table_key(view, generation) for view in spec.views),
         ):
             settings.lake.delete_tree(key)
         settings.lake.delete(_definition_key(spec.name, generation))
@@ -178,14 +181,14 @@ def last_committed_batch(settings: Settings, job: str, generation: int) -> int |
     return max(committed_batches(settings.lake, checkpoint_key(job, generation)), default=None)
 
 
-def lake_generation(settings: Settings, spec: JobSpec) -> int:
-    """The generation the lake says `spec` last served: the one in its status file if that generation committed a
+def lake_generation(settings: Settings, job: str) -> int:
+    """The generation the lake says `job` last served: the one in its status file if that generation committed a
     micro-batch, else the newest generation that did; 0 if the job never published anything."""
-    recorded = read_status(settings, spec.name, "status.json").get("generation")
-    if isinstance(recorded, int) and last_committed_batch(settings, spec.name, recorded) is not None:
+    recorded = read_status(settings, job, "status.json").get("generation")
+    if isinstance(recorded, int) and last_committed_batch(settings, job, recorded) is not None:
         return recorded
-    found = _lake_generations(settings, "checkpoints", spec.name)
-    published = [g for g in found if last_committed_batch(settings, spec.name, g) is not None]
+    found = _lake_generations(settings, "checkpoints", job)
+    published = [g for g in found if last_committed_batch(settings, job, g) is not None]
     return max(published, default=0)
 
 
@@ -199,7 +202,7 @@ def serving_copy_lost(settings: Settings, client, spec: JobSpec) -> str | None:
     commits between the two reads cannot look lost.
     """
     job = spec.name
-    published = lake_generation(settings, spec)
+    published = lake_generation(settings, spec.name)
     pointer = client.get(gen_key(job))
     if pointer is None:
         if published:

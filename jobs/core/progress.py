@@ -13,7 +13,14 @@ from jobs.core.registry import jobs
 from jobs.core.runtime import checkpoint_key, committed_batches
 from jobs.core.settings import Settings
 
-__all__ = ["processed_versions", "lag_versions", "rejected", "rejected_per_topic"]
+__all__ = [
+    "processed_versions",
+    "topic_lags",
+    "lag_versions",
+    "upstream_lag",
+    "rejected",
+    "rejected_per_topic",
+]
 
 
 def _next_version(offset: dict) -> int | None:
@@ -63,16 +70,42 @@ def rejected(settings: Settings, topics) -> int:
     return sum(rejected_per_topic(settings, topics).values())
 
 
+def topic_lags(settings: Settings, job: str, generation: int) -> dict[str, int | None]:
+    """Per topic of pipeline job `job`, its log versions not yet fully processed by `generation` (0 when caught
+    up); None for a topic read from a view whose job has published nothing yet (`jobs.core.chain`)."""
+    pipeline = settings.pipeline()
+    done = processed_versions(settings.lake, checkpoint_key(job, generation)) if generation else []
+    out: dict[str, int | None] = {}
+    for i, name in enumerate(pipeline.jobs[job].topics):
+        topic = pipeline.topics[name]
+        if topic.view is not None and topic.log is None:
+            out[name] = None
+            continue
+        nxt = done[i] if i < len(done) and done[i] is not None else 0
+        out[name] = max(0, latest_version(settings.lake, topic) + 1 - nxt)
+    return out
+
+
 def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
-    """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up); for a job
-    with its own lag (`JobSpec.lag`: a source job), that lag (None when it cannot be measured now)."""
+    """Log versions of `job`'s topics not yet fully processed by `generation` (0 when caught up; a view no job has
+    published counts nothing); for a job with its own lag (`JobSpec.lag`: a source job), that lag (None when it
+    cannot be measured now)."""
     spec = jobs(settings)[job]
     if spec.lag:
         return spec.call("lag", settings)
-    done = processed_versions(settings.lake, checkpoint_key(job, generation)) if generation else []
-    lag = 0
-    for i, topic in enumerate(spec.topics):
-        latest = latest_version(settings.lake, settings.topic(topic))
-        nxt = done[i] if i < len(done) and done[i] is not None else 0
-        lag += max(0, latest + 1 - nxt)
-    return lag
+    return sum(lag or 0 for lag in topic_lags(settings, job, generation).values())
+
+
+def upstream_lag(settings: Settings, job: str, generation: int) -> dict[str, int | None]:
+    """Per job whose views pipeline job `job` reads, the versions of those views' logs `generation` has not fully
+    processed: its lag behind that job (None while that job has published nothing); {} for a job that reads no
+    view."""
+    pipeline = settings.pipeline()
+    out: dict[str, int | None] = {}
+    for name, lag in topic_lags(settings, job, generation).items():
+        view = pipeline.topics[name].view
+        if view is not None:
+            up = pipeline.view_job(view)
+            before = out.get(up, 0)
+            out[up] = None if lag is None or before is None else before + lag
+    return out

@@ -179,7 +179,7 @@ def serving_or_published(settings: Settings, client, job: str) -> int:
     value = client.get(gen_key(job))
     if value is not None:
         return int(value)
-    return lake_generation(settings, job_spec(settings, job)) or ensure_generation(client, job)
+    return lake_generation(settings, job) or ensure_generation(client, job)
 
 
 def build_and_switch(spark, settings: Settings, job: str, client, old: int, new: int) -> float:
@@ -230,7 +230,7 @@ def rebuild(spark, settings: Settings, job: str, reason: str) -> int:
     try:
         client = connect(settings.redis_url, cluster=settings.redis_cluster)
         pointer = client.get(gen_key(job))
-        old = int(pointer) if pointer is not None else lake_generation(settings, spec)
+        old = int(pointer) if pointer is not None else lake_generation(settings, spec.name)
         new = old + 1
         if reason.startswith(DEFINITION_CHANGED):
             log(f"{job}: {reason}: building generation {new} from the logs while generation {old} serves")

@@ -209,8 +209,11 @@ class Settings:
 
     def pipeline(self) -> Pipeline:
         """The pipeline of `pipeline_file` (loaded once per file content and environment; `spec.PipelineError`
-        with every problem, one line each, when it is not valid)."""
-        return pipeline_at(str(self.pipeline_file), self.env)
+        with every problem, one line each, when it is not valid), each topic read from a view reading that view's
+        table log in the generation its job serves (`jobs.core.chain.resolve`: asked anew at each call)."""
+        from jobs.core.chain import resolve
+
+        return resolve(self, pipeline_at(str(self.pipeline_file), self.env))
 
     def topic(self, name: str) -> Topic:
         """The topic `name` of the settings' pipeline: how a topic's name (a command's argument, a job's topic

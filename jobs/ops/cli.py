@@ -71,15 +71,16 @@ def _check_topics(settings, topics) -> None:
 
 
 def _job_topics(settings, job: str) -> list:
-    """The topics the job `job` reads (a pipeline job) or writes (kafka: every topic; cdc: the captured ones)."""
+    """The topics the job `job` reads (a pipeline job) or writes (kafka: every topic; cdc: the captured ones), but
+    those read from a view, whose logs their jobs write. `ChainNotRun` if `job` reads a view that keeps no table
+    log."""
+    from jobs.core.chain import check_chain
     from jobs.core.registry import job_spec
-    from jobs.errors import ChainNotRun
 
     pipeline = _pipeline(settings)
-    topics = [pipeline.topics[t] for t in job_spec(settings, job).topics]
-    for t in (t for t in topics if t.view is not None):
-        raise ChainNotRun(job, t.name, t.view, pipeline.view_job(t.view))
-    return topics
+    if job in pipeline.jobs:
+        check_chain(pipeline, job)
+    return [pipeline.topics[t] for t in job_spec(settings, job).topics if pipeline.topics[t].view is None]
 
 
 def _commit_bound() -> dict:
@@ -201,8 +202,6 @@ def _published(result, as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     from jobs.core.registry import job_spec
-    from jobs.core.replay import caught_up
-    from jobs.ops.service import once_lease
 
     settings = _settings()
     spec = job_spec(settings, args.job)
@@ -213,26 +212,41 @@ def cmd_run(args) -> int:
             from jobs.ops.source import serve_source
 
             return serve_source(settings, spec.name)
-        with once_lease(settings, spec.name):
-            totals = spec.run(None, settings, once=True)
-    else:
-        if (
-            not args.once
-        ):  # deployed: follows replays, restarts on failure, waits for Redis (jobs.ops.service)
-            from jobs.ops.service import serve
+        from jobs.ops.service import once_lease
 
-            return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
-        _redis(settings)
-        with once_lease(settings, spec.name):  # refused while another driver runs the job
-            if caught_up(settings, spec.name):  # nothing new in its logs: no Spark to start
-                totals = {"batches": 0, "events": 0, "seconds": 0.0}
-            else:
-                totals = spec.run(_spark(settings, f"mview-{spec.name}"), settings, once=args.once)
-    if args.json:  # a source job's summary is its own (kafka: per topic, accepted and rejected)
+        with once_lease(settings, spec.name):
+            _summary(args, spec, spec.run(None, settings, once=True))
+        return 0
+    if not args.once:  # deployed: follows replays, restarts on failure, waits for Redis (jobs.ops.service)
+        from jobs.ops.service import serve
+
+        return serve(_spark(settings, f"mview-{spec.name}"), settings, spec.name)
+    _redis(settings)
+    for up in _pipeline(settings).chain(spec.name):  # what the job reads the views of, first
+        _check_topics(settings, _job_topics(settings, up))
+        _summary(args, job_spec(settings, up), _once(settings, up))
+    _summary(args, spec, _once(settings, spec.name))
+    return 0
+
+
+def _once(settings, job: str) -> dict:
+    """Run pipeline job `job` once (everything its logs hold now); its totals."""
+    from jobs.core.registry import job_spec
+    from jobs.core.replay import caught_up
+    from jobs.ops.service import once_lease
+
+    with once_lease(settings, job):  # refused while another driver runs the job
+        if caught_up(settings, job):  # nothing new in its logs: no Spark to start
+            return {"batches": 0, "events": 0, "seconds": 0.0}
+        return job_spec(settings, job).run(_spark(settings, f"mview-{job}"), settings, once=True)
+
+
+def _summary(args, spec, totals: dict) -> None:
+    """One line of a run's totals, or JSON with --json (a source job's summary is its own: kafka, per topic)."""
+    if args.json:
         print(json.dumps(totals if spec.source else {"job": spec.name, **totals}))
     else:
         print(f"{spec.name}: " + ", ".join(f"{k} {_number(v)}" for k, v in totals.items()))
-    return 0
 
 
 def _number(value) -> str:
@@ -383,6 +397,8 @@ def _changed_topics(pipeline) -> list[str]:
             if problem:
                 return [f"LAKE_DIR {lake.uri()} {problem}"]
             for topic in pipeline.topics.values():
+                if topic.view is not None:  # its log is the view's, of the generation its job writes
+                    continue
                 try:
                     check_topic(lake, topic)
                 except TopicChanged as e:

@@ -60,6 +60,7 @@ from redis.exceptions import RedisClusterException
 
 from changelog.storage import StorageError
 from jobs.core import runtime
+from jobs.core.chain import reads
 from jobs.core.generations import serving_copy_lost
 from jobs.core.lease import Lease, holder_of
 from jobs.core.registry import job_spec
@@ -210,8 +211,9 @@ def _serving(client, job: str) -> int | None:
 
 
 class _Guard(_Sentinel):
-    """Stops the job's query between micro-batches when SIGTERM arrives, the generation pointer moves, or Redis
-    lost the serving copy (`jobs.core.generations.serving_copy_lost`), so a stop waits only for the batch in flight and
+    """Stops the job's query between micro-batches when SIGTERM arrives, the generation pointer moves, a job whose
+    views it reads switches generation (`jobs.core.chain`: the supervisor then rebuilds it), or Redis lost the
+    serving copy (`jobs.core.generations.serving_copy_lost`), so a stop waits only for the batch in flight and
     nothing is written to a generation that is no longer current. On a loss the query is stopped at once, its
     batch in flight interrupted (it writes into a copy that is being replaced anyway), and `lost` names why.
 
@@ -233,6 +235,7 @@ class _Guard(_Sentinel):
         super().__init__("query-guard", settings, job, failure)
         self.spark, self.lease = spark, lease
         self.generation: int | None = None  # what the supervisor's query serves; None between queries
+        self.reads: dict[str, str | None] = {}  # the logs of views its query reads (`jobs.core.chain.reads`)
         self.lost: str | None = None
         self.client = None
         self.blind_since: float | None = None  # when reading Redis (or the lake) started failing
@@ -273,6 +276,10 @@ class _Guard(_Sentinel):
         doubt = self.lease is not None and not self.lease.valid
         if not stopping and own is not None and not doubt:
             serving, lost = self._read()
+            if self.reads and serving == own and reads(self.settings, self.job) != self.reads:
+                serving = (
+                    -1
+                )  # an upstream job serves another generation: rebuild from its log (jobs.core.chain)
         for q in self.spark.streams.active:
             if q.name == f"{self.job}_g{own}" and doubt and not stopping:
                 q.stop()  # the lease may be another driver's by now: not one more batch (it is replayed)
@@ -379,7 +386,7 @@ def _follow_generations(spark, settings: Settings, job: str, guard: _Guard, watc
                 gen = serving
                 write_status(settings, job, generation=gen, state="running", **built)
                 log(f"{job}: serving generation {gen}")
-            guard.generation = gen
+            guard.generation, guard.reads = gen, reads(settings, job)
             spec.run(spark, settings, once=False, generation=gen)
             restarts.failures = 0
         except Exception as e:  # noqa: BLE001 - any query failure: restart from the checkpoint

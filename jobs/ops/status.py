@@ -28,7 +28,7 @@ import redis
 
 from jobs.core.generations import lake_generation, replay_in_progress
 from jobs.core.lease import this_node
-from jobs.core.progress import lag_versions, rejected
+from jobs.core.progress import lag_versions, rejected, upstream_lag
 from jobs.core.registry import jobs
 from jobs.core.runtime import read_status
 from jobs.core.settings import Settings
@@ -105,11 +105,15 @@ def job_status(settings: Settings) -> dict:
             "metrics_url": s.get("metrics_url") if live else None,  # served while it runs
             "spark_ui_url": s.get("spark_ui_url") if live else None,  # with SPARK_UI=true
         }
+        if not spec.source and settings.pipeline().upstream(
+            name
+        ):  # its lag behind each job it reads views of
+            row["upstream"] = upstream_lag(settings, name, gen)
         if driver is not None and driver.get("node") != this_node():
             row["driver"] = f"{driver.get('host')} pid {driver.get('pid')}"
         row.update({k: v for k, v in s.items() if k not in row})
         if isinstance(serving, dict) and name not in serving and not live:
-            published = lake_generation(settings, spec)
+            published = lake_generation(settings, spec.name)
             if published:  # a running job rebuilds by itself (state "rebuilding"); a stopped one cannot
                 row["redis"] = (
                     f"lost the serving copy ({gen_key(name)} is gone; the lake has generation {published}): "

@@ -357,9 +357,12 @@ def _installed(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_chain_is_checked_with_its_order_and_its_jobs_say_in_one_line_that_they_do_not_run_yet(tmp_path):
-    """A pipeline with a job over other jobs' views: `mview check` shows what each job runs after; `run` of that
-    job, and `ingest` into a view's topic, refuse in one line, before Spark or the lake."""
+def test_a_chain_is_checked_with_its_order_and_a_job_over_a_row_view_says_in_one_line_that_it_does_not_run(
+    tmp_path,
+):
+    """A pipeline with a job over other jobs' views: `mview check` shows what each job runs after; `run` of a job
+    over a row view (which keeps no table log), and `ingest` into a view's topic, refuse in one line, before Spark or
+    the lake."""
     from tests.spec.test_load import CHAIN
 
     (tmp_path / "chain.yml").write_text(CHAIN)
@@ -370,8 +373,9 @@ def test_a_chain_is_checked_with_its_order_and_its_jobs_say_in_one_line_that_the
     assert "totals (table, view by_customer)" in check.stdout
     run = _installed("run", "rich", "--once", env=env)
     assert run.returncode == 1 and run.stderr.splitlines() == [
-        "mview: rich reads 'totals', view 'by_customer' of job 'sums': a job over another job's view is checked "
-        "(mview check) but does not run yet; read the topics of its job instead"
+        "mview: rich reads 'tiers', row view 'tier_of' of job 'tiers_job': a job over an agg view or a windowed "
+        "count view runs; over a row view it is checked (mview check) but does not run yet; read the topics of its "
+        "job instead"
     ]
     (tmp_path / "one.jsonl").write_text("{}\n")
     ingest = _installed("ingest", "totals", str(tmp_path / "one.jsonl"), env=env)
