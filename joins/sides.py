@@ -51,15 +51,15 @@ def identity_sql(topic: Topic) -> str:
 def dedupe_records(records: DataFrame, topic: Topic, *, least: tuple[str, ...] = ()) -> DataFrame:
     """One row per `_id` of `records` (`topic`'s fields and `_id`): a record delivered twice has the effect of one;
     of records sharing an id with different content, the smallest by (time, the other fields in declared order) is
-    kept. Each column of `least` is carried as its least value among the id's copies (the log's stamp
-    `changelog.topics.MAX_BEFORE`: the earliest copy's)."""
+    kept. Each column of `least` is carried as its least value among the id's copies, null the least of all (the
+    log's stamp `changelog.topics.MAX_BEFORE`: the earliest copy's; a copy in the log's first version has none)."""
     others = [n for n in topic.names if n not in topic.identity and n != topic.time]
     order = [topic.time, *others, *topic.identity]  # the id fields last: equal in every copy of one id
     return (
         records.groupBy("_id")
         .agg(
             F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"),
-            *[F.min(quoted(c)).alias(c) for c in least],
+            *[F.when(~F.expr(f"bool_or({quoted(c)} IS NULL)"), F.min(quoted(c))).alias(c) for c in least],
         )
         .select(*[F.col("e")[n].alias(n) for n in topic.names], "_id", *least)
     )
