@@ -87,7 +87,7 @@ import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -948,7 +948,8 @@ def _read_views(pipeline: Pipeline, job: Job, views: dict[str, _ViewOut], valid:
             continue
         lines = views[topic.view].lines.values()
         records = [{**{n: line.get(n) for n in topic.names}, "op": topic.op[0], BATCH: 0} for line in lines]
-        valid[-1][name] = [validate(topic, r) for r in records]
+        entries = replace(topic, optional=frozenset(topic.values))  # a view's value may be null (a max of nulls)
+        valid[-1][name] = [validate(entries, r) for r in records]
 
 
 def batches_of(arrivals: Iterable[tuple[str, Any]], cuts: Iterable[int] = ()) -> list[dict[str, list]]:
