@@ -9,7 +9,8 @@ has not fully processed; 0 when caught up), `rejected`
 (dead-lettered lines of the job's topics), `last_batch_ms`, `last_batch_seconds`, `redis` ("ok", "waiting for
 Redis at ...", or why Redis cannot be used, the URL without its password; for a stopped job whose serving copy
 Redis lost, "lost the serving copy ..." with what to run),
-`replay` (progress of a replay in flight), and whatever the job writes: counters (an interval job's `late`:
+`replay` (progress of a replay in flight), `upstream` (a job over other jobs' views: per such job, the versions of
+its views' logs the serving generation has not processed, null while it has published nothing), and whatever the job writes: counters (an interval job's `late`:
 dropped; an asof job's `late_events_kept` and `late_changes_kept`: kept, joined as of their time; held ...), `state`
 ("rebuilding" while a deployed job rebuilds a serving copy Redis lost, with `rebuilding`: the reason and since
 when), `rebuilds` (how many times it did) and `last_rebuild` (reason, generation, seconds).
