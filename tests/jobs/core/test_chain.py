@@ -1,21 +1,26 @@
 """`jobs.core.chain`: a job over another job's views (topics `from: {view: ...}`) reads the view's table log in the
 generation its job serves. An aggregate of a windowed aggregate and of an unwindowed one, against the brute force
-(`timeline_demo.brute`: a view read as a table is its entries) after every piece of a random play, late and
-duplicate records included; a replay of the upstream job switches it to another generation and the downstream job,
+(`timeline_demo.brute`: a view read as a table is its entries) after a random play cut into three pieces, late and
+duplicate records included, on a local lake and on HDFS; a replay of the upstream job switches it to another generation and the downstream job,
 run again, is rebuilt from the new log into a new generation with the same lines; the old log is gone."""
 
 from __future__ import annotations
 
 import random
+import uuid
 
 import pytest
 
 from changelog.errors import ViewNotPublished
+from changelog.ingest import ingest
+from changelog.topics import topic_key
 from jobs.core.chain import check_chain, reads
 from jobs.core.registry import job_spec
 from jobs.core.replay import rebuild
 from jobs.errors import ChainNotRun
-from tests.windowhelp import pipeline_file, run_in_pieces
+from tests.conftest import make_settings
+from tests.jobs.opshelp import write_jsonl
+from tests.windowhelp import pipeline_file
 from timeline_demo.brute import brute_force
 from views.pipeline import parse_pipeline
 from views.read import export_view
@@ -80,9 +85,11 @@ def _plays(rng: random.Random, n: int) -> list[tuple[str, dict]]:
     return out
 
 
-def _run_chain(spark, settings, job: str) -> None:
-    """What `mview run JOB --once` runs: the jobs `job` reads the views of, then `job`."""
-    for name in (*settings.pipeline().chain(job), job):
+def _run_chain(spark, settings) -> None:
+    """Every job once, each after the jobs whose views it reads (what `mview run JOB --once` of each downstream job
+    runs, the upstream once)."""
+    pipeline = settings.pipeline()
+    for name in dict.fromkeys(n for job in DOWNSTREAM for n in (*pipeline.chain(job), job)):
         job_spec(settings, name).run(spark, settings, once=True)
 
 
@@ -92,45 +99,54 @@ def _check(settings, pipeline, want) -> None:
         assert list(export_view(client, name, pipeline=pipeline)) == want.export(name), name
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param("local", marks=pytest.mark.slow),
+        pytest.param("hdfs", marks=[pytest.mark.e2e, pytest.mark.slow]),
+    ],
+)
 def test_an_aggregate_of_aggregates_equals_the_brute_force_and_follows_a_replay(
-    spark, tmp_path, redis_url, pipeline
+    spark, tmp_path, redis_url, pipeline, store, request
 ):
-    pieces, seed = 3, 6
-
-    def run(spark_, settings, _pipeline, _job, once):
-        for job in DOWNSTREAM:
-            _run_chain(spark_, settings, job)
-
-    settings, batches = run_in_pieces(
-        spark, tmp_path, redis_url, pipeline, run, "arcade", _plays(random.Random(seed), 200),
-        random.Random(seed), pieces=pieces, lateness_ms=LATENESS_MS,
-    )  # fmt: skip
+    lake = tmp_path / "lake"
+    if store == "hdfs":
+        lake = f"{request.getfixturevalue('hdfs_server').url}/chain-{uuid.uuid4().hex[:8]}"
+    settings = make_settings(
+        lake,
+        redis_url,
+        ALLOWED_LATENESS=f"{LATENESS_MS} ms",
+        METRICS_PORT="off",
+        MVIEW_PIPELINE=pipeline.file,
+    )
+    rng = random.Random(6)
+    plays = [r for _, r in _plays(rng, 200)]
+    cuts = sorted(rng.sample(range(1, len(plays)), 2))
+    batches = []
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(plays)], strict=True)):
+        path = write_jsonl(tmp_path / f"plays-{i}.jsonl", plays[a:b])
+        ingest(None, settings.lake, settings.topic("plays"), [path])
+        batches.append({"plays": plays[a:b]})
+        _run_chain(spark, settings)
     want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
     finals = [line["closed"] for line in want.export("minutes")]
     assert any(finals) and len(want.export("minutes")) >= 5 and len(want.export("by_plays")) >= 3
     _check(settings, pipeline, want)
-    before = reads(settings, "busiest")
-    assert before == {"game_minutes": "tables/per_game/g1"}
+    assert reads(settings, "busiest") == {"game_minutes": "tables/per_game/g1"}
 
     assert rebuild(spark, settings, "arcade", "replay") == 2
     assert reads(settings, "busiest") == {"game_minutes": "tables/per_game/g2"}
     assert not settings.lake.exists("tables/per_game/g1")  # the old generation's log went with it
-    for job in DOWNSTREAM:
-        _run_chain(spark, settings, job)  # the upstream is caught up; each downstream job is rebuilt
+    _run_chain(spark, settings)  # the upstream has nothing new; each downstream job is rebuilt
     client = connect(settings.redis_url)
     assert [int(client.get(f"mv:gen:{j}")) for j in ("arcade", *DOWNSTREAM)] == [2, 2, 2]
     _check(settings, pipeline, want)
 
 
 def test_a_topic_of_a_view_not_published_yet_names_it(tmp_path, redis_url, pipeline):
-    from tests.conftest import make_settings
-
     settings = make_settings(tmp_path / "lake", redis_url, MVIEW_PIPELINE=pipeline.file)
     topic = settings.topic("game_minutes")
     assert topic.log is None
-    from changelog.topics import topic_key
-
     with pytest.raises(ViewNotPublished, match="'game_minutes' is view 'per_game'.*run that job first"):
         topic_key(topic)
 
