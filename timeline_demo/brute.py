@@ -948,7 +948,9 @@ def _read_views(pipeline: Pipeline, job: Job, views: dict[str, _ViewOut], valid:
             continue
         lines = views[topic.view].lines.values()
         records = [{**{n: line.get(n) for n in topic.names}, "op": topic.op[0], BATCH: 0} for line in lines]
-        entries = replace(topic, optional=frozenset(topic.values))  # a view's value may be null (a max of nulls)
+        entries = replace(
+            topic, optional=frozenset(topic.values)
+        )  # a view's value may be null (a max of nulls)
         valid[-1][name] = [validate(entries, r) for r in records]
 
 
