@@ -325,6 +325,12 @@ class Pipeline:
         visit(job)
         return tuple(out)
 
+    def downstream(self, job: str) -> tuple[str, ...]:
+        """The jobs that read `job`'s views, directly or through others, each after those it depends on (the order
+        in which a replay of `job` rebuilds them)."""
+        order = dict.fromkeys(n for name in self.jobs for n in (*self.chain(name), name))
+        return tuple(j for j in order if job in self.chain(j))
+
     def where(self, *path) -> str:
         """`<file>:<line>: <dotted path>` for messages about the key at `path` (the nearest line known)."""
         for n in range(len(path), 0, -1):

@@ -35,22 +35,25 @@ __all__ = ["resolve", "upstream_generations", "reads", "check_chain"]
 _UNANSWERED = (redis.RedisError, RedisClusterException, ViewError, OSError, StorageError)
 
 
+_CLIENTS: dict[tuple[str, bool | None], object] = {}  # (REDIS_URL, REDIS_CLUSTER) -> a client, made once
+
+
 def upstream_generations(settings: Settings, pipeline: Pipeline, jobs) -> dict[str, int]:
     """The generation each job of `jobs` serves (its pointer, else the lake's; jobs that published none left
     out); {} when Redis does not answer."""
-    client = settings.__dict__.get("_chain_client")
+    where = (settings.redis_url, settings.redis_cluster)
     out = {}
     try:
+        client = _CLIENTS.get(where)
         if client is None:
-            client = connect(settings.redis_url, cluster=settings.redis_cluster, check=False, wait=False)
-            object.__setattr__(settings, "_chain_client", client)
+            client = _CLIENTS[where] = connect(where[0], cluster=where[1], check=False, wait=False)
         for job in jobs:
             pointer = client.get(gen_key(job))
             gen = int(pointer) if pointer is not None else lake_generation(settings, job)
             if gen:
                 out[job] = gen
     except _UNANSWERED:
-        object.__setattr__(settings, "_chain_client", None)
+        _CLIENTS.pop(where, None)
         return {}
     return out
 

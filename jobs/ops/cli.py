@@ -243,7 +243,7 @@ def _once(settings, job: str) -> dict:
 
 def _summary(args, spec, totals: dict) -> None:
     """One line of a run's totals, or JSON with --json (a source job's summary is its own: kafka, per topic)."""
-    if args.json:
+    if getattr(args, "json", False):
         print(json.dumps(totals if spec.source else {"job": spec.name, **totals}))
     else:
         print(f"{spec.name}: " + ", ".join(f"{k} {_number(v)}" for k, v in totals.items()))
@@ -359,7 +359,23 @@ def cmd_replay(args) -> int:
     _lake(settings, write=True)
     _check_topics(settings, _job_topics(settings, args.job))
     _redis(settings)
-    return replay(_spark(settings, f"mview-replay-{args.job}"), settings, args.job)
+    code = replay(_spark(settings, f"mview-replay-{args.job}"), settings, args.job)
+    if code == 0:
+        _rebuild_downstream(args, settings)
+    return code
+
+
+def _rebuild_downstream(args, settings) -> None:
+    """After a replay of `args.job`: each job that reads its views (directly or through others), in chain order, run
+    once, which rebuilds it from the new generation's logs (`jobs.core.chain`); a deployed one follows by itself."""
+    from jobs.core.registry import job_spec
+    from jobs.errors import JobRunning
+
+    for job in _pipeline(settings).downstream(args.job):
+        try:
+            _summary(args, job_spec(settings, job), _once(settings, job))
+        except JobRunning:
+            print(f"{job}: deployed: it rebuilds from the new generation by itself")
 
 
 def cmd_maintain(args) -> int:
@@ -507,7 +523,7 @@ _COMMANDS = {
     "export": (cmd_export, "every key of VIEW as JSON lines", [("view", {})]),
     "replay": (
         cmd_replay,
-        "rebuild JOB's views into a new generation, then switch atomically",
+        "rebuild JOB's views into a new generation, then switch atomically (then the jobs over its views)",
         [("job", {})],
     ),
     "maintain": (

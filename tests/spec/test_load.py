@@ -662,6 +662,8 @@ def test_a_job_depends_on_the_jobs_of_the_views_it_reads_and_its_definition_hold
     p = parse_pipeline(CHAIN, "chain.yml", {})
     assert p.upstream("rich") == ("sums", "tiers_job") and p.upstream("sums") == ()
     assert p.chain("rich") == ("sums", "tiers_job") and p.chain("again") == ("sums",)
+    assert p.downstream("sums") == ("rich", "again") and p.downstream("tiers_job") == ("rich",)
+    assert p.downstream("rich") == ()
     assert p.definition("rich")["upstream"] == {
         "sums": p.definition("sums"),
         "tiers_job": p.definition("tiers_job"),

@@ -1,8 +1,10 @@
 """`jobs.core.chain`: a job over another job's views (topics `from: {view: ...}`) reads the view's table log in the
 generation its job serves. An aggregate of a windowed aggregate and of an unwindowed one, against the brute force
 (`timeline_demo.brute`: a view read as a table is its entries) after a random play cut into three pieces, late and
-duplicate records included, on a local lake and on HDFS; a replay of the upstream job switches it to another generation and the downstream job,
-run again, is rebuilt from the new log into a new generation with the same lines; the old log is gone."""
+duplicate records included, on a local lake and on HDFS; `mview replay` of the upstream job switches it to another
+generation and then runs each downstream job once, which rebuilds it from the new log into a new generation with the
+same lines; the old log is gone. A three-table chain (a join of a join's view with a third table) with updates and
+removals on every table."""
 
 from __future__ import annotations
 
@@ -16,10 +18,9 @@ from changelog.ingest import ingest
 from changelog.topics import topic_key
 from jobs.core.chain import check_chain, reads
 from jobs.core.registry import job_spec
-from jobs.core.replay import rebuild
 from jobs.errors import ChainNotRun
 from tests.conftest import make_settings
-from tests.jobs.opshelp import write_jsonl
+from tests.jobs.opshelp import mview_here, write_jsonl
 from tests.windowhelp import pipeline_file
 from timeline_demo.brute import brute_force
 from views.pipeline import parse_pipeline
@@ -134,10 +135,11 @@ def test_an_aggregate_of_aggregates_equals_the_brute_force_and_follows_a_replay(
     _check(settings, pipeline, want)
     assert reads(settings, "busiest") == {"game_minutes": "tables/per_game/g1"}
 
-    assert rebuild(spark, settings, "arcade", "replay") == 2
+    replayed = mview_here(settings, "replay", "arcade")  # then each job below it, run once, is rebuilt
+    assert replayed.returncode == 0, replayed.stderr
+    assert [line.split(":")[0] for line in replayed.stdout.splitlines()] == ["arcade", *DOWNSTREAM]
     assert reads(settings, "busiest") == {"game_minutes": "tables/per_game/g2"}
     assert not settings.lake.exists("tables/per_game/g1")  # the old generation's log went with it
-    _run_chain(spark, settings)  # the upstream has nothing new; each downstream job is rebuilt
     client = connect(settings.redis_url)
     assert [int(client.get(f"mv:gen:{j}")) for j in ("arcade", *DOWNSTREAM)] == [2, 2, 2]
     _check(settings, pipeline, want)
@@ -166,3 +168,95 @@ def test_a_job_over_a_view_without_a_table_log_does_not_run():
     check_chain(p, "busiest")
     with pytest.raises(ChainNotRun, match="ranks reads 'player_rows', row view 'last_play' of job 'arcade'"):
         check_chain(p, "ranks")
+
+
+THREE = """\
+topics:
+  orders:
+    fields: {order_id: id, customer_id: id, product_id: id, qty: long, ts: timestamp}
+    key: order_id
+    time: ts
+    op: {upsert: upsert, remove: delete}
+  customers:
+    fields: {customer_id: id, tier: string, ts: timestamp}
+    key: customer_id
+    time: ts
+    op: {upsert: upsert, remove: delete}
+  products:
+    fields: {product_id: id, price: double, category: string, ts: timestamp}
+    key: product_id
+    time: ts
+    op: {upsert: upsert, remove: delete}
+  tiered_orders: {from: {view: order_tiers}}
+jobs:
+  tiering:                      # orders x customers: per order its product, quantity and customer's tier
+    join: {left: orders, right: customers, match: {customer_id: customer_id}}
+    views:
+      order_tiers: {agg: {order_id: order_id}, values: {product_id: max(product_id), qty: max(qty), tier: max(tier)}}
+  pricing:                      # (orders x customers) x products
+    join: {left: tiered_orders, right: products, match: {product_id: product_id}}
+    views:
+      revenue: {agg: {tier: tier}, values: {orders: "count(*)", revenue: "sum(qty * price)", top: "max(price)"}}
+      by_category: {count: {category: category}, values: {orders: 1, units: qty}}
+"""
+
+
+def _three_tables(rng: random.Random, n: int) -> list[tuple[str, dict]]:
+    """Changes of three tables: orders of 6 customers for 5 products, each table with updates and removals (ties
+    of time among them), in rough time order."""
+    out = []
+    for i in range(n):
+        ts = T0 + i * 1_000 + rng.choice([0, 0, 500])
+        kind = rng.random()
+        if kind < 0.5:
+            o = {"order_id": f"o{rng.randrange(30)}", "ts": ts}
+            if rng.random() < 0.2:
+                out.append(("orders", {"op": "delete", **o}))
+            else:
+                c, p = f"c{rng.randrange(6)}", f"p{rng.randrange(5)}"
+                out.append(("orders", {"op": "upsert", **o, "customer_id": c, "product_id": p, "qty": rng.randrange(1, 4)}))  # fmt: skip
+        elif kind < 0.75:
+            c = {"customer_id": f"c{rng.randrange(6)}", "ts": ts}
+            if rng.random() < 0.2:
+                out.append(("customers", {"op": "delete", **c}))
+            else:
+                out.append(
+                    ("customers", {"op": "upsert", **c, "tier": rng.choice(["gold", "silver", "basic"])})
+                )
+        else:
+            p = {"product_id": f"p{rng.randrange(5)}", "ts": ts}
+            if rng.random() < 0.2:
+                out.append(("products", {"op": "delete", **p}))
+            else:
+                price = rng.randrange(2, 40) / 2
+                out.append(("products", {"op": "upsert", **p, "price": price, "category": rng.choice("ab")}))
+    return out
+
+
+@pytest.mark.slow
+def test_a_three_table_chain_with_changes_and_removals_on_every_table_equals_the_brute_force(
+    spark, tmp_path, redis_url, tmp_path_factory
+):
+    pipeline = pipeline_file(tmp_path_factory, "three", THREE)
+    settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=pipeline.file)
+    rng = random.Random(12)
+    changes = _three_tables(rng, 240)
+    removed = {t for t, r in changes if r["op"] == "delete"}
+    assert removed == {"orders", "customers", "products"}
+    cuts = sorted(rng.sample(range(1, len(changes)), 2))
+    batches = []
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(changes)], strict=True)):
+        batch: dict[str, list[dict]] = {}
+        for topic, rec in changes[a:b]:
+            batch.setdefault(topic, []).append(rec)
+        for topic, records in batch.items():
+            path = write_jsonl(tmp_path / f"{topic}-{i}.jsonl", records)
+            ingest(None, settings.lake, settings.topic(topic), [path])
+        batches.append(batch)
+        for job in ("tiering", "pricing"):
+            job_spec(settings, job).run(spark, settings, once=True)
+        want = brute_force(pipeline, batches)
+        _check(settings, pipeline, want)  # after every batch
+    assert len(want.export("revenue")) >= 2 and len(want.export("by_category")) == 2
+    log = spark.read.format("delta").load(settings.lake.uri("tables/order_tiers/g1"))
+    assert log.where("op = 'remove'").count() > 0  # keys left the middle view, and the last join followed
