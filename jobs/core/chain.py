@@ -38,7 +38,7 @@ _UNANSWERED = (redis.RedisError, RedisClusterException, ViewError, OSError, Stor
 _CLIENTS: dict[tuple[str, bool | None], object] = {}  # (REDIS_URL, REDIS_CLUSTER) -> a client, made once
 
 
-def upstream_generations(settings: Settings, pipeline: Pipeline, jobs) -> dict[str, int]:
+def upstream_generations(settings: Settings, jobs) -> dict[str, int]:
     """The generation each job of `jobs` serves (its pointer, else the lake's; jobs that published none left
     out); {} when Redis does not answer."""
     where = (settings.redis_url, settings.redis_cluster)
@@ -65,7 +65,7 @@ def resolve(settings: Settings, pipeline: Pipeline) -> Pipeline:
     if not reading:
         return pipeline
     jobs = {pipeline.view_job(t.view) for t in reading.values()}
-    serving = upstream_generations(settings, pipeline, sorted(jobs))
+    serving = upstream_generations(settings, sorted(jobs))
     logs = {}
     for name, t in reading.items():
         gen = serving.get(pipeline.view_job(t.view))
