@@ -15,7 +15,6 @@ from jobs.core.settings import Settings
 
 __all__ = [
     "processed_versions",
-    "topic_lags",
     "lag_versions",
     "upstream_lag",
     "rejected",
@@ -70,10 +69,10 @@ def rejected(settings: Settings, topics) -> int:
     return sum(rejected_per_topic(settings, topics).values())
 
 
-def topic_lags(settings: Settings, job: str, generation: int) -> dict[str, int | None]:
-    """Per topic of pipeline job `job`, its log versions not yet fully processed by `generation` (0 when caught
-    up); None for a topic read from a view whose job has published nothing yet (`jobs.core.chain`)."""
-    pipeline = settings.pipeline()
+def _topic_lags(settings: Settings, pipeline, job: str, generation: int) -> dict[str, int | None]:
+    """Per topic of job `job` of `pipeline` (the settings', resolved once by the caller), its log versions not yet
+    fully processed by `generation` (0 when caught up); None for a topic read from a view whose job has published
+    nothing yet (`jobs.core.chain`)."""
     done = processed_versions(settings.lake, checkpoint_key(job, generation)) if generation else []
     out: dict[str, int | None] = {}
     for i, name in enumerate(pipeline.jobs[job].topics):
@@ -93,7 +92,7 @@ def lag_versions(settings: Settings, job: str, generation: int) -> int | None:
     spec = jobs(settings)[job]
     if spec.lag:
         return spec.call("lag", settings)
-    return sum(lag or 0 for lag in topic_lags(settings, job, generation).values())
+    return sum(lag or 0 for lag in _topic_lags(settings, settings.pipeline(), job, generation).values())
 
 
 def upstream_lag(settings: Settings, job: str, generation: int) -> dict[str, int | None]:
@@ -102,7 +101,7 @@ def upstream_lag(settings: Settings, job: str, generation: int) -> dict[str, int
     view."""
     pipeline = settings.pipeline()
     out: dict[str, int | None] = {}
-    for name, lag in topic_lags(settings, job, generation).items():
+    for name, lag in _topic_lags(settings, pipeline, job, generation).items():
         view = pipeline.topics[name].view
         if view is not None:
             up = pipeline.view_job(view)

@@ -276,10 +276,9 @@ class _Guard(_Sentinel):
         doubt = self.lease is not None and not self.lease.valid
         if not stopping and own is not None and not doubt:
             serving, lost = self._read()
+            # a job whose views it reads serves another generation: stop, to be rebuilt from its log (jobs.core.chain)
             if self.reads and serving == own and reads(self.settings, self.job) != self.reads:
-                serving = (
-                    -1
-                )  # an upstream job serves another generation: rebuild from its log (jobs.core.chain)
+                serving = -1
         for q in self.spark.streams.active:
             if q.name == f"{self.job}_g{own}" and doubt and not stopping:
                 q.stop()  # the lease may be another driver's by now: not one more batch (it is replayed)

@@ -83,6 +83,7 @@ def _serving_generations(settings: Settings) -> dict[str, int] | ViewError:
 
 def job_status(settings: Settings) -> dict:
     serving = _serving_generations(settings)
+    pipeline = settings.pipeline()
     out = {}
     for name, spec in jobs(settings).items():
         s = read_status(settings, name, "status.json")
@@ -106,9 +107,7 @@ def job_status(settings: Settings) -> dict:
             "metrics_url": s.get("metrics_url") if live else None,  # served while it runs
             "spark_ui_url": s.get("spark_ui_url") if live else None,  # with SPARK_UI=true
         }
-        if not spec.source and settings.pipeline().upstream(
-            name
-        ):  # its lag behind each job it reads views of
+        if name in pipeline.jobs and pipeline.upstream(name):  # its lag behind each job it reads views of
             row["upstream"] = upstream_lag(settings, name, gen)
         if driver is not None and driver.get("node") != this_node():
             row["driver"] = f"{driver.get('host')} pid {driver.get('pid')}"
