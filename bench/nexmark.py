@@ -4,7 +4,7 @@ per core of each query's job, beside Flink's published per-core figures.
 `run(events, settings=...)` writes `events` Nexmark events with the seeded generator (`timeline_demo.nexmark`,
 Nexmark's 1:3:46 person:auction:bid mix, seed 42, its default 10,000 events/s of event time, each written once:
 `person_table` and `auction_table` read the `persons` and `auctions` logs), q13's 10,000-row side table, and the
-clock records that close every q8 window and let q13 and q20 emit every bid) and ingests them into a scratch lake (`mview ingest`'s
+clock records that close every q8 window and let q13 emit every bid) and ingests them into a scratch lake (`mview ingest`'s
 code, not timed). Then each query's job runs `--once` over them, in this JVM, as `mview run <job> --once` does
 (`jobs.core.registry.job_spec(settings, job).run(spark, settings, once=True)`, with MVIEW_PIPELINE the Nexmark file):
 
@@ -13,8 +13,8 @@ code, not timed). Then each query's job runs `--once` over them, in this JVM, as
 - q8, monitor new users: `q8`, the interval join of `persons` and `auctions` in the same 10-s window, views
   `q8_new_sellers` and `q8_by_window`;
 - q13, bounded side input join: `q13`, each bid with the side table's value (asof), log view `q13_bids`;
-- q20, expand bid with auction: `q20`, each bid with its auction (asof), category 10: log view `q20_bids` and count
-  view `q20_by_auction`.
+- q20, expand bid with auction: `q20`, the incremental join of the current `bid_table` and `auction_table`,
+  category 10: views `q20_bids` (rows) and `q20_by_auction` (counts).
 
 Reported per query, like `bench.clicks`: Nexmark events / (micro-batch seconds x cores), cores = Spark's task slots.
 The events are all `events` of the generated stream, as Flink counts them (its source generates every event and
@@ -55,7 +55,7 @@ WHAT = {
     "q3": "incremental join auction_table x person_table, category 10 in OR/ID/CA",
     "q8": "interval join persons x auctions in the same 10-s window",
     "q13": "bids x side table (asof)",
-    "q20": "bids x auction_table (asof), category 10",
+    "q20": "incremental join bid_table x auction_table, category 10",
 }
 SEED = 42
 _CAVEAT = "other hardware; Flink per core on 8-core workers, ours 2 cores incl. Redis writes"
@@ -202,7 +202,7 @@ def run(events: int = 2_500_000, *, settings, warmup_events: int = 10_000) -> di
         "checks": {
             "q8_windows_closed_all_persons": queries["q8"]["totals"].get("closed") == rec.get("persons"),
             "q13_every_bid_emitted": queries["q13"]["totals"].get("emitted") == rec.get("bids"),
-            "q20_every_bid_decided": queries["q20"]["totals"].get("emitted") == rec.get("bids"),
+            "q20_read_every_bid": queries["q20"]["records_read"] >= rec.get("bids", 0),
         },
         "redis_used_mb": round(redis_mb, 1),
         "load_average_before": [round(x, 1) for x in load_before],

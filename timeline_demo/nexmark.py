@@ -18,8 +18,9 @@ The events follow Nexmark's generator (Beam's and Flink's `NexmarkGenerator`, de
 - a bid is on a *hot auction* with probability 1/2 (the first auction of the newest block of 100 auctions), else
   on one of the 100 newest auctions (or up to 10 ahead: an auction not created yet); its bidder is a *hot bidder*
   with probability 3/4 (the second person of the newest block of 100), else one of the 1,000 newest persons; its
-  price is a Nexmark price; it has a channel and a url (the bid fields q20 selects in Flink's and RisingWave's
-  Nexmark); `extra` is present on about half of the events (an optional field).
+  price is a Nexmark price; its channel is one of the four hot channels (Google, Facebook, Baidu, Apple) with
+  probability 1/2, else one of 10,000 channels `channel-<n>`, and its url the channel's (three directories, and for
+  9 in 10 of the `channel-<n>` a `channel_id` parameter: q21 and q22 read them); `extra` is present on about half of the events (an optional field).
 Additions for the pipeline (see the file's comments): a bid carries `bid_id` (its event number); `side_input` holds
 q13's side table (key k -> value "k" for k < `side_rows`, one day before the first event) and a heartbeat (key -1)
 every second of event time; with `moves`, that fraction of persons later moves: a second `persons` record of the
@@ -36,6 +37,7 @@ closes and every bid is emitted by q13 and q20.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import json
 import random
@@ -85,7 +87,8 @@ _CITIES = (
 _CITIES += ("Cheyenne",)
 _FIRST = ("Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter")
 _LAST = ("Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris")
-_CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
+_CHANNELS = ("Google", "Facebook", "Baidu", "Apple")  # the hot channels; the others are "channel-<n>"
+_HOT_CHANNELS_RATIO, _NUM_CHANNELS = 2, 10_000
 _CLOCK = "~clock"
 _HEARTBEAT_MS = 1000
 _DELAY_PROB, _DELAY_MS = 0.1, 3000  # Nexmark's probDelayedEvent and occasionalDelaySec
@@ -178,6 +181,19 @@ def _auction(n: int, ms: int, t, rng: random.Random, aid: str, rate: int, iso: f
     return _with_extra(rec, rng)
 
 
+@functools.cache
+def _channel_url(channel: str) -> tuple[str, str]:
+    """A channel's url, fixed per channel as in Nexmark's generator: three random directories, and for 9 in 10 of
+    the "channel-<n>" channels a `&channel_id=` parameter (n's bits reversed, as a positive 32-bit number)."""
+    rng = random.Random(f"url-{channel}")
+    dirs = "/".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz_", k=5)) for _ in range(3))
+    url = f"https://www.nexmark.com/{dirs}/item.htm?query=1"
+    if channel.startswith("channel-") and rng.randrange(10) > 0:
+        bits = int(f"{int(channel.removeprefix('channel-')):032b}"[::-1], 2)
+        url += f"&channel_id={abs(bits - (1 << 32) if bits >= 1 << 31 else bits)}"
+    return channel, url
+
+
 def _bid(n: int, t, rng: random.Random, bid_id: str) -> dict:
     if rng.randrange(_HOT_AUCTION_RATIO) > 0:
         auction = (_last_auction(n) // _HOT_BLOCK) * _HOT_BLOCK
@@ -187,14 +203,17 @@ def _bid(n: int, t, rng: random.Random, bid_id: str) -> dict:
         bidder = (_last_person(n) // _HOT_BLOCK) * _HOT_BLOCK + 1
     else:
         bidder = _next_person(n, rng)
-    channel = rng.choice(_CHANNELS)
+    if rng.randrange(_HOT_CHANNELS_RATIO) > 0:
+        channel, url = _channel_url(_CHANNELS[rng.randrange(len(_CHANNELS))])
+    else:
+        channel, url = _channel_url(f"channel-{rng.randrange(_NUM_CHANNELS)}")
     rec = {
         "bid_id": bid_id,
         "auction": str(auction + FIRST_AUCTION_ID),
         "bidder": str(bidder + FIRST_PERSON_ID),
         "price": _price(rng),
         "channel": channel,
-        "url": f"https://www.nexmark.com/{channel.lower()}/{_text(rng, 5).replace(' ', '_')}/item.htm?query=1",
+        "url": url,
         "dateTime": t,
     }
     return _with_extra(rec, rng)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,15 @@ __all__ = [
 
 MVIEW = str(Path(sys.executable).with_name("mview"))
 _FIELD = re.compile(r"field '([^']+)'")
+
+
+def only(pipeline: Pipeline, jobs) -> Pipeline:
+    """The pipeline with only `jobs`, their views and the topics they read (with those the topics read from): what
+    the brute force computes when a test runs only some of a file's jobs."""
+    keep = {j: pipeline.jobs[j] for j in jobs}
+    topics = {t for job in keep.values() for t in job.topics}
+    topics |= {pipeline.topics[t].source for t in topics if pipeline.topics[t].source}
+    return replace(pipeline, jobs=keep, topics={n: t for n, t in pipeline.topics.items() if n in topics})
 
 
 def scenario_settings(lake_dir: Path, redis_url: str, pipeline_file: Path | str, **over) -> Settings:

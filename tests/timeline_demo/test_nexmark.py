@@ -1,7 +1,8 @@
-"""The Nexmark pipeline file and its seeded generator (`timeline_demo.nexmark`): the file loads with the four queries,
-the generator is deterministic, keeps Nexmark's 1:3:46 proportions and its hot sellers, bidders and auctions, and
+"""The Nexmark pipeline file and its seeded generator (`timeline_demo.nexmark`): the file loads with its topics and
+queries, the generator is deterministic, keeps Nexmark's 1:3:46 proportions and its hot sellers, bidders and auctions, and
 its faults (bad lines, duplicates, late events) are what the brute force sees. q3 and q8 are also computed here
-straight from Nexmark's SQL, to check that the views say what the queries say."""
+straight from Nexmark's SQL, to check that the views say what the queries say (`test_nexmark_sql` checks every query
+against its SQL in DuckDB)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from tests.timeline_demo.e2ehelp import only
 from timeline_demo.brute import batches_from_dir, brute_force, parse_time
 from timeline_demo.nexmark import PIPELINE, PROPORTIONS, T0, generate_nexmark, kind_of, main
 from views.pipeline import load_pipeline
 
+JOBS = ("q3", "q8", "q13", "q20")  # the four join kinds; `test_nexmark_sql` compares every query with its SQL
+
 
 @pytest.fixture(scope="module")
 def feed():
-    return generate_nexmark(events=10_000, seed=7, rate=500, side_rows=500, moves=0.2)
+    return generate_nexmark(events=10_000, seed=7, rate=500, side_rows=1_300, moves=0.2)
 
 
 def plain(feed, topic):
@@ -35,22 +39,23 @@ def firsts(feed, topic):
     return list(out.values())
 
 
-def test_the_file_loads_with_the_four_queries():
+def test_the_file_loads_with_its_topics_and_the_four_join_kinds():
     p = load_pipeline(PIPELINE)
-    assert {j.name: j.kind for j in p.jobs.values()} == {
+    assert {j: p.jobs[j].kind for j in ("q0", "q3", "q4", "q8", "q13", "q20")} == {
+        "q0": "select",
         "q3": "join",
+        "q4": "select",
         "q8": "interval",
         "q13": "asof",
-        "q20": "asof",
+        "q20": "join",
     }
-    assert {v.name: v.kind for v in p.views.values()} == {
-        "q3_auctions": "row",
-        "q3_by_state": "count",
-        "q8_new_sellers": "row",
-        "q8_by_window": "count",
-        "q13_bids": "log",
-        "q20_bids": "log",
-        "q20_by_auction": "count",
+    assert {
+        v: p.views[v].kind for v in ("q0_bids", "q5_bids_per_window", "q9_winning_bids", "q19_top_bids")
+    } == {
+        "q0_bids": "log",
+        "q5_bids_per_window": "agg",
+        "q9_winning_bids": "row",
+        "q19_top_bids": "list",
     }
     assert {t.name: t.kind for t in p.topics.values()} == {
         "persons": "event",
@@ -58,12 +63,19 @@ def test_the_file_loads_with_the_four_queries():
         "bids": "event",
         "person_table": "table",
         "auction_table": "table",
+        "bid_table": "table",
         "side_input": "table",
+        "q4_finals": "table",
+        "q5_counts": "table",
+        "q5_max": "table",
+        "q7_max": "table",
     }
-    assert {n: t.source for n, t in p.topics.items() if t.source} == {
+    assert {n: t.source for n, t in p.topics.items() if t.source and not n.startswith("q")} == {
         "person_table": "persons",
         "auction_table": "auctions",
+        "bid_table": "bids",
     }
+    assert list(p.written) == ["persons", "auctions", "bids", "side_input"]
 
 
 def test_deterministic_per_seed():
@@ -124,7 +136,7 @@ def test_times_increase_with_bounded_jitter_and_persons_move_later(feed):
 
 def test_the_views_say_what_nexmarks_sql_says(feed):
     """q3 and q8 computed from the records with Nexmark's SQL in plain Python equal the brute force's views."""
-    p = load_pipeline(PIPELINE)
+    p = only(load_pipeline(PIPELINE), JOBS)
     got = brute_force(p, feed.batches(3))
     persons = {}
     for r in plain(
@@ -154,24 +166,24 @@ def test_the_views_say_what_nexmarks_sql_says(feed):
         and {r["id"]: (r["name"], r["starttime"], r["auctions"]) for r in got.export("q8_new_sellers")} == q8
     )
     assert sum(c["new_sellers"] for c in got.export("q8_by_window")) == len(q8)  # every window closed
-    assert got.held == {"q13": 0, "q20": 0}
+    assert got.held == {"q13": 0}
     q20 = got.export("q20_bids")
-    assert q20 and all(r["category"] == 10 and r["auction_dateTime"] <= r["dateTime"] for r in q20)
+    categories = {a["id"]: a["category"] for a in plain(feed, "auctions")}
+    assert q20 and len(q20) == sum(categories.get(b["auction"]) == 10 for b in plain(feed, "bids"))
     assert sum(c["bids"] for c in got.export("q20_by_auction")) == len(q20)
-    q13 = got.export("q13_bids")
-    assert len(q13) == len(plain(feed, "bids"))
-    assert all(
-        r["value"] == (str(int(r["auction"]) % 10_000) if int(r["auction"]) % 10_000 < 500 else None)
-        for r in q13
-    )
+    q13 = got.export("q13_bids")  # the bids whose key the side table (keys 0-1299; auctions from 1000) holds
+    assert 0 < len(q13) == sum(int(b["auction"]) % 10_000 < 1_300 for b in plain(feed, "bids")) < len(q20) * 5
+    assert all(r["value"] == str(int(r["auction"]) % 10_000) for r in q13)
 
 
 @pytest.mark.parametrize("chunks, late", [(1, 0), (3, 6)])
 def test_faults_reach_the_brute_force(tmp_path, chunks, late):
     """Bad lines are rejected; duplicates change nothing; late persons and auctions are dropped by q8 when they come
     in a later batch than the events that moved the watermark (one batch: none is late)."""
-    clean = generate_nexmark(events=3_000, seed=5, rate=500, side_rows=50)
-    noisy = generate_nexmark(events=3_000, seed=5, rate=500, side_rows=50, duplicates=0.05, bad=0.02, late=6)
+    clean = generate_nexmark(events=3_000, seed=5, rate=500, side_rows=1_500)
+    noisy = generate_nexmark(
+        events=3_000, seed=5, rate=500, side_rows=1_500, duplicates=0.05, bad=0.02, late=6
+    )
     assert noisy.counts["bad"] > 0 and noisy.counts["duplicates"] > 0
     code = main(
         [
@@ -183,7 +195,7 @@ def test_faults_reach_the_brute_force(tmp_path, chunks, late):
                 "--rate",
                 "500",
                 "--side-rows",
-                "50",
+                "1500",
                 "--duplicates",
                 "0.05",
             ),
@@ -191,13 +203,14 @@ def test_faults_reach_the_brute_force(tmp_path, chunks, late):
         ]
     )
     assert code == 0
-    p = load_pipeline(PIPELINE)
+    p = only(load_pipeline(PIPELINE), JOBS)
     got = brute_force(p, batches_from_dir(p, tmp_path))
     want = brute_force(p, clean.batches(chunks))
     assert sum(got.rejected.values()) == noisy.counts["bad"]
     assert got.late == {"q8": late * 2 // 3 if chunks > 1 else 0}
     for view in ("q8_new_sellers", "q8_by_window", "q20_by_auction"):
         assert got.export(view) == want.export(view)
+    assert len(want.export("q13_bids")) > 0
     assert len(got.export("q13_bids")) == len(want.export("q13_bids")) + 2  # the 2 late bids are enriched
 
 
