@@ -93,17 +93,18 @@ class SourceNotConfigured(JobsError):
 
 
 class ChainNotRun(JobsError):
-    """Job `job` reads topic `topic`, which is view `view` (of kind `kind`) of job `upstream` (`from: {view: ...}`):
-    `mview check` checks such a chain, but a job over a view that keeps no table log (`views.table.keeps_table`:
-    a row, unwindowed count or log view) does not run yet."""
+    """Job `job` reads topic `topic`, which is view `view` (of kind `kind`) of job `upstream` (of kind
+    `upstream_kind`; `from: {view: ...}`): `mview check` checks such a chain, but a job over a view whose table log
+    is not kept (`views.table.keeps_table`: a log view, a row view of an interval job) does not run yet."""
 
-    def __init__(self, job: str, topic: str, view: str, upstream: str, kind: str):
+    def __init__(self, job: str, topic: str, view: str, upstream: str, kind: str, upstream_kind: str):
         super().__init__(
-            f"{job} reads {topic!r}, {kind} view {view!r} of job {upstream!r}: a job over an agg view or a windowed "
-            f"count view runs; over a {kind} view it is checked (mview check) but does not run yet; read the topics "
-            "of its job instead"
+            f"{job} reads {topic!r}, {kind} view {view!r} of {upstream_kind} job {upstream!r}: a job over an agg or "
+            f"count view, or a row view of a join, select or asof job, runs; over this one it is checked (mview "
+            "check) but does not run yet; read the topics of its job instead"
         )
         self.job, self.topic, self.view, self.upstream, self.kind = job, topic, view, upstream, kind
+        self.upstream_kind = upstream_kind
 
 
 class JobRunning(JobsError):

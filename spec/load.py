@@ -495,6 +495,11 @@ def parse_pipeline(
     _view_topics(list(of_views), raw, of_views, topics, jobs, out, kinds)  # those no job reads
     if out.found:
         raise PipelineError(unique(out.found))
+    tables = {t.view for t in topics.values() if t.view is not None and t.kind == "table"}
+    jobs = {
+        n: replace(j, views=tuple(replace(v, table=v.name in tables) for v in j.views))
+        for n, j in jobs.items()
+    }
     read = Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
     placed = {n: replace(t, declared_at=read.where("topics", n, "fields")) for n, t in topics.items()}
     return replace(read, topics=placed)

@@ -227,7 +227,8 @@ class View:
     --json`; default: `entries`'s), fanout_limit: a list view's. where: only the rows for which it holds. show: the
     plain `mview query` output of one row or entry (Python format fields named as the view's names). window: a
     count, agg or list view's event-time window (`Window`; its key becomes `<key>|<window start>`), retain_ms: how
-    long after the watermark passed its end a final window stays (None: always)."""
+    long after the watermark passed its end a final window stays (None: always). table: a table topic of the
+    pipeline reads the view (`from: {view: ...}`), so its job keeps the view's table log (`views.table`)."""
 
     name: str
     job: str
@@ -245,6 +246,7 @@ class View:
     show: str | None = None
     window: Window | None = None
     retain_ms: int | None = None
+    table: bool = False
 
     @property
     def key_name(self) -> str | None:
@@ -371,8 +373,11 @@ class Pipeline:
         are any: such a view keeps a log from its first batch, so a reader added later rebuilds the job)."""
         j = self.jobs[job]
         topics = {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics}
+        own = asdict(j)
+        for v in own["views"]:  # said once, below (`read_as_topics`)
+            del v["table"]
         body = {
-            "job": asdict(j),
+            "job": own,
             "topics": {
                 t: {
                     k: v

@@ -62,7 +62,7 @@ from views.state import LakeState, StateStep, StateView, changed_rows, touched
 from views.table import ViewTable, reading_topic
 from views.wire import args, forward, gated, hash_tag_column, lit, payload_rows, view_key_column
 
-__all__ = ["FILE", "AggView", "AggStep", "agg_views", "check_agg", "query_agg", "export_aggs"]
+__all__ = ["FILE", "AggView", "AggStep", "agg_views", "kept_as_agg", "check_agg", "query_agg", "export_aggs"]
 
 
 class AggKeys(WindowedKeys):
@@ -452,14 +452,21 @@ class AggView(StateView):
         return len(rows)
 
 
+def kept_as_agg(view: View) -> bool:
+    """Whether this module keeps `view`: an agg view, or a count view with a window or read as a table by another
+    job (`View.table`), kept as an agg view of sums with its state on the lake, written and read as one."""
+    return view.kind == "agg" or (view.kind == "count" and (view.window is not None or view.table))
+
+
 def agg_views(spark, lake: Lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[AggView]:
-    """An `AggView` for each agg view and each windowed count view of `job`, its state under `<state_key>/views/<view>` of `lake` (keyword
-    arguments `append_only`, `redis_url`, `generation`, `fence`: `AggView`'s)."""
+    """An `AggView` for each view of `job` this module keeps (`kept_as_agg`), its state under
+    `<state_key>/views/<view>` of `lake` (keyword arguments `append_only`, `redis_url`, `generation`, `fence`:
+    `AggView`'s)."""
     views = pipeline.jobs[job].views
     return [
         AggView(spark, lake, v, pipeline, f"{state_key}/views/{v.name}", **kw)
         for v in views
-        if v.kind == "agg" or (v.kind == "count" and v.window is not None)
+        if kept_as_agg(v)
     ]
 
 

@@ -81,12 +81,13 @@ KINDS: dict[str, ViewKind] = {
             commands=Commands(
                 lambda url, v, g, fence: row.RowSink(url, v.name, g, fence), "shown", row.row_delta
             ),
+            state=row.row_tables,  # only for a view another job reads as a table
         ),
         ViewKind(
             count.FILE,
             lambda c, v, lake, spark: count.export_counts(c, v),
             lambda c, v, key, limit: count.query_count(c, v, key),
-            check=check_sums,  # a windowed count view keeps its state as agg views do (`agg.agg_views`)
+            check=check_sums,  # a windowed or table-read count view keeps its state as agg views do (`view_kind`)
             commands=Commands(count.CountSink, "counted", count.count_delta, (count.COUNT_LUA,)),
         ),
         ViewKind(
@@ -110,8 +111,8 @@ FILES: dict[str, ViewFile] = {name: k.file for name, k in KINDS.items()}
 
 
 def view_kind(view: View) -> ViewKind:
-    """The kind of `view` (every kind the pipeline model accepts is registered). A windowed count view is kept as an
-    agg view of sums (`views.agg`) and read as one."""
-    if view.kind == "count" and view.window is not None:
+    """The kind of `view` (every kind the pipeline model accepts is registered). A count view with a window, or read
+    as a table by another job, is kept as an agg view of sums (`views.agg.kept_as_agg`) and read as one."""
+    if agg.kept_as_agg(view):
         return KINDS["agg"]
     return KINDS[view.kind]

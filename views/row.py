@@ -12,6 +12,11 @@ replayed batch has the effect of one, and a job applies its batches in order. `R
 executors, one command per change, pipelined (`views.wire.forward`: the key is the hash tag, so each command goes
 to its key's master on a Redis Cluster).
 
+Read as a table by another job (`View.table`, `views.table`): `RowTable` keeps, on the lake, per key the row a
+reader sees, as an agg view of one value (the max of the struct of the row's fields then its identity, the order
+`query_row` picks by), and appends each batch's changed keys' lines to the view's table log; the Redis hashes stay
+the row sink's. Not for an interval job's row views (their rows change as matches arrive until the window closes).
+
 Read: `query_row` gives the line of the key's greatest row (the one whose fields, compared in declared order with
 null smallest, are greatest; then the greatest identity), plus `final` when it is not null, plus `generation`;
 `{}` when the key has no row. `export_rows` gives every key's line, by key.
@@ -22,16 +27,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 
 import orjson
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
+from changelog.storage import Lake
 from spec.model import Pipeline, View
 from spec.problems import Expr
 from spec.viewfile import ShownKeys, ViewCheck, ViewFile
 from spec.viewtable import entry_fields, expr_type
+from views.agg import AggStep, AggView
 from views.fence import GATE_LUA, UNFENCED, Fence
 from views.frame import line_sql, select_view
 from views.keys import key_id, view_key, view_pattern
@@ -47,6 +55,8 @@ __all__ = [
     "query_row",
     "export_rows",
     "pick_row",
+    "RowTable",
+    "row_tables",
 ]
 
 
@@ -218,3 +228,40 @@ def export_rows(client, view: View) -> Iterator[dict]:
             got = pick_row(entries, view)
             if got is not None:
                 yield got[1]
+
+
+_ROW = "_row"
+
+
+class RowTable(AggView):
+    """The table log of row view `view` of `pipeline`, read as a table by another job (see the module docstring):
+    its state under key `key` of lake `lake`; keyword arguments `AggView`'s (its Redis ones unused)."""
+
+    def __init__(self, spark, lake: Lake, view: View, pipeline: Pipeline, key: str, **kw):
+        struct = ", ".join(f"{lit(n)}, ({e})" for n, e in view.fields)
+        greatest = f"max(named_struct({struct}, '_id', _id))"
+        super().__init__(
+            spark, lake, replace(view, kind="agg", values=((_ROW, greatest),)), pipeline, key, **kw
+        )
+        self.names = [n for n, _ in view.fields]
+
+    def _line_sql(self) -> str:
+        pairs = [f"{lit(self.view.key_name)}, _key", *[f"{lit(n)}, {_ROW}.{quoted(n)}" for n in self.names]]
+        return f"to_json(named_struct({', '.join(pairs)}), map('ignoreNullFields', 'false'))"
+
+    def publish(self, step: AggStep) -> dict:
+        """Append the batch's changed keys' lines to the table log (nothing to Redis)."""
+        self.table.write(step.lines, step.batch_id)
+        return {}
+
+
+def row_tables(spark, lake: Lake, pipeline: Pipeline, job: str, state_key: str, **kw) -> list[RowTable]:
+    """A `RowTable` for each row view of `job` that another job reads as a table, its state under
+    `<state_key>/views/<view>` of `lake` (keyword arguments `AggView`'s); none for an interval job."""
+    if pipeline.jobs[job].kind == "interval":
+        return []
+    return [
+        RowTable(spark, lake, v, pipeline, f"{state_key}/views/{v.name}", **kw)
+        for v in pipeline.jobs[job].views
+        if v.kind == "row" and v.table
+    ]

@@ -11,8 +11,9 @@ the batch id): a batch written again after a crash adds nothing, and so the log 
 batch order, whatever replays happened. A generation's log is created with the generation (empty until its first
 batch), so a reader finds it as soon as the job runs.
 
-Written for the views whose kind keeps each key's whole line per batch (`views.agg`: agg views and windowed count
-views); `views.agg.AggView` calls `ViewTable.write` with its step's lines.
+Written for the views whose state gives each key's whole line per batch (`views.agg`: agg views, and count views,
+which are kept as agg views when read; `views.row.RowTable` for row views): `views.agg.AggView` calls
+`ViewTable.write` with its step's lines.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ __all__ = ["keeps_table", "table_key", "reading_topic", "ViewTable"]
 _WINDOW_KEY = r"^(.*)\|(-?[0-9]+)$"  # `<key>|<window start>`: `views.window.windowed_key`
 
 
-def keeps_table(view: View) -> bool:
-    """Whether `view`'s job keeps its table log when a topic reads it: an agg view or a windowed count view (their
-    kind keeps each key's whole line per batch); a row, unwindowed count or log view does not."""
-    return view.kind == "agg" or (view.kind == "count" and view.window is not None)
+def keeps_table(view: View, job_kind: str) -> bool:
+    """Whether `view`, of a job of kind `job_kind`, has its table log kept when a topic reads it: an agg or a count
+    view (kept as an agg view when read, `views.agg.kept_as_agg`), a row view but of an interval job
+    (`views.row.RowTable`); not a log view, nor a row view of an interval job."""
+    return view.kind in ("agg", "count") or (view.kind == "row" and job_kind != "interval")
 
 
 def table_key(view: str, generation: int) -> str:

@@ -11,8 +11,8 @@ generation serves readers (`jobs.core.replay.rebuild`); a deployed downstream jo
 generation, or a Redis that does not answer, leaves the topic's `log` None (`changelog.errors.ViewNotPublished`
 when it is read).
 
-Only views that keep a table log can be read (`views.table.keeps_table`: agg views and windowed count views);
-`jobs.errors.ChainNotRun` names the others when a job over one would run.
+Only views whose table log is kept can be read (`views.table.keeps_table`: agg, count and row views, but a row
+view of an interval job); `jobs.errors.ChainNotRun` names the others when a job over one would run.
 """
 
 from __future__ import annotations
@@ -84,8 +84,12 @@ def reads(settings: Settings, job: str) -> dict[str, str | None]:
 
 
 def check_chain(pipeline: Pipeline, job: str) -> None:
-    """Raise `ChainNotRun` if `job` reads a view that keeps no table log (a row, unwindowed count or log view)."""
+    """Raise `ChainNotRun` if `job` reads a view whose table log is not kept (`views.table.keeps_table`: a log
+    view, a row view of an interval job)."""
     for name in pipeline.jobs[job].topics:
         t = pipeline.topics[name]
-        if t.view is not None and not keeps_table(pipeline.views[t.view]):
-            raise ChainNotRun(job, t.name, t.view, pipeline.view_job(t.view), pipeline.views[t.view].kind)
+        if t.view is None:
+            continue
+        view, upstream = pipeline.views[t.view], pipeline.jobs[pipeline.view_job(t.view)]
+        if not keeps_table(view, upstream.kind):
+            raise ChainNotRun(job, t.name, view.name, upstream.name, view.kind, upstream.kind)

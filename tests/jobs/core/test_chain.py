@@ -1,10 +1,11 @@
 """`jobs.core.chain`: a job over another job's views (topics `from: {view: ...}`) reads the view's table log in the
-generation its job serves. An aggregate of a windowed aggregate and of an unwindowed one, against the brute force
+generation its job serves. An aggregate of a windowed aggregate, and a join of an unwindowed agg view with a count
+view, against the brute force
 (`timeline_demo.brute`: a view read as a table is its entries) after a random play cut into three pieces, late and
 duplicate records included, on a local lake and on HDFS; `mview replay` of the upstream job switches it to another
 generation and then runs each downstream job once, which rebuilds it from the new log into a new generation with the
-same lines; the old log is gone. A three-table chain (a join of a join's view with a third table) with updates and
-removals on every table."""
+same lines; the old log is gone. A three-table chain (a join of a join's row view with a third table) with updates
+and removals on every table."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ topics:
     time: ts
   game_minutes: {from: {view: per_game}}
   player_totals: {from: {view: per_player}}
+  player_points: {from: {view: points_per_player}}
+  player_last: {from: {view: last_play}}
 jobs:
   arcade:
     select: {from: plays}
@@ -47,18 +50,28 @@ jobs:
         window: {tumble: 1 min}
         values: {plays: 1, points: "coalesce(score, 0)"}
       per_player: {agg: {player: player}, values: {best: max(score), plays: "count(*)"}}
+      points_per_player:        # a count view read as a table: a player whose scores are all null or 0 has none
+        count: {player: player}
+        values: {points: "coalesce(score, 0)", scored: "if(coalesce(score, 0) > 0, 1, 0)"}
+      last_play: {row: {player: player}, fields: {ts: ts, game: game, play_id: play_id}}   # read as a table too
   busiest:
     select: {from: game_minutes}
     views:
       minutes:
         agg: {minute: "CAST(window_start AS string)"}
         values: {most: max(plays), games: "count(*)", points: sum(points), closed: "sum(CAST(final AS int))"}
-  ranks:
-    select: {from: player_totals}
+  ranks:                        # a join of two views' tables
+    join: {left: player_totals, right: player_points, match: {player: player}}
     views:
-      by_plays: {count: {plays: "CAST(plays AS string)"}, values: {players: 1, best: "coalesce(best, 0)"}}
+      by_plays:
+        count: {plays: "CAST(plays AS string)"}
+        values: {players: 1, best: "coalesce(best, 0)", points: points, scored: scored}
+  recent:                       # a select of a row view's table: each player's latest play, per game
+    select: {from: player_last}
+    views:
+      last_games: {agg: {game: game}, values: {players: "count(*)", latest: max(ts), first: min(play_id)}}
 """
-DOWNSTREAM = ("busiest", "ranks")
+DOWNSTREAM = ("busiest", "ranks", "recent")
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +154,7 @@ def test_an_aggregate_of_aggregates_equals_the_brute_force_and_follows_a_replay(
     assert reads(settings, "busiest") == {"game_minutes": "tables/per_game/g2"}
     assert not settings.lake.exists("tables/per_game/g1")  # the old generation's log went with it
     client = connect(settings.redis_url)
-    assert [int(client.get(f"mv:gen:{j}")) for j in ("arcade", *DOWNSTREAM)] == [2, 2, 2]
+    assert [int(client.get(f"mv:gen:{j}")) for j in ("arcade", *DOWNSTREAM)] == [2, 2, 2, 2]
     _check(settings, pipeline, want)
 
 
@@ -153,21 +166,26 @@ def test_a_topic_of_a_view_not_published_yet_names_it(tmp_path, redis_url, pipel
         topic_key(topic)
 
 
-def test_a_job_over_a_view_without_a_table_log_does_not_run():
+def test_a_job_over_a_view_whose_table_log_is_not_kept_does_not_run():
     text = PIPELINE.replace(
-        "player_totals: {from: {view: per_player}}", "player_rows: {from: {view: last_play}}"
+        "  player_last: {from: {view: last_play}}", "  matched: {from: {view: match_rows}}"
     )
     text = text.replace(
-        "      per_player: {agg",
-        "      last_play: {row: {player: player}, fields: {ts: ts}}\n      per_player: {agg",
-    ).replace("select: {from: player_totals}", "select: {from: player_rows}")
-    text = text.replace('{players: 1, best: "coalesce(best, 0)"}', "{players: 1}").replace(
-        "CAST(plays", "CAST(ts"
-    )
+        "jobs:\n",
+        "  games: {fields: {game_id: id, game: string, ts: timestamp}, id: game_id, time: ts}\n"
+        "jobs:\n"
+        "  pairing:\n"
+        "    interval: {left: plays, right: games, match: {game: game}, within: [0 s, 1 min]}\n"
+        "    views:\n"
+        "      match_rows: {row: {play_id: play_id}, fields: {player: player, ts: ts, game: game}}\n",
+    ).replace("select: {from: player_last}", "select: {from: matched}")
     p = parse_pipeline(text, "chain.yml")
     check_chain(p, "busiest")
-    with pytest.raises(ChainNotRun, match="ranks reads 'player_rows', row view 'last_play' of job 'arcade'"):
-        check_chain(p, "ranks")
+    check_chain(p, "ranks")
+    with pytest.raises(
+        ChainNotRun, match="recent reads 'matched', row view 'match_rows' of interval job 'pairing'"
+    ):
+        check_chain(p, "recent")
 
 
 THREE = """\
@@ -192,7 +210,7 @@ jobs:
   tiering:                      # orders x customers: per order its product, quantity and customer's tier
     join: {left: orders, right: customers, match: {customer_id: customer_id}}
     views:
-      order_tiers: {agg: {order_id: order_id}, values: {product_id: max(product_id), qty: max(qty), tier: max(tier)}}
+      order_tiers: {row: {order_id: order_id}, fields: {product_id: product_id, qty: qty, tier: tier}}
   pricing:                      # (orders x customers) x products
     join: {left: tiered_orders, right: products, match: {product_id: product_id}}
     views:

@@ -357,11 +357,11 @@ def _installed(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_chain_is_checked_with_its_order_and_a_job_over_a_row_view_says_in_one_line_that_it_does_not_run(
+def test_a_chain_is_checked_with_its_order_and_a_job_over_a_log_view_says_in_one_line_that_it_does_not_run(
     tmp_path,
 ):
     """A pipeline with a job over other jobs' views: `mview check` shows what each job runs after; `run` of a job
-    over a row view (which keeps no table log), and `ingest` into a view's topic, refuse in one line, before Spark or
+    over a log view (not read as events yet), and `ingest` into a view's topic, refuse in one line, before Spark or
     the lake."""
     from tests.spec.test_load import CHAIN
 
@@ -371,11 +371,11 @@ def test_a_chain_is_checked_with_its_order_and_a_job_over_a_row_view_says_in_one
     assert check.returncode == 0, check.stderr
     assert "rich (join: totals x tiers; after sums, tiers_job)" in check.stdout
     assert "totals (table, view by_customer)" in check.stdout
-    run = _installed("run", "rich", "--once", env=env)
+    run = _installed("run", "again", "--once", env=env)
     assert run.returncode == 1 and run.stderr.splitlines() == [
-        "mview: rich reads 'tiers', row view 'tier_of' of job 'tiers_job': a job over an agg view or a windowed "
-        "count view runs; over a row view it is checked (mview check) but does not run yet; read the topics of its "
-        "job instead"
+        "mview: again reads 'paid_log', log view 'paid_orders' of select job 'sums': a job over an agg or count "
+        "view, or a row view of a join, select or asof job, runs; over this one it is checked (mview check) but "
+        "does not run yet; read the topics of its job instead"
     ]
     (tmp_path / "one.jsonl").write_text("{}\n")
     ingest = _installed("ingest", "totals", str(tmp_path / "one.jsonl"), env=env)
