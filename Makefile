@@ -13,7 +13,7 @@ WEB_PORT ?= 8765
 UI_PORT ?= 8764
 
 .DEFAULT_GOAL := help
-.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop hdfs hdfs-stop s3 s3-stop spark-cluster spark-cluster-stop test test-fast lint fmt demo demo-cdc demo-web ui jvm-cache bench deploy stop status query export replay maintain clean
+.PHONY: help setup redis redis-cluster postgres postgres-stop kafka kafka-stop hdfs hdfs-stop s3 s3-stop spark-cluster spark-cluster-stop test test-fast lint fmt demo demo-cdc demo-web ui jvm-cache peers-setup bench deploy stop status query export replay maintain clean
 
 help: ## list every target with a one-line comment
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -102,6 +102,16 @@ jvm-cache: setup ## build the driver JVM's AOT cache (needs a JDK 25+; ~2 min): 
 
 $(VENV)/mview-jvm/stamp.json: $(VENV)/.installed
 	$(PY) -m jobs.dev.jvmcache
+
+# The peers bench part's Flink: PyFlink pins py4j, pandas, numpy and pyarrow apart from pyspark's, so it gets a
+# virtual environment of its own; the version is the `peers` extra's of pyproject.toml.
+PEERS_VENV := .venv-peers
+FLINK_PIN = $(shell grep -o '"apache-flink==[^"]*"' pyproject.toml | tr -d '"')
+
+peers-setup: ## create .venv-peers with Apache Flink (PyFlink, the `peers` extra) for the bench's peers part (~700 MB)
+	@python3 -m venv $(PEERS_VENV) && $(PEERS_VENV)/bin/pip install -q --upgrade pip && \
+	  $(PEERS_VENV)/bin/pip install -q "$(FLINK_PIN)" && $(PEERS_VENV)/bin/python -c "import pyflink" || \
+	  { echo "make peers-setup: could not install $(FLINK_PIN) into $(PEERS_VENV): it needs python3 3.8-3.11 (this is $$(python3 --version 2>&1)), Java 11 or 17 and PyPI"; exit 1; }
 
 bench: setup $(VENV)/mview-jvm/stamp.json ## run the benchmarks (building the JVM cache first) and write bench/results.json, the table of docs/bench.md and the README's summary; BENCH_ARGS passes options (--only, --scale, --out ...)
 	$(PY) -m bench $(BENCH_ARGS)

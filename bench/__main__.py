@@ -31,6 +31,12 @@ Parts, each with a time budget (the whole run must stay under 15 minutes on a 2-
   `customer_orders` and the select `order_totals` (aggregates, a leaderboard and three windowed views): per-batch time of 100-, 1,000- and
   10,000-record batches beside the built-in timeline's per-record cost at 1,000, a no-op `run --once`, freshness
   (append -> every view of the job, both deployed) p50/p99, and every view checked against the brute force.
+- peers: `bench.peers`: the same events through our jobs and through a peer on this machine: Apache Flink 1.20's
+  own SQL of Nexmark q0-q22 but q6 and q12 (PyFlink on a local mini cluster of as many task slots as Spark has,
+  `bench/flink_side.py` in the environment of `make peers-setup`; skipped with a note without it) beside our jobs of
+  `timeline_demo/pipelines/nexmark.yml` over 200k events (`--peers-events`), and Spark's own stream-stream join
+  beside our `clicks` job over 1M clicks events (`--peers-clicks-events`): events/s per core of each, the ratio,
+  and whether the final results agree. In the default selection, as issue #43 asks; its sizes bound its time.
 - fanout: celebrities, `bench.fanout`: a 1M-follower tweet to visible everywhere, fan-out on write vs FANOUT_LIMIT
   (deployed); `read_timeline` reads/s and p50/p99 plain vs hybrid while the jobs write; Redis bytes per entry.
 
@@ -71,6 +77,7 @@ PARTS = (
     "pipelines",
     "kafka",
     "fanout",
+    "peers",
 )
 
 
@@ -111,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         default=10_000,
         help="nexmark: events of the untimed warm-up run of the four jobs (0: none, e.g. for a smoke run)",
     )
+    _peers_options(p)
     p.add_argument("--pipelines-probes", type=int, default=100, help="pipelines: freshness probes per job")
     p.add_argument("--cdc-rows", type=int, default=100_000, help="rows of the cdc bench's bulk UPDATE")
     p.add_argument(
@@ -132,6 +140,22 @@ def _parser() -> argparse.ArgumentParser:
         help="throughput: runs of the same job again in the warm JVM (the median of the last 3 is the steady state)",
     )
     return p
+
+
+def _peers_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--peers-events",
+        type=int,
+        default=200_000,
+        help="peers: Nexmark events every query of both sides runs over (Flink's and ours)",
+    )
+    p.add_argument(
+        "--peers-clicks-events",
+        type=int,
+        default=1_000_000,
+        help="peers: clicks workload events of our clicks job and Spark's own join (0: none)",
+    )
+    p.add_argument("--peers-queries", nargs="*", default=None, help="peers: only these Nexmark queries")
 
 
 def _part(res: dict, name: str, fn, *args, **kwargs) -> None:
@@ -295,6 +319,19 @@ def _other_parts(res: dict, want: set, args, tmp: Path, port: int) -> None:
         settings = scratch_settings(tmp / "lake-nexmark", port, 12)
         kw = {"warmup_events": args.nexmark_warmup_events}
         _part(res, "nexmark", _other, run_nexmark, settings, (events,), **kw)
+    if "peers" in want:
+        from bench.peers import run as run_peers
+
+        settings = scratch_settings(tmp / "lake-peers", port, 15)
+        kw = {
+            "clicks_events": max(1_000, int(args.peers_clicks_events * args.scale))
+            if args.peers_clicks_events
+            else 0,
+            "warmup_events": args.nexmark_warmup_events,
+            "queries": args.peers_queries,
+        }
+        events = max(5_000, int(args.peers_events * args.scale))
+        _part(res, "peers", _other, run_peers, settings, (events,), **kw)
     if "pipelines" in want:
         from bench.pipelines import run as run_pipelines
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from bench.common import cpu_seconds
 
-__all__ = ["run", "FLINK_PER_CORE", "QUERIES", "rows"]
+__all__ = ["run", "FLINK_PER_CORE", "QUERIES", "rows", "ingest_files", "warm_up", "run_job"]
 
 QUERIES = ("q3", "q8", "q13", "q20")
 # Flink's published Nexmark throughput per core (nexmark/nexmark GUIDE_V1.md, 8-core workers), events/s.
@@ -70,17 +70,24 @@ def _redis_cpu(client) -> float:
 def _ingest(settings, directory: Path, events: int) -> dict:
     """Write `events` Nexmark events (seed `SEED`) as JSON lines under `directory` and ingest every topic's file
     into the settings' lake. Returns the generator's counts and the records ingested per topic."""
-    from changelog.ingest import ingest
     from timeline_demo.nexmark import write_nexmark
 
     made = write_nexmark(directory, events=events, seed=SEED, lateness_ms=settings.allowed_lateness_ms)
-    topics = settings.pipeline().topics
-    accepted = {
-        topic: ingest(None, settings.lake, topics[topic], files, quiet=True).accepted
-        for topic, files in made["files"].items()
-    }
+    accepted = ingest_files(settings, made["files"])
     shutil.rmtree(directory, ignore_errors=True)
     return {"counts": made["counts"], "records": accepted}
+
+
+def ingest_files(settings, files: dict[str, list]) -> dict[str, int]:
+    """Ingest each topic's files (`{topic: [path, ...]}`, as `write_nexmark` returns them) into the settings' lake
+    (`mview ingest`'s code); the records accepted per topic."""
+    from changelog.ingest import ingest
+
+    topics = settings.pipeline().topics
+    return {
+        topic: ingest(None, settings.lake, topics[topic], paths, quiet=True).accepted
+        for topic, paths in files.items()
+    }
 
 
 def _records(totals: dict) -> int:
@@ -88,26 +95,27 @@ def _records(totals: dict) -> int:
     return int(totals.get("events", 0)) + int(totals.get("changes", 0))
 
 
-def _warm_up(spark, settings, work: Path, events: int) -> float:
-    """Run the four jobs over `events` events in a lake of their own, then forget their Redis keys. Seconds."""
+def warm_up(spark, settings, work: Path, events: int, jobs=QUERIES) -> float:
+    """Run `jobs` (in their order; by default the four queries' jobs) over `events` events in a lake of their own,
+    then forget their Redis keys. Seconds."""
     from jobs.core.registry import job_spec
     from views.redis_io import connect
 
     started = time.monotonic()
     warm = dataclasses.replace(settings, lake_dir=work / "lake-warmup")
     _ingest(warm, work / "files-warmup", events)
-    for q in QUERIES:
-        job_spec(warm, q).run(spark, warm, once=True)
+    for job in jobs:
+        job_spec(warm, job).run(spark, warm, once=True)
     connect(settings.redis_url).flushdb()
     shutil.rmtree(warm.lake_dir, ignore_errors=True)
     return time.monotonic() - started
 
 
-def _one(spark, settings, client, q: str, events: int, cores: int) -> dict:
-    """Run job `q` once over the lake; its figures."""
+def run_job(spark, settings, client, job: str, events: int, cores: int) -> dict:
+    """Run `job` once over the lake (`mview run JOB --once`, in this JVM); its figures, per core of `events`."""
     from jobs.core.registry import job_spec
 
-    spec = job_spec(settings, q)
+    spec = job_spec(settings, job)
     cpu0, redis0, t0 = cpu_seconds(spark), _redis_cpu(client), time.monotonic()
     totals = spec.run(spark, settings, once=True)
     run_s = time.monotonic() - t0
@@ -115,8 +123,7 @@ def _one(spark, settings, client, q: str, events: int, cores: int) -> dict:
     batch_s, records = float(totals["seconds"]), _records(totals)
     per_core = events / batch_s / cores if batch_s else 0.0
     return {
-        "job": q,
-        "what": WHAT[q],
+        "job": job,
         "views": list(spec.views),
         "topics": list(spec.topics),
         "batches": totals["batches"],
@@ -129,9 +136,23 @@ def _one(spark, settings, client, q: str, events: int, cores: int) -> dict:
         "records_per_s_per_core": round(records / batch_s / cores) if batch_s else 0,
         "events_per_s_per_core_run": round(events / run_s / cores) if run_s else 0,
         "events_per_cpu_s": round(events / cpu_s) if cpu_s else 0,
+        "totals": {k: v for k, v in totals.items() if isinstance(v, (int, float))},
+    }
+
+
+def _one(spark, settings, client, q: str, events: int, cores: int) -> dict:
+    """Run job `q` once over the lake; its figures beside Flink's published one."""
+    f = run_job(spark, settings, client, q, events, cores)
+    totals = f.pop("totals")
+    batch_s = float(totals["seconds"])
+    per_core = events / batch_s / cores if batch_s else 0.0
+    return {
+        "job": q,
+        "what": WHAT[q],
+        **{k: v for k, v in f.items() if k != "job"},
         "flink_per_core": FLINK_PER_CORE[q],
         "ratio_to_flink": round(per_core / FLINK_PER_CORE[q], 3),
-        "totals": {k: v for k, v in totals.items() if isinstance(v, (int, float))},
+        "totals": totals,
     }
 
 
@@ -179,7 +200,7 @@ def run(events: int = 2_500_000, *, settings, warmup_events: int = 10_000) -> di
     client.flushdb()
     load_before = os.getloadavg()
     try:
-        warm_s = _warm_up(spark, settings, work, warmup_events) if warmup_events else 0.0
+        warm_s = warm_up(spark, settings, work, warmup_events) if warmup_events else 0.0
         t0 = time.monotonic()
         ingested = _ingest(settings, work / "files", events)
         ingest_s = time.monotonic() - t0

@@ -70,6 +70,7 @@ def table_rows(res: dict) -> list[dict]:
         + _replay_rows(res)
         + _kafka_rows(res)
         + _other_rows(res)
+        + _peers_rows(res)
         + _cdc_rows(res)
         + _fanout_rows(res)
         + _hdfs_rows(res)
@@ -322,6 +323,80 @@ def _other_rows(res: dict) -> list[dict]:
             )
             rows.append(_row(name, command=f"bench.{name}.run", measured=summary))
     return rows
+
+
+def _agree(value) -> str:
+    return "n/a" if value is None else ("agree" if value else "**differ**")
+
+
+def _peers_rows(res: dict) -> list[dict]:
+    """The peers part (`bench.peers`): per Nexmark query our jobs' events/s per core beside Flink's SQL on the same
+    events and machine, the ratio, and whether the final results agree (in the last column: no goal is set); then
+    our clicks job beside Spark's own stream-stream join."""
+    p = res.get("peers")
+    if not p:
+        return []
+    if "error" in p:
+        return [_row("peers", measured=f"failed: {p['error']}", met="**not met**")]
+    rows, nx = [], p.get("nexmark") or {}
+    if "error" in nx:
+        rows.append(_row("peers: Nexmark", measured=f"failed: {nx['error']}", met="**not met**"))
+    flink = nx.get("flink") or {}
+    note = flink.get("note") or flink.get("error")
+    for q, f in (nx.get("queries") or {}).items():
+        rows.append(_peers_query_row(q, f, nx, note))
+    c = p.get("clicks")
+    if c and "error" in c:
+        rows.append(_row("peers: clicks", measured=f"failed: {c['error']}", met="**not met**"))
+    elif c:
+        rows.append(_peers_clicks_row(c, p["cores"]))
+    return rows
+
+
+def _peers_query_row(q: str, f: dict, nx: dict, note: str | None) -> dict:
+    ours, flink = f.get("ours") or {}, f.get("flink") or {}
+    jobs = ", ".join(j["job"] for j in ours.get("jobs", []))
+    if "error" in ours:
+        measured = f"failed: {ours['error']}"
+    else:
+        measured = (
+            f"{_fmt(ours['events_per_s_per_core'])}/s/core ({ours['batch_seconds']}s of batches of {jobs})"
+        )
+    if "events_per_s_per_core" in flink:
+        reference = (
+            f"Flink {nx['flink'].get('flink', '')} {_fmt(flink['events_per_s_per_core'])}/s/core "
+            f"({flink['net_seconds']}s job; {flink['wall_seconds']}s with planning and its mini cluster's start)"
+        )
+    else:
+        reference = f"Flink: {flink.get('error') or note or 'n/a'}"
+    diffs = f" ({f['differences']:,} differences)" if f.get("agree") is False else ""
+    return _row(
+        f"Nexmark {q} events/s per core: ours / Flink's SQL (same events, same machine)",
+        workload=f"{nx['events']:,} Nexmark events (seed {nx['seed']}), every one counted; both read pre-split topics",
+        command=f"python -m bench --only peers (mview run {jobs} --once; Flink: bench/flink_side.py)",
+        measured=measured,
+        reference=reference + diffs,
+        ratio=_fmt(f.get("ratio")),
+        goal="(none set); results agree",
+        met=_agree(f.get("agree")),
+    )
+
+
+def _peers_clicks_row(c: dict, cores: int) -> dict:
+    ours, spark = c["ours"], c["spark"]
+    return _row(
+        "clicks join events/s per core: ours / Spark's stream-stream join (leftOuter, watermarks)",
+        workload=f"{ours['events']:,} events (searches + clicks, 3% duplicates), {ours['batches']} micro-batches",
+        command="python -m bench --only peers (mview run clicks --once; Spark: withWatermark + leftOuter join)",
+        measured=f"{_fmt(ours['events_per_s_per_core'])}/s/core ({ours['batch_seconds']}s of batches, {cores} cores)",
+        reference=f"Spark {_fmt(spark['events_per_s_per_core'])}/s/core ({spark['batch_seconds']}s of addBatch, "
+        f"{spark['trigger_seconds']}s of micro-batches); clicked {c['clicked']['ours']:,} / "
+        f"{c['clicked']['spark']:,}, not clicked and closed {c['not_clicked']['compared_ours']:,} / "
+        f"{c['not_clicked']['compared_spark']:,}",
+        ratio=_fmt(c.get("ratio")),
+        goal="(none set); results agree",
+        met=_agree(c.get("agree")),
+    )
 
 
 def _cdc_rows(res: dict) -> list[dict]:
