@@ -103,6 +103,8 @@ __all__ = [
     "RecordTable",
     "table_version",
     "MAX_BEFORE",
+    "max_time_before",
+    "stamp_metadata",
 ]
 
 MAX_BEFORE = "_max_before"  # per record: the topic's greatest time in the versions before the record's own
@@ -459,16 +461,32 @@ def _max_time(table: Table, time: str) -> int | None:
 
 def _max_time_before(log) -> int | None:
     """The topic's greatest time up to the loaded log's version: `mview.maxTime` of its newest commit that records
-    one (None: no commit does, a log with no stamped append yet)."""
+    one, in its `commitInfo` (delta-rs) or its `userMetadata` JSON (a Spark writer's, `stamp_metadata`); None: no
+    commit does, a log with no stamped append yet."""
     depth = 1
     while True:
         infos = log.history(depth)
         for info in infos:
             if _MAX_TIME in info:
                 return int(info[_MAX_TIME])
+            note = info.get("userMetadata")
+            if isinstance(note, str) and note.startswith("{") and _MAX_TIME in note:
+                return int(json.loads(note)[_MAX_TIME])
         if len(infos) < depth:
             return None
         depth *= 8
+
+
+def max_time_before(lake: Lake, key: str) -> int | None:
+    """The greatest time of the stamped log at `key` of `lake` up to its newest version (`_max_time_before`): the
+    `MAX_BEFORE` of records appended next."""
+    return _max_time_before(_delta_table(lake, key))
+
+
+def stamp_metadata(done: int | None) -> str | None:
+    """The `userMetadata` a Spark writer gives a commit of a stamped log whose greatest time up to and including
+    the commit is `done` (None: none to record)."""
+    return None if done is None else json.dumps({_MAX_TIME: str(done)})
 
 
 def _stamped(table: Table, before: int | None) -> Table:
@@ -546,10 +564,16 @@ class RecordTable:
         return Table.from_batches(self._batches, schema=self.schema)
 
 
+def _ready(lake: Lake, topic: Topic) -> str:
+    """The URI of the topic's log, made ready for the declaration (`ensure_topic`); a topic read from a view: as
+    its job made it (a view's table or output log, created with the generation, its columns the job's)."""
+    return lake.uri(topic_key(topic)) if topic.view is not None else ensure_topic(None, lake, topic)
+
+
 def read_stream(spark, lake: Lake, topic: Topic, *, max_files_per_trigger: int | None = None):
     """The topic as a streaming DataFrame, from the start of the log (the checkpoint decides where to resume). The
-    log is made ready for the declaration first (`ensure_topic`: a changed declaration is refused here)."""
-    path = ensure_topic(spark, lake, topic)
+    log is made ready for the declaration first (`_ready`: a changed declaration is refused here)."""
+    path = _ready(lake, topic)
     reader = spark.readStream.format("delta")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
@@ -558,7 +582,7 @@ def read_stream(spark, lake: Lake, topic: Topic, *, max_files_per_trigger: int |
 
 def read_batch(spark, lake: Lake, topic: Topic, *, version: int | None = None):
     """The topic as a batch DataFrame: every record, or every record committed up to `version`."""
-    path = ensure_topic(spark, lake, topic)
+    path = _ready(lake, topic)
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)

@@ -94,14 +94,14 @@ class SourceNotConfigured(JobsError):
 
 class ChainNotRun(JobsError):
     """Job `job` reads topic `topic`, which is view `view` (of kind `kind`) of job `upstream` (of kind
-    `upstream_kind`; `from: {view: ...}`): `mview check` checks such a chain, but a job over a view whose table log
-    is not kept (`views.table.keeps_table`: a log view, a row view of an interval job) does not run yet."""
+    `upstream_kind`; `from: {view: ...}`): `mview check` checks such a chain, but a job over a view whose log is
+    not kept (`views.table.keeps_table`: a row view of an interval job) does not run yet."""
 
     def __init__(self, job: str, topic: str, view: str, upstream: str, kind: str, upstream_kind: str):
         super().__init__(
-            f"{job} reads {topic!r}, {kind} view {view!r} of {upstream_kind} job {upstream!r}: a job over an agg or "
-            f"count view, or a row view of a join, select or asof job, runs; over this one it is checked (mview "
-            "check) but does not run yet; read the topics of its job instead"
+            f"{job} reads {topic!r}, {kind} view {view!r} of {upstream_kind} job {upstream!r}: a job over an agg, "
+            f"count or log view, or a row view of a join, select or asof job, runs; over this one it is checked "
+            "(mview check) but does not run yet; read the topics of its job instead"
         )
         self.job, self.topic, self.view, self.upstream, self.kind = job, topic, view, upstream, kind
         self.upstream_kind = upstream_kind

@@ -496,8 +496,11 @@ def parse_pipeline(
     if out.found:
         raise PipelineError(unique(out.found))
     tables = {t.view for t in topics.values() if t.view is not None and t.kind == "table"}
+    events = {t.view for t in topics.values() if t.view is not None and t.kind == "event"}
     jobs = {
-        n: replace(j, views=tuple(replace(v, table=v.name in tables) for v in j.views))
+        n: replace(
+            j, views=tuple(replace(v, table=v.name in tables, events=v.name in events) for v in j.views)
+        )
         for n, j in jobs.items()
     }
     read = Pipeline(file=file, topics=topics, jobs=jobs, lines=lines)
@@ -691,6 +694,13 @@ def _view_topic(
                 out.add((*path, "id"), f"{f!r} is not a string or long field of view {view.name!r}")
         if t.time is None or fields.get(t.time) != "timestamp":
             out.add((*path, "time"), f"give `time`, a timestamp field of view {view.name!r}")
+        other = next((o for o in topics.values() if o.view == view.name and o.time != t.time), None)
+        if other is not None:
+            out.add(
+                (*path, "time"),
+                f"topic {other.name!r} reads view {view.name!r} with time {other.time!r}: every topic of a log view "
+                "has the same time (its log is stamped by it)",
+            )
     if len(out.found) > before:
         return None
     if event:

@@ -228,7 +228,8 @@ class View:
     plain `mview query` output of one row or entry (Python format fields named as the view's names). window: a
     count, agg or list view's event-time window (`Window`; its key becomes `<key>|<window start>`), retain_ms: how
     long after the watermark passed its end a final window stays (None: always). table: a table topic of the
-    pipeline reads the view (`from: {view: ...}`), so its job keeps the view's table log (`views.table`)."""
+    pipeline reads the view (`from: {view: ...}`), so its job keeps the view's table log (`views.table`); events:
+    an event topic reads the (log) view, so its output log carries the stamp of a topic's log (`views.log`)."""
 
     name: str
     job: str
@@ -247,6 +248,7 @@ class View:
     window: Window | None = None
     retain_ms: int | None = None
     table: bool = False
+    events: bool = False
 
     @property
     def key_name(self) -> str | None:
@@ -375,7 +377,7 @@ class Pipeline:
         topics = {t: {**asdict(self.topics[t]), "capture": None} for t in j.topics}
         own = asdict(j)
         for v in own["views"]:  # said once, below (`read_as_topics`)
-            del v["table"]
+            del v["table"], v["events"]
         body = {
             "job": own,
             "topics": {

@@ -368,6 +368,7 @@ class _Row:
     counted: bool = True
     time: int | None = None
     late: bool = False
+    batch: int | None = None  # the batch that emitted it (select and asof events): its version of a log view
 
 
 def _columns(pipeline: Pipeline, job: Job) -> dict[str, str]:
@@ -515,7 +516,7 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
     # per event: behind the stream's greatest time of the batches before its own
     behind: dict[tuple, bool] = {}
     rows, late = [], 0
-    for batch in batches:
+    for bi, batch in enumerate(batches):
         if newest is not None:  # late: behind the table's watermark at the start of its batch, and kept
             late += sum(r[stream.time] < newest - lateness for r in batch.get(stream.name, ()))
         for rec in batch.get(table.name, ()):
@@ -547,7 +548,7 @@ def _asof(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) -> _
                     rows.append(_asof_row(stream, beside, rec, None, None))
                 else:
                     rows.append(_asof_row(stream, beside, rec, hit[1], f"{_key_text(key)}@{hit[0]}"))
-            rows[-1].time, rows[-1].late = rec[stream.time], behind[ident]
+            rows[-1].time, rows[-1].late, rows[-1].batch = rec[stream.time], behind[ident], bi
             del held[ident]
     # a window is final once no event before its end can still come: both watermarks passed it
     closes = None if top is None or newest is None else min(top, newest) - lateness
@@ -591,14 +592,14 @@ def _select(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) ->
         return _JobOut([_Row(_side_row(topic, rec), _key_text(k)) for k, rec in table.items()])
     kept: dict[tuple, dict] = {}
     rows, top = [], None
-    for batch in batches:
+    for i, batch in enumerate(batches):
         records = list(batch.get(topic.name, ()))
         fresh = _dedupe(topic, records, kept)
         kept.update(fresh)
         for rec in fresh.values():
             t = rec[topic.time]
             late = top is not None and t < top - lateness
-            rows.append(_Row(_side_row(topic, rec), _ident(topic, rec), time=t, late=late))
+            rows.append(_Row(_side_row(topic, rec), _ident(topic, rec), time=t, late=late, batch=i))
         times = [r[topic.time] for r in records] + ([] if top is None else [top])
         top = max(times, default=None)
     windowed = any(v.window is not None for v in job.views)
@@ -611,10 +612,12 @@ def _select(pipeline: Pipeline, job: Job, batches: list[dict], lateness: int) ->
 
 @dataclass
 class _ViewOut:
-    """A view's content: `lines` {key or id: export line}; `final` (row views) and `items` (list views) per key."""
+    """A view's content: `lines` {key or id: export line}; `final` (row views) and `items` (list views) per key;
+    `batches` (log views) the batch that emitted each line."""
 
     view: View
     lines: dict[str, dict] = field(default_factory=dict)
+    batches: dict[str, int | None] = field(default_factory=dict)
     final: dict[str, bool | None] = field(default_factory=dict)
     items: dict[str, list[dict]] = field(default_factory=dict)
 
@@ -635,6 +638,7 @@ def _view(
         for row in rows:
             if _true(where, row):
                 out.lines[row.ident] = {n: e(row.cols) for n, e in fields}
+                out.batches[row.ident] = row.batch
         return out
     chosen: dict[str, list] = defaultdict(list)
     for row in rows:
@@ -940,11 +944,20 @@ def _in_chain_order(pipeline: Pipeline) -> list[Job]:
 
 
 def _read_views(pipeline: Pipeline, job: Job, views: dict[str, _ViewOut], valid: list[dict]) -> None:
-    """Give each topic of `job` read from a view (a table topic) the view's entries after the last batch, as
-    upsert records of that batch: a view read as a table is its current entries."""
+    """Give each topic of `job` read from a view its records: a log view's rows as events of the batch that emitted
+    them (each batch one version of the log); a view read as a table its entries after the last batch, as upsert
+    records of that batch."""
     for name in job.topics:
         topic = pipeline.topics[name]
         if topic.view is None or not valid:
+            continue
+        if topic.kind == "event":
+            out, rows = (
+                views[topic.view],
+                replace(topic, optional=frozenset(topic.names)),
+            )  # a field may be null
+            for ident, line in out.lines.items():
+                valid[out.batches[ident]].setdefault(name, []).append(validate(rows, dict(line)))
             continue
         lines = views[topic.view].lines.values()
         records = [{**{n: line.get(n) for n in topic.names}, "op": topic.op[0], BATCH: 0} for line in lines]

@@ -7,6 +7,12 @@ appends with Delta's idempotent-write options (`txnAppId` `<job>-g<g>-<view>`, `
 batch Spark replays after a crash is not written twice (`LogSink`). `export_log` reads a generation's log: the
 fields of every row, ordered by `_id`.
 
+Read as an event topic by another job (`View.events`: a topic `from: {view: ...}` with `id` and `time`), the log
+is stamped as a topic's log is (`changelog.topics`, "The log carries its own watermark"): each row's `MAX_BEFORE`
+is the greatest value of the reading topic's time field in the versions before its own (null in its first
+append), and each append records the greatest up to and including it in its commit (`userMetadata`), so lateness
+downstream is judged by the upstream's batches, the same in every run.
+
 A log without `where` holds every event the job emitted: the job reads it back to drop an event delivered again
 after it was emitted (`LogSink.ids`, only the rows whose time lies in a range when the log has the stream's time
 among its fields, `time_field`).
@@ -22,7 +28,7 @@ from pyspark.sql import functions as F
 
 from changelog.current import quoted
 from changelog.storage import Lake
-from changelog.topics import ensure_delta_table, table_version
+from changelog.topics import MAX_BEFORE, ensure_delta_table, max_time_before, stamp_metadata, table_version
 from spec.model import Pipeline, View
 from spec.viewfile import ViewCheck, ViewFile, ViewKeys
 from spec.viewtable import expr_type
@@ -111,21 +117,27 @@ def time_field(view: View, time: str) -> str | None:
 
 class LogSink:
     """Appends a job's emitted rows (`log_rows`) to the output log at `key` (`log_key`) of `lake` (created with
-    `schema` if missing), idempotent per batch id (Delta `txnAppId` `app_id`, `txnVersion` the batch id)."""
+    `schema` if missing), idempotent per batch id (Delta `txnAppId` `app_id`, `txnVersion` the batch id); stamped
+    by its field `time` when given (module docstring: `schema` then has `MAX_BEFORE` last)."""
 
-    def __init__(self, spark, lake: Lake, schema: str, app_id: str, *, key: str):
-        self.spark, self.app_id = spark, app_id
+    def __init__(self, spark, lake: Lake, schema: str, app_id: str, *, key: str, time: str | None = None):
+        self.spark, self.app_id, self.lake, self.key, self.time = spark, app_id, lake, key, time
         self.path = ensure_delta_table(spark, lake, schema, key=key)
 
     def write(self, rows: DataFrame, batch_id: int) -> dict:
         """Append `rows`; a batch id already appended adds nothing. Returns {}: the job counts its rows itself."""
-        (
-            rows.write.format("delta")
-            .mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", batch_id)
-            .save(self.path)
-        )
+        writer = rows
+        note = None
+        if self.time is not None:
+            before = max_time_before(self.lake, self.key)
+            top = rows.agg(F.max(F.col(quoted(self.time)).cast("bigint"))).first()[0]
+            note = stamp_metadata(max((t for t in (before, top) if t is not None), default=None))
+            writer = rows.withColumn(MAX_BEFORE, F.lit(before).cast("bigint"))
+        out = writer.write.format("delta").mode("append").option("txnAppId", self.app_id)
+        out = out.option("txnVersion", batch_id)
+        if note is not None:
+            out = out.option("userMetadata", note)
+        out.save(self.path)
         return {}
 
     def ids(self, time: str | None = None, lo: int | None = None, hi: int | None = None) -> DataFrame:
@@ -138,20 +150,25 @@ class LogSink:
 
 
 def log_sinks(spark, lake: Lake, pipeline: Pipeline, job: str, generation: int) -> dict:
-    """view name -> a `LogSink` for each log view of `job` in `generation` (its output log at `log_key`)."""
+    """view name -> a `LogSink` for each log view of `job` in `generation` (its output log at `log_key`), stamped by
+    the time of the topic that reads it as events, if one does."""
 
     empty = view_rows(empty_rows(spark, pipeline, job), pipeline, job)
-    return {
-        v.name: LogSink(
+    out = {}
+    for v in (v for v in pipeline.jobs[job].views if v.kind == "log"):
+        time = (
+            next((t.time for t in pipeline.topics.values() if t.view == v.name), None) if v.events else None
+        )
+        schema = log_schema(log_rows(empty, v, pipeline))
+        out[v.name] = LogSink(
             spark,
             lake,
-            log_schema(log_rows(empty, v, pipeline)),
+            f"{schema}, {MAX_BEFORE} bigint" if time is not None else schema,
             f"{job}-g{generation}-{v.name}",
             key=log_key(v.name, generation),
+            time=time,
         )
-        for v in pipeline.jobs[job].views
-        if v.kind == "log"
-    }
+    return out
 
 
 def export_log(spark, lake: Lake, view: View, generation: int) -> Iterator[dict]:

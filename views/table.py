@@ -33,10 +33,10 @@ _WINDOW_KEY = r"^(.*)\|(-?[0-9]+)$"  # `<key>|<window start>`: `views.window.win
 
 
 def keeps_table(view: View, job_kind: str) -> bool:
-    """Whether `view`, of a job of kind `job_kind`, has its table log kept when a topic reads it: an agg or a count
-    view (kept as an agg view when read, `views.agg.kept_as_agg`), a row view but of an interval job
-    (`views.row.RowTable`); not a log view, nor a row view of an interval job."""
-    return view.kind in ("agg", "count") or (view.kind == "row" and job_kind != "interval")
+    """Whether `view`, of a job of kind `job_kind`, has a log a topic can read: an agg or a count view (kept as an
+    agg view when read, `views.agg.kept_as_agg`) and a row view but of an interval job (`views.row.RowTable`) their
+    table log; a log view its output log (stamped when read, `views.log`). Not a row view of an interval job."""
+    return view.kind in ("agg", "count", "log") or (view.kind == "row" and job_kind != "interval")
 
 
 def table_key(view: str, generation: int) -> str:

@@ -11,8 +11,9 @@ generation serves readers (`jobs.core.replay.rebuild`); a deployed downstream jo
 generation, or a Redis that does not answer, leaves the topic's `log` None (`changelog.errors.ViewNotPublished`
 when it is read).
 
-Only views whose table log is kept can be read (`views.table.keeps_table`: agg, count and row views, but a row
-view of an interval job); `jobs.errors.ChainNotRun` names the others when a job over one would run.
+A topic read from a log view (an event topic) reads its output log (`views.log.log_key`) the same way. Every view
+kind can be read but a row view of an interval job (`views.table.keeps_table`); `jobs.errors.ChainNotRun` names it
+when a job over one would run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jobs.errors import ChainNotRun
 from spec.model import Pipeline
 from views.errors import ViewError
 from views.keys import gen_key
+from views.log import log_key
 from views.redis_io import connect
 from views.table import keeps_table, table_key
 
@@ -70,7 +72,7 @@ def resolve(settings: Settings, pipeline: Pipeline) -> Pipeline:
     for name, t in reading.items():
         gen = serving.get(pipeline.view_job(t.view))
         if gen is not None:
-            logs[name] = table_key(t.view, gen)
+            logs[name] = log_key(t.view, gen) if t.kind == "event" else table_key(t.view, gen)
     return pipeline.reading(logs)
 
 

@@ -107,10 +107,11 @@ def _run_chain(spark, settings) -> None:
         job_spec(settings, name).run(spark, settings, once=True)
 
 
-def _check(settings, pipeline, want) -> None:
+def _check(settings, pipeline, want, spark=None) -> None:
     client = connect(settings.redis_url)
     for name in pipeline.views:
-        assert list(export_view(client, name, pipeline=pipeline)) == want.export(name), name
+        got = export_view(client, name, pipeline=pipeline, lake=settings.lake, spark=lambda: spark)
+        assert list(got) == want.export(name), name
 
 
 @pytest.mark.parametrize(
@@ -278,3 +279,81 @@ def test_a_three_table_chain_with_changes_and_removals_on_every_table_equals_the
     assert len(want.export("revenue")) >= 2 and len(want.export("by_category")) == 2
     log = spark.read.format("delta").load(settings.lake.uri("tables/order_tiers/g1"))
     assert log.where("op = 'remove'").count() > 0  # keys left the middle view, and the last join followed
+
+
+EVENTS = """\
+topics:
+  plays:
+    fields: {play_id: id, player: string, game: string, score: long, ts: timestamp}
+    optional: [score]
+    id: play_id
+    time: ts
+  players:
+    fields: {player: id, tier: string, ts: timestamp}
+    key: player
+    time: ts
+  enriched_plays: {from: {view: enriched}, id: play_id, time: ts}   # a log view's rows as events
+jobs:
+  enrich:                       # each play with its player's tier as of its time, held until the table reaches it
+    asof: {stream: plays, table: players, match: {player: player}}
+    views:
+      enriched:
+        log: {fields: {play_id: play_id, player: player, game: game, score: score, tier: tier, ts: ts}}
+        where: "score IS NOT NULL"
+  tally:                        # a select of the log's events: windows judge lateness by the log's versions
+    select: {from: enriched_plays}
+    views:
+      per_tier_minute:
+        agg: {tier: "coalesce(tier, 'none')"}
+        window: {tumble: 1 min}
+        values: {plays: "count(*)", points: sum(score), games: "count(distinct game)"}
+      per_game: {count: {game: game}, values: {plays: 1, points: score}}
+  recheck:                      # an asof job over the log's events: each enriched play with the tier in force now
+    asof: {stream: enriched_plays, table: players, match: {player: player}}
+    views:
+      moved: {count: {was: "coalesce(enriched_plays.tier, 'none')"}, values: {plays: 1, changed: "if(enriched_plays.tier = players.tier, 0, 1)"}}
+      per_player_minute:
+        count: {player: player}
+        window: {tumble: 1 min}
+        values: {plays: 1}
+"""
+
+
+@pytest.mark.slow
+def test_a_log_view_read_as_events_by_a_select_and_an_asof_job_equals_the_brute_force(
+    spark, tmp_path, redis_url, tmp_path_factory
+):
+    pipeline = pipeline_file(tmp_path_factory, "events", EVENTS)
+    settings = make_settings(
+        tmp_path / "lake", redis_url, ALLOWED_LATENESS=f"{LATENESS_MS} ms", METRICS_PORT="off",
+        MVIEW_PIPELINE=pipeline.file,
+    )  # fmt: skip
+    rng = random.Random(9)
+    arrivals = _plays(rng, 240)
+    for i in range(60):  # tiers change over the five minutes; the last change moves the table past every play
+        t = T0 + i * 5_000 + rng.randrange(0, 3_000)
+        arrivals.insert(rng.randrange(len(arrivals) + 1), ("players", {"player": f"u{rng.randrange(20)}", "tier": rng.choice("ab"), "ts": t}))  # fmt: skip
+    arrivals.append(("players", {"player": "u0", "tier": "a", "ts": T0 + 400_000}))
+    cuts = sorted(rng.sample(range(1, len(arrivals)), 2))
+    batches = []
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(arrivals)], strict=True)):
+        batch: dict[str, list[dict]] = {}
+        for topic, rec in arrivals[a:b]:
+            batch.setdefault(topic, []).append(rec)
+        for topic, records in batch.items():
+            ingest(
+                None,
+                settings.lake,
+                settings.topic(topic),
+                [write_jsonl(tmp_path / f"{topic}-{i}.jsonl", records)],
+            )
+        batches.append(batch)
+        for job in ("enrich", "tally", "recheck"):
+            job_spec(settings, job).run(spark, settings, once=True)
+        want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
+        _check(settings, pipeline, want, spark)  # after every batch
+    assert reads(settings, "tally") == {"enriched_plays": "outputs/enriched/g1"}
+    assert want.late.get("tally", 0) > 0 and len(want.export("per_tier_minute")) >= 5
+    assert len(want.export("moved")) >= 2 and len(want.export("per_player_minute")) >= 10
+    log = spark.read.format("delta").load(settings.lake.uri("outputs/enriched/g1"))
+    assert log.where("_max_before IS NOT NULL").count() > 0  # stamped by the upstream's batches

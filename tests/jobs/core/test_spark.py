@@ -76,14 +76,17 @@ def test_a_small_aggregation_takes_small_memory_pages(spark):
 def test_building_a_column_costs_no_call_site_round_trips(spark):
     """With PySpark's DataFrame debugging on, every Column function also fetched the session and a conf and set
     the call site in the JVM: three more Py4J round trips per function, in every micro-batch's plan building."""
+    import threading
+
     import py4j.clientserver
     from pyspark.sql import functions as F
 
     conn = py4j.clientserver.ClientServerConnection
-    sent, original = [], conn.send_command
+    sent, original, me = [], conn.send_command, threading.get_ident()
 
     def counting(self, command):
-        sent.append(command)
+        if threading.get_ident() == me:  # not a thread an earlier test left running in this process
+            sent.append(command)
         return original(self, command)
 
     F.concat(F.lit("warm"), F.col("up"))  # the JVM class and method lookups of a first call are not counted

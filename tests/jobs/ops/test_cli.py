@@ -357,24 +357,30 @@ def _installed(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_chain_is_checked_with_its_order_and_a_job_over_a_log_view_says_in_one_line_that_it_does_not_run(
+def test_a_chain_is_checked_with_its_order_and_a_job_over_an_interval_row_view_says_in_one_line_it_does_not_run(
     tmp_path,
 ):
     """A pipeline with a job over other jobs' views: `mview check` shows what each job runs after; `run` of a job
-    over a log view (not read as events yet), and `ingest` into a view's topic, refuse in one line, before Spark or
-    the lake."""
+    over an interval job's row view (whose rows change until their window closes), and `ingest` into a view's
+    topic, refuse in one line, before Spark or the lake."""
     from tests.spec.test_load import CHAIN
 
-    (tmp_path / "chain.yml").write_text(CHAIN)
+    paid = (
+        "  paid:\n    interval: {left: orders, right: payments, match: {order_id: order_id}, within: [0 s, 30 min]}\n"
+        "    views: {paid_rows: {row: {order_id: order_id}, fields: {amount: amount}}}\n"
+        "  recount:\n    select: {from: paid_table}\n    views: {n: {count: {amount: amount}, values: {n: 1}}}\n"
+    )
+    text = CHAIN.replace("jobs:\n", "  paid_table: {from: {view: paid_rows}}\njobs:\n" + paid)
+    (tmp_path / "chain.yml").write_text(text)
     env = {"LAKE_DIR": str(tmp_path / "lake"), "MVIEW_PIPELINE": str(tmp_path / "chain.yml")}
     check = _installed("check", env=env)
     assert check.returncode == 0, check.stderr
     assert "rich (join: totals x tiers; after sums, tiers_job)" in check.stdout
     assert "totals (table, view by_customer)" in check.stdout
-    run = _installed("run", "again", "--once", env=env)
+    run = _installed("run", "recount", "--once", env=env)
     assert run.returncode == 1 and run.stderr.splitlines() == [
-        "mview: again reads 'paid_log', log view 'paid_orders' of select job 'sums': a job over an agg or count "
-        "view, or a row view of a join, select or asof job, runs; over this one it is checked (mview check) but "
+        "mview: recount reads 'paid_table', row view 'paid_rows' of interval job 'paid': a job over an agg, count or "
+        "log view, or a row view of a join, select or asof job, runs; over this one it is checked (mview check) but "
         "does not run yet; read the topics of its job instead"
     ]
     (tmp_path / "one.jsonl").write_text("{}\n")
