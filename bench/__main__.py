@@ -57,7 +57,19 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT, cpu_ticks, say, scratch_settings, start_redis, stolen_pct
-from bench.report import END, START, SUMMARY_END, SUMMARY_START, markdown_table, plot, summary, update_block
+from bench.report import (
+    END,
+    NEXMARK_END,
+    NEXMARK_START,
+    START,
+    SUMMARY_END,
+    SUMMARY_START,
+    markdown_table,
+    nexmark_table,
+    plot,
+    summary,
+    update_block,
+)
 
 __all__ = ["main"]
 
@@ -356,6 +368,10 @@ def _write(res: dict, args) -> None:
         say(f"no {START} ... {END} markers in {args.doc}: here is the table")
     if not update_block(Path(args.readme), short, SUMMARY_START, SUMMARY_END):
         say(f"no {SUMMARY_START} ... {SUMMARY_END} markers in {args.readme}: here is the summary")
+    nexmark = nexmark_table(res)
+    if nexmark is not None and not update_block(Path(args.readme), nexmark, NEXMARK_START, NEXMARK_END):
+        say(f"no {NEXMARK_START} ... {NEXMARK_END} markers in {args.readme}: here is the Nexmark table")
+        print(nexmark)
     print(table)
     print(short)
     say(f"wrote {out}, {args.plot}; whole run {res['meta']['seconds']:.0f}s")

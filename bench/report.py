@@ -1,7 +1,8 @@
 """The bench report: one table row per figure with its reference, ratio, goal and mark (`table_rows`), the
 Markdown table that replaces the block between `START` and `END` of docs/bench.md (`markdown_table`), the README's
 five-line summary that replaces its block between `SUMMARY_START` and `SUMMARY_END` (`summary`), the block replaced
-(`update_block`), and the plot (`plot`). Works on the results dict that `python -m bench` writes to
+(`update_block`), the README's Nexmark table between `NEXMARK_START` and `NEXMARK_END` (`nexmark_table`), and the
+plot (`plot`). Works on the results dict that `python -m bench` writes to
 bench/results.json."""
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ __all__ = [
     "table_rows",
     "markdown_table",
     "summary",
+    "NEXMARK_START",
+    "NEXMARK_END",
+    "nexmark_table",
     "update_block",
     "plot",
 ]
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 SUMMARY_START, SUMMARY_END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+NEXMARK_START, NEXMARK_END = "<!-- nexmark:start -->", "<!-- nexmark:end -->"
+NEXMARK_GOAL = 0.5  # of Flink's events/s per core, on every query measured (issue #43)
 # The rows the README's summary shows, by the start of their figure, after its line of goals met.
 HEADLINES = (
     "timeline entries/s, steady state",
@@ -642,6 +648,48 @@ def summary(res: dict) -> str:
             ratio = f"ratio {row['ratio']}, " if row["ratio"] else ""
             goal = f" ({ratio}goal {row['goal']}: {row['met'].strip('*')})" if row["goal"] else ""
             lines.append(f"- {row['figure']}: {measured}{goal}")
+    return "\n".join(lines)
+
+
+def nexmark_table(res: dict) -> str | None:
+    """The README's Nexmark table from the run's `peers` part: per query q0-q22, whether `nexmark.yml` expresses it
+    (else why not), our jobs' events/s per core beside Flink's SQL of it on the same events and machine, the ratio
+    against the goal, and whether the two final results agree; then the run's line. None without the part."""
+    from timeline_demo.nexmark_sql import NOT_EXPRESSED
+
+    nx = (res.get("peers") or {}).get("nexmark") or {}
+    queries = nx.get("queries")
+    if not queries:
+        return None
+    lines = [
+        f"| query | expressed | ours, events/s per core | Flink, events/s per core | ours / Flink (goal >= {NEXMARK_GOAL}) "
+        "| same final results |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in range(23):
+        q = f"q{n}"
+        if q in NOT_EXPRESSED:
+            lines.append(f"| {q} | no: {NOT_EXPRESSED[q].split(':')[0]} | | | | |")
+            continue
+        f = queries.get(q)
+        if f is None:
+            lines.append(f"| {q} | yes (not measured) | | | | |")
+            continue
+        ours, flink, ratio = f.get("ours") or {}, f.get("flink") or {}, f.get("ratio")
+        mark = "" if ratio is None else (" met" if ratio >= NEXMARK_GOAL else " **not met**")
+        lines.append(
+            f"| {q} | yes | {_fmt(ours.get('events_per_s_per_core', ours.get('error', 'n/a')))} "
+            f"| {_fmt(flink.get('events_per_s_per_core', flink.get('error', 'n/a')))} "
+            f"| {_fmt(ratio) if ratio is not None else 'n/a'}{mark} | {_agree(f.get('agree'))} |"
+        )
+    when = (res.get("meta") or {}).get("when", "")
+    lines.append("")
+    lines.append(
+        f"Measured by the bench's part `peers` (`make bench`) on {when}: {nx.get('events', 0):,} generated Nexmark events, each "
+        f"side reading the same pre-split topics (one file or log per event kind) and counted as all of them, "
+        f"Flink {(nx.get('flink') or {}).get('flink', '')} with parallelism {(nx.get('flink') or {}).get('parallelism', '')} "
+        "on this machine. Every expressed query also equals Nexmark's SQL in DuckDB in the tests."
+    )
     return "\n".join(lines)
 
 

@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 NOT_EXPRESSED = {
-    "q6": "the average of each seller's last 10 closed auctions needs a window of the last N rows per key over an "
-    "updating result, which no view keeps (Flink's Nexmark does not run q6 either)",
+    "q6": "a window of rows (each seller's last 10 closed auctions): its average needs a window of the last N rows "
+    "per key over an updating result, which no view keeps (Flink's Nexmark does not run q6 either)",
     "q12": "windows of processing time: the result depends on when records are processed, so no replay could "
     "reproduce it (q11 is its event-time counterpart)",
 }

@@ -150,3 +150,33 @@ def test_a_failed_part_is_one_row():
     assert len(failed) == 1 and failed[0]["figure"] == "peers" and "boom" in failed[0]["measured"]
     meta = {"when": "now", "machine": "here", "seconds": 1.0}
     assert "Nexmark q4 events/s per core" in markdown_table({**_res(), "meta": meta})
+
+
+def test_the_readme_nexmark_table_has_every_query_its_ratio_against_the_goal_and_the_agreement(tmp_path):
+    from bench.report import NEXMARK_END, NEXMARK_START, nexmark_table, update_block
+
+    res = {
+        "meta": {"when": "2026-11-29 04:00 UTC"},
+        "peers": {
+            "nexmark": {
+                "events": 1_000,
+                "flink": {"flink": "1.20.5", "parallelism": 2},
+                "queries": {
+                    "q0": {"ours": {"events_per_s_per_core": 600}, "flink": {"events_per_s_per_core": 1000},
+                           "ratio": 0.6, "agree": True},
+                    "q5": {"ours": {"events_per_s_per_core": 100}, "flink": {"events_per_s_per_core": 1000},
+                           "ratio": 0.1, "agree": False},
+                },
+            }
+        },
+    }  # fmt: skip
+    rows = nexmark_table(res).splitlines()
+    assert [r.split(" | ")[0] for r in rows[2:25]] == [f"| q{n}" for n in range(23)]
+    assert rows[2] == "| q0 | yes | 600 | 1,000 | 0.6 met | agree |"
+    assert rows[7] == "| q5 | yes | 100 | 1,000 | 0.1 **not met** | **differ** |"
+    assert rows[8].startswith("| q6 | no: ") and rows[3] == "| q1 | yes (not measured) | | | | |"
+    assert nexmark_table({"meta": {}}) is None
+    page = tmp_path / "README.md"
+    page.write_text(f"a\n{NEXMARK_START}\nold\n{NEXMARK_END}\nb\n")
+    assert update_block(page, nexmark_table(res), NEXMARK_START, NEXMARK_END)
+    assert "old" not in page.read_text() and "| q22 |" in page.read_text()
