@@ -130,8 +130,12 @@ def start_cluster(
 
 
 def _alive_workers(web_url: str) -> int:
+    """The workers the master's web UI says are alive; 0 while the UI is starting (an empty or partial answer)."""
     with urllib.request.urlopen(f"{web_url}/json/", timeout=2) as r:
-        return int(json.load(r).get("aliveworkers", 0))
+        try:
+            return int(json.load(r).get("aliveworkers", 0))
+        except ValueError:
+            return 0
 
 
 def wait_cluster(procs: list[subprocess.Popen], base: Path, web_port: int, timeout_s: float = 300.0) -> None:
