@@ -346,10 +346,6 @@ def _euros(value):
     return None if value is None else round(float(value), 3)
 
 
-def _lines(exports: dict[str, list[dict]], view: str) -> list[dict]:
-    return exports[view]
-
-
 def _entries(exports: dict[str, list[dict]], view: str, entries: str, bids: dict[str, dict]):
     """(rank from 1, the bid record) of every entry of every key of a list view."""
     for line in exports[view]:
@@ -387,39 +383,34 @@ def result(query: str, exports: dict[str, list[dict]], bids: dict[str, dict] | N
     cols = QUERIES[query].columns
     match query:
         case "q0" | "q2" | "q10" | "q13" | "q21" | "q22":
-            return [_typed(x, cols) for x in _lines(exports, f"{query}_bids")]
+            return [_typed(x, cols) for x in exports[f"{query}_bids"]]
         case "q1" | "q14":
-            return [
-                {**_typed(x, cols), "price": _euros(x["price"])} for x in _lines(exports, f"{query}_bids")
-            ]
+            return [{**_typed(x, cols), "price": _euros(x["price"])} for x in exports[f"{query}_bids"]]
         case "q3":
-            return [_typed(x, cols) for x in _lines(exports, "q3_auctions")]
+            return [_typed(x, cols) for x in exports["q3_auctions"]]
         case "q4":
             return [
-                {"id": int(x["category"]), "final": math.trunc(x["final"])}
-                for x in _lines(exports, "q4_by_category")
+                {"id": int(x["category"]), "final": math.trunc(x["final"])} for x in exports["q4_by_category"]
             ]
         case "q5":
-            return [_typed(x, cols) for x in _lines(exports, "q5_hot_items")]
+            return [_typed(x, cols) for x in exports["q5_hot_items"]]
         case "q7":
-            return [_typed(x, cols) for x in _lines(exports, "q7_bids")]
+            return [_typed(x, cols) for x in exports["q7_bids"]]
         case "q8":
-            return [_typed(x, cols, {"stime": "starttime"}) for x in _lines(exports, "q8_new_sellers")]
+            return [_typed(x, cols, {"stime": "starttime"}) for x in exports["q8_new_sellers"]]
         case "q9":
-            return [_typed(x, cols) for x in _lines(exports, "q9_winning_bids")]
+            return [_typed(x, cols) for x in exports["q9_winning_bids"]]
         case "q11":
             return [
                 _typed(x, cols, {"starttime": "window_start", "endtime": "window_end"})
-                for x in _lines(exports, "q11_sessions")
+                for x in exports["q11_sessions"]
             ]
         case "q15" | "q16":
-            return [
-                _typed(x, cols) for x in _lines(exports, "q15_days" if query == "q15" else "q16_channel_days")
-            ]
+            return [_typed(x, cols) for x in exports["q15_days" if query == "q15" else "q16_channel_days"]]
         case "q17":
             return [
                 {**_typed(x, cols), "avg_price": math.trunc(x["avg_price"])}
-                for x in _lines(exports, "q17_auction_days")
+                for x in exports["q17_auction_days"]
             ]
         case "q18":
             return [_bid_row(b) for _, b in _entries(exports, "q18_last_bids", "entries", bids or {})]
@@ -431,7 +422,7 @@ def result(query: str, exports: dict[str, list[dict]], bids: dict[str, dict] | N
         case "q20":
             return [
                 _typed(x, cols, {"bid_dateTime": "dateTime", "bid_extra": "extra"})
-                for x in _lines(exports, "q20_bids")
+                for x in exports["q20_bids"]
             ]
     raise KeyError(query)
 
