@@ -30,13 +30,17 @@ from views.redis_io import connect
 
 T0 = 1_700_000_000_000
 LATENESS_MS = 20_000
-PIPELINE = """\
+PLAYS = """\
 topics:
   plays:
     fields: {play_id: id, player: string, game: string, score: long, ts: timestamp}
     optional: [score]
     id: play_id
     time: ts
+"""  # the topic `_plays` makes records of
+PIPELINE = (
+    PLAYS
+    + """\
   game_minutes: {from: {view: per_game}}
   player_totals: {from: {view: per_player}}
   player_points: {from: {view: points_per_player}}
@@ -71,6 +75,7 @@ jobs:
     views:
       last_games: {agg: {game: game}, values: {players: "count(*)", latest: max(ts), first: min(play_id)}}
 """
+)
 DOWNSTREAM = ("busiest", "ranks", "recent")
 
 
@@ -281,13 +286,9 @@ def test_a_three_table_chain_with_changes_and_removals_on_every_table_equals_the
     assert log.where("op = 'remove'").count() > 0  # keys left the middle view, and the last join followed
 
 
-EVENTS = """\
-topics:
-  plays:
-    fields: {play_id: id, player: string, game: string, score: long, ts: timestamp}
-    optional: [score]
-    id: play_id
-    time: ts
+EVENTS = (
+    PLAYS
+    + """\
   players:
     fields: {player: id, tier: string, ts: timestamp}
     key: player
@@ -317,6 +318,7 @@ jobs:
         window: {tumble: 1 min}
         values: {plays: 1}
 """
+)
 
 
 @pytest.mark.slow
