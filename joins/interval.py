@@ -227,8 +227,9 @@ def _increments(kn: list[str], lower_ms: int, upper_ms: int) -> Column:
     of_left, of_right = by_ts.rangeBetween(lower_ms, upper_ms), by_ts.rangeBetween(-upper_ms, -lower_ms)
     is_l, new = F.col("_is_l"), F.col("_new")
 
+    # 0, not null, over an empty frame (an interval that excludes the row itself: 0 < lower)
     def n(cond, frame):
-        return F.sum(cond.cast("int")).over(frame)
+        return F.coalesce(F.sum(cond.cast("int")).over(frame), F.lit(0))
 
     return F.when(
         key_ok,

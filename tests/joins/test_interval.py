@@ -123,6 +123,17 @@ def test_outer_rows_by_how(spark, how, want):
     assert [r for r in out[1]["rows"] if "-" in r] == want
 
 
+def test_an_interval_after_the_row_counts_zero_matches_not_null(spark):
+    """lower > 0: a row's range frame never holds the row itself and may hold no row at all; its matches are 0
+    and, closed unmatched, it is an outer row once."""
+    batches = [([("s1", "a", 0), ("s2", "a", 40)], [("c1", "a", 45)]), ([], [("cz", "z", 1000)])]
+    out = _run(spark, batches, lower=10, upper=20, with_rows=True)
+    assert out[0]["pairs"] == [] and out[0]["changed"] == {}
+    # s1's end, 20, is under the first watermark, 35
+    assert out[0]["closed"] == {"s1": 0} and out[1]["closed"] == {"s2": 0}
+    assert [o["rows"] for o in out] == [[("s1", "-")], [("s2", "-")]]
+
+
 def test_self_join_of_one_stream(spark):
     """Pairs of events of one stream within 10 ms of each other (the row with itself included)."""
     rows = [("e1", "a", 0), ("e2", "a", 5), ("e3", "a", 30)]

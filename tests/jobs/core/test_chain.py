@@ -5,7 +5,8 @@ view, against the brute force
 duplicate records included, on a local lake and on HDFS; `mview replay` of the upstream job switches it to another
 generation and then runs each downstream job once, which rebuilds it from the new log into a new generation with the
 same lines; the old log is gone. A three-table chain (a join of a join's row view with a third table) with updates
-and removals on every table."""
+and removals on every table. An asof job's log view read as events by a select, an asof and an interval job, exact
+after every batch."""
 
 from __future__ import annotations
 
@@ -317,12 +318,20 @@ jobs:
         count: {player: player}
         window: {tumble: 1 min}
         values: {plays: 1}
+  followups:                    # an interval job over the log's events: each enriched play and its player's next plays
+    interval: {left: enriched_plays, right: plays, match: {player: player}, within: [1 s, 30 s], unmatched: true}
+    views:
+      followed: {count: {tier: "coalesce(tier, 'none')"}, values: {plays: 1, followed: "if(matches > 0, 1, 0)"}}
+      followed_minute:
+        agg: {game: game}
+        window: {tumble: 1 min}
+        values: {plays: "count(*)", matches: sum(matches)}
 """
 )
 
 
 @pytest.mark.slow
-def test_a_log_view_read_as_events_by_a_select_and_an_asof_job_equals_the_brute_force(
+def test_a_log_view_read_as_events_by_select_asof_and_interval_jobs_equals_the_brute_force(
     spark, tmp_path, redis_url, tmp_path_factory
 ):
     pipeline = pipeline_file(tmp_path_factory, "events", EVENTS)
@@ -350,12 +359,15 @@ def test_a_log_view_read_as_events_by_a_select_and_an_asof_job_equals_the_brute_
                 [write_jsonl(tmp_path / f"{topic}-{i}.jsonl", records)],
             )
         batches.append(batch)
-        for job in ("enrich", "tally", "recheck"):
+        for job in ("enrich", "tally", "recheck", "followups"):
             job_spec(settings, job).run(spark, settings, once=True)
         want = brute_force(pipeline, batches, lateness_ms=LATENESS_MS)
         _check(settings, pipeline, want, spark)  # after every batch
     assert reads(settings, "tally") == {"enriched_plays": "outputs/enriched/g1"}
     assert want.late.get("tally", 0) > 0 and len(want.export("per_tier_minute")) >= 5
     assert len(want.export("moved")) >= 2 and len(want.export("per_player_minute")) >= 10
+    assert {line["tier"] for line in want.export("followed")} >= {"a", "b"}
+    assert len(want.export("followed_minute")) >= 5
+    assert reads(settings, "followups") == {"enriched_plays": "outputs/enriched/g1"}
     log = spark.read.format("delta").load(settings.lake.uri("outputs/enriched/g1"))
     assert log.where("_max_before IS NOT NULL").count() > 0  # stamped by the upstream's batches
