@@ -123,6 +123,13 @@ def settings(tmp_path, redis_url) -> Settings:
     return make_settings(tmp_path / "lake", redis_url)
 
 
+# Spark's projections outside whole-stage code (Delta's log replay over its wide action schema, writers, shuffles)
+# interpreted in every JVM of the tests (the JVMs read `spark.*` system properties as their Spark settings): Spark
+# generated and formatted their Java source anew in every task, ~13% of a test JVM's CPU on batches of a few rows.
+# Whole-stage code generation, the path of every plan's rows, is on as in a deployed job.
+INTERPRETED_PROJECTIONS = "-Dspark.sql.codegen.factoryMode=NO_CODEGEN"
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from jobs.core.spark import get_spark
@@ -130,9 +137,13 @@ def spark(tmp_path_factory):
     # A Kafka address, so the session has Spark's Kafka source too: the kafka job's `--once` runs here, not in a JVM
     # of its own (nothing connects to the address).
     lake = tmp_path_factory.mktemp("lake0")
+    mine = "JAVA_TOOL_OPTIONS" not in os.environ  # unless you set it yourself
+    if mine:
+        os.environ["JAVA_TOOL_OPTIONS"] = INTERPRETED_PROJECTIONS
     s = get_spark(make_settings(lake, "redis://127.0.0.1:1/0", KAFKA_BOOTSTRAP="127.0.0.1:1"), "mview-tests")
     # Every JVM started after this one (deployed jobs, CLI commands, the cluster's) JIT-compiles with C1 only: each
     # lives a minute or two on a few records, where C2's compilations took ~40% of its CPU time and gave none back.
-    os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+    if mine:
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{INTERPRETED_PROJECTIONS} -XX:TieredStopAtLevel=1"
     yield s
     s.stop()
