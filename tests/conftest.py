@@ -123,10 +123,10 @@ def settings(tmp_path, redis_url) -> Settings:
     return make_settings(tmp_path / "lake", redis_url)
 
 
-# Spark's projections outside whole-stage code (Delta's log replay over its wide action schema, writers, shuffles)
-# interpreted in every JVM of the tests (the JVMs read `spark.*` system properties as their Spark settings): Spark
-# generated and formatted their Java source anew in every task, ~13% of a test JVM's CPU on batches of a few rows.
-# Whole-stage code generation, the path of every plan's rows, is on as in a deployed job.
+# Every JVM of the tests interprets Spark's plans instead of generating Java code for them (the JVMs read `spark.*`
+# system properties as their Spark settings; NO_CODEGEN turns off whole-stage code too): on batches of a few rows,
+# Spark generated and formatted the source of the projections outside whole-stage code anew in every task (Delta's
+# log replay over its wide action schema most), ~13% of a test JVM's CPU. A deployed job and the bench generate code.
 INTERPRETED_PROJECTIONS = "-Dspark.sql.codegen.factoryMode=NO_CODEGEN"
 
 

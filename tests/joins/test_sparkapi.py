@@ -30,6 +30,8 @@ from joins.sparkapi import (
 )
 from tests.test_domain import docstrings
 
+FACTORY_MODE = "spark.sql.codegen.factoryMode"
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -159,8 +161,14 @@ def test_the_driver_jvm_is_this_sessions_java_process(spark):
 
 def test_codegen_compilations_count_new_code(spark):
     count = codegen_compilations(spark)
-    before = count()
-    spark.range(7).selectExpr(f"id * {before + 12345} AS x").collect()  # a constant never compiled before
+    mode = spark.conf.get(FACTORY_MODE)
+    # code generated, as in a deployed job (the tests' JVMs interpret: tests/conftest.py)
+    spark.conf.set(FACTORY_MODE, "FALLBACK")
+    try:
+        before = count()
+        spark.range(7).selectExpr(f"id * {before + 12345} AS x").collect()  # a constant never compiled before
+    finally:
+        spark.conf.set(FACTORY_MODE, mode)
     assert isinstance(before, int) and count() > before
 
 
