@@ -14,6 +14,7 @@ from changelog.errors import CdcFailed, PostgresUnavailable
 from changelog.postgres import PgSource, capture, drop_slot, wal_lag
 from changelog.storage import as_lake
 from spec.model import Topic
+from tests.jobs.opshelp import wait_for
 from tests.lakehelp import as_topic
 from tests.pghelp import fold, log_commits
 
@@ -224,6 +225,10 @@ def test_a_transaction_sent_again_after_a_crash_before_its_commit_writes_its_dea
     with pytest.raises(SystemExit):
         _capture(pg, lake)
     monkeypatch.undo()
+    # the server ends the dead capture's walsender a moment after its connection closed: until then the slot is
+    # active and a new capture is refused in one line (a deployed job retries)
+    released = f"SELECT NOT active FROM pg_replication_slots WHERE slot_name = '{pg.slot}'"
+    wait_for(lambda: pg.sql(released)[0][0], "the slot to be released", timeout_s=30)
     again = _capture(pg, lake)
     assert (again["appended"], again["rejected"]) == (1, 0)
     pg.sql("INSERT INTO {t} VALUES ('u3', NULL, 'DE', NULL)")
