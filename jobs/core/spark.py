@@ -89,10 +89,19 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
     if s3:
         _s3a_credentials(spark, settings)
     atexit.register(spark.stop)  # a clean exit stops Spark (its temporary files go) before the JVM is killed
-    spark.sparkContext.setLogLevel("ERROR")
-    _jars_off_python_path(spark.sparkContext)
-    sparkapi.check_jvm(spark, Path(sys.prefix) / "mview-java")  # a pass is remembered beside the jars record
+    _started(spark)
     return spark
+
+
+def _started(spark) -> None:
+    """What a session needs once its JVM runs: Spark's log at ERROR, each JVM class PySpark names looked up once per
+    process (`joins.sparkapi.remember_jvm_names`), the jar files off the Python path, and the check of Spark's
+    private APIs (a pass is remembered beside the jars record)."""
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    sparkapi.remember_jvm_names(sc)
+    _jars_off_python_path(sc)
+    sparkapi.check_jvm(spark, Path(sys.prefix) / "mview-java")
 
 
 def kafka_package() -> str:
