@@ -230,10 +230,10 @@ def remember_jvm_names(sc) -> None:
 
     Py4J asks the JVM anew on every attribute access (`sc._jvm.functions`, which PySpark's `col`, `lit` and every
     function call make), and the JVM tries the bare name as a class first (a miss that searches every jar of the
-    class path), then each `java_import`ed package in turn (a miss each, until the right one): in the session's JVM a
-    few thousand such lookups per minute of small micro-batches took a tenth of its CPU. A class or package a name
-    resolved to stays what it is while the JVM runs, so it is kept on the view (and on each package it gives) as an
-    ordinary attribute; names that Py4J does not resolve (with a leading underscore) are left alone. Idempotent."""
+    class path), then each `java_import`ed package in turn (a miss each, until the right one); a micro-batch's plans
+    make thousands of such lookups (docs/architecture.md, "Spark settings"). A class or package a name resolved to
+    stays what it is while the JVM runs, so it is kept on the view (and on each package it gives) as an ordinary
+    attribute; names that Py4J does not resolve (with a leading underscore) are left alone. Idempotent."""
     from py4j.java_gateway import JavaPackage, JVMView
 
     class _Package(JavaPackage):
