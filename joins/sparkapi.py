@@ -38,7 +38,6 @@ __all__ = [
     "filter_python_includes",
     "driver_jvm",
     "jvm",
-    "remember_jvm_names",
     "hadoop_configuration",
     "parse_expression",
     "codegen_compilations",
@@ -222,39 +221,6 @@ def jvm(spark):
     """The Py4J view of the session's driver JVM (`jvm(spark).java.lang.System`), for public Java APIs PySpark does
     not wrap (the JVM's own process id, a GC, its arguments and version): `SparkContext._jvm`."""
     return spark.sparkContext._jvm
-
-
-def remember_jvm_names(sc) -> None:
-    """Make the Py4J view of `sc`'s JVM (`SparkContext._jvm`, which PySpark and this service reach every JVM class
-    through) remember each name it resolved to a class or a package, so a name costs one JVM round trip per process.
-
-    Py4J asks the JVM anew on every attribute access (`sc._jvm.functions`, which PySpark's `col`, `lit` and every
-    function call make), and the JVM tries the bare name as a class first (a miss that searches every jar of the
-    class path), then each `java_import`ed package in turn (a miss each, until the right one); a micro-batch's plans
-    make thousands of such lookups (docs/architecture.md, "Spark settings"). A class or package a name resolved to
-    stays what it is while the JVM runs, so it is kept on the view (and on each package it gives) as an ordinary
-    attribute; names that Py4J does not resolve (with a leading underscore) are left alone. Idempotent."""
-    from py4j.java_gateway import JavaPackage, JVMView
-
-    class _Package(JavaPackage):
-        def __getattr__(self, name):
-            return _kept(self, name, JavaPackage.__getattr__(self, name))
-
-    class _View(JVMView):
-        def __getattr__(self, name):
-            return _kept(self, name, JVMView.__getattr__(self, name))
-
-    def _kept(node, name: str, found):
-        if name.startswith("_"):
-            return found
-        if type(found) is JavaPackage:
-            found.__class__ = _Package
-        object.__setattr__(node, name, found)
-        return found
-
-    view = sc._jvm
-    if type(view) is JVMView:
-        view.__class__ = _View
 
 
 def hadoop_configuration(spark):

@@ -94,12 +94,10 @@ def get_spark(settings: Settings, app_name: str = "mview", *, master: str | None
 
 
 def _started(spark) -> None:
-    """What a session needs once its JVM runs: Spark's log at ERROR, each JVM class PySpark names looked up once per
-    process (`joins.sparkapi.remember_jvm_names`), the jar files off the Python path, and the check of Spark's
-    private APIs (a pass is remembered beside the jars record)."""
+    """What a session needs once its JVM runs: Spark's log at ERROR, the jar files off the Python path, and the check
+    of Spark's private APIs (a pass is remembered beside the jars record)."""
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
-    sparkapi.remember_jvm_names(sc)
     _jars_off_python_path(sc)
     sparkapi.check_jvm(spark, Path(sys.prefix) / "mview-java")
 

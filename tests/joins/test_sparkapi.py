@@ -159,19 +159,6 @@ def test_the_driver_jvm_is_this_sessions_java_process(spark):
     assert driver_jvm(SimpleNamespace(sparkContext=SimpleNamespace())) is None
 
 
-def test_the_jvm_view_remembers_the_classes_and_packages_it_resolved(spark):
-    from py4j.java_gateway import JavaClass, JavaPackage
-
-    sc = spark.sparkContext
-    sparkapi.remember_jvm_names(sc)  # again: idempotent
-    view = sc._jvm
-    first = view.functions
-    assert isinstance(first, JavaClass) and view.functions is first  # the second access asks the JVM nothing
-    lang = view.java.lang
-    assert isinstance(lang, JavaPackage) and view.java.lang is lang and lang.System is lang.System
-    assert lang.System.getProperty("java.version")  # a remembered class is still called in the JVM
-
-
 def test_codegen_compilations_count_new_code(spark):
     count = codegen_compilations(spark)
     mode = spark.conf.get(FACTORY_MODE)
