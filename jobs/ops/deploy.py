@@ -26,8 +26,8 @@ killed (at once on this machine, after the lease's TTL when it ran elsewhere).
   starts `python -m jobs run JOB` in a new session with the settings in its environment, writes the pid file and
   returns 0 once the process is up (1, with the log's tail, if it died; the tail with every password masked).
 - stop: SIGTERM to the driver, which finishes its micro-batch in flight and exits; waits up to STOP_TIMEOUT,
-  then SIGKILLs the process group (safe: the next start replays the interrupted batch). Not running: says so,
-  exit 0.
+  then writes the stacks of the driver's threads and of its JVM's threads to its log (`dump_stacks`) and SIGKILLs
+  the process group (safe: the next start replays the interrupted batch). Not running: says so, exit 0.
 """
 
 from __future__ import annotations
@@ -142,6 +142,27 @@ def _group_members(pgid: int) -> list[int]:
             if st is not None and st[1] == pgid:
                 out.append(int(p.name))
     return out
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "java"
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
+def dump_stacks(pid: int, wait_s: float = 2.0) -> None:
+    """Have the deployed driver `pid` write the stack of every thread to its log, its Python threads' (SIGUSR1,
+    which `jobs.ops.service.serve` hands to `faulthandler`) and its JVM's (SIGQUIT to each `java` process of its
+    process group: the JVM prints a thread dump to its stdout, the log, and runs on); waits `wait_s` for them to be
+    written. For a driver that does not stop: what each thread was waiting on."""
+    for member in _group_members(pid):
+        with contextlib.suppress(ProcessLookupError):
+            if member == pid:
+                os.kill(member, signal.SIGUSR1)
+            elif _is_java(member):
+                os.kill(member, signal.SIGQUIT)
+    time.sleep(wait_s)
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
@@ -320,7 +341,12 @@ def stop(settings: Settings, job: str) -> int:
         time.sleep(0.2)
     killed = _proc_stat(pid) is not None
     if killed:
-        print(f"{spec.name}: still running after {settings.stop_timeout}: SIGKILL", file=sys.stderr)
+        dump_stacks(pid)
+        print(
+            f"{spec.name}: still running after {settings.stop_timeout}: SIGKILL (its threads' stacks are in "
+            f"{log_path(settings, spec.name)})",
+            file=sys.stderr,
+        )
     _reap_group(pid, grace_s=0 if killed else 15)
     _pid_file(settings, spec.name).unlink(missing_ok=True)
     print(f"{spec.name}: stopped")

@@ -13,6 +13,8 @@
   it run unguarded.
 - SIGTERM/SIGINT: the micro-batch in flight finishes, the query stops, the process exits 0. A batch that is
   planned in the instant the stop is decided is interrupted and replayed at the next start (idempotent).
+  SIGUSR1: every Python thread's stack is written to stderr (the log), and the job runs on (`mview stop` asks for
+  it, and for the JVM's, before it SIGKILLs a driver that did not stop in time: `jobs.ops.deploy.dump_stacks`).
 - A failed query (e.g. a Redis restart lost a Lua script cache, an executor died) restarts from its checkpoint
   after a backoff (2, 4, ... 60 s; back to 2 s once a query has run for 5 minutes); the batch is replayed and,
   every sink write being idempotent or fenced, has the effect of one application. Restarts are counted in the
@@ -49,6 +51,7 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import threading
@@ -418,6 +421,7 @@ def serve(spark, settings: Settings, job: str) -> int:
     if lease is None:
         return 1
     _stop_on_signals(job)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stderr: the log
     clear_error(settings, job)  # why an earlier run failed or restarted: history now
     watch = _RedisWatch(settings, job, failure)
     watch.start()

@@ -181,6 +181,22 @@ def wait_for(predicate, what: str, timeout_s: float = 1200.0, every_s: float = 0
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def log_tail(path: Path, lines: int = 120) -> str:
+    """The last `lines` lines of a deployed job's log, without the JVM thread dumps (`jobs.ops.deploy.dump_stacks`;
+    each from "Full thread dump" to its "JNI global refs" line) but with their Python threads' stacks: what a test
+    that failed beside a deployed job prints of it."""
+    kept, in_dump = [], False
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        if line.startswith("Full thread dump"):
+            in_dump = True
+            kept.append("[a JVM thread dump]")
+        elif in_dump and line.startswith("JNI global refs"):
+            in_dump = False
+        elif not in_dump:
+            kept.append(line)
+    return "\n".join(kept[-lines:])
+
+
 def batch_in_flight(lake: Lake, checkpoint: str) -> bool:
     """True while the query checkpointed at key `checkpoint` of `lake` (local, HDFS or S3) has planned a micro-batch
     (offsets/N) it has not committed (no commits/N: `jobs.core.runtime.committed_batches`)."""

@@ -56,7 +56,7 @@ import redis
 from changelog.ingest import ingest
 from jobs.core.runtime import checkpoint_dir, checkpoint_key
 from jobs.dev.redis import free_port
-from jobs.ops.deploy import deploy, log_path, stop
+from jobs.ops.deploy import deploy, dump_stacks, log_path, pid_of, stop
 from jobs.ops.replay import replay
 from jobs.ops.ui import serve_in_thread
 from tests.browser import browser
@@ -64,6 +64,7 @@ from tests.conftest import make_settings
 from tests.jobs.opshelp import (
     OwnRedis,
     batch_in_flight,
+    log_tail,
     metric_samples,
     mview,
     mview_here,
@@ -168,11 +169,14 @@ class _Service:
 
 
 @pytest.fixture(scope="module")
-def service(spark, tmp_path_factory):
+def service(spark, tmp_path_factory, request):
+    failed = request.session.testsfailed
     svc = _Service(spark, tmp_path_factory.mktemp("service"))
     yield svc
-    stop(svc.settings, JOB)
+    stop(svc.settings, JOB)  # a driver that does not stop writes its threads' stacks to the log
     svc.own.stop()
+    if request.session.testsfailed > failed:
+        print(f"the job's log, its end:\n{log_tail(log_path(svc.settings, JOB))}")
 
 
 def test_deploy_is_idempotent_and_a_kill9_mid_batch_resumes(service, capsys):
@@ -509,6 +513,18 @@ def test_status_errors_are_one_line_and_not_stale_and_state_says_waiting(service
     wait_for(lambda: service.caught_up(gen, redis_ok=True), "the job to run again")
     [line], row = both()
     assert row["state"] == "running" and row["redis"] == "ok" and row["last_error"] is None
+
+
+def test_a_driver_asked_for_its_stacks_writes_them_to_its_log_and_runs_on(service):
+    pid = service.up()["pid"]
+    log = log_path(service.settings, JOB)
+    before = log.stat().st_size
+    dump_stacks(pid)
+    text = log.read_bytes()[before:].decode(errors="replace")
+    assert "most recent call first" in text and "in _follow_generations" in text, text[-2000:]  # Python's
+    assert "Full thread dump" in text and "stream execution thread" in text, text[-2000:]  # the JVM's
+    assert pid_of(service.settings, JOB) == pid and service.status()["running"]
+    assert "[a JVM thread dump]" in log_tail(log, lines=100_000)
 
 
 def test_a_deploy_with_another_definition_rebuilds_the_running_job(service, capsys):
