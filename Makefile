@@ -70,7 +70,8 @@ spark-cluster-stop: setup ## stop the master and workers `make spark-cluster` st
 # The suite starts one of each server it needs per run (Redis; and for the e2e tests HDFS, S3, Kafka, PostgreSQL, a
 # Spark cluster). The scenarios that run on one remote store per run take MVIEW_TEST_STORE=hdfs|s3 (by default it
 # alternates by day); the run's last lines say which, after the 15 slowest tests.
-test: setup ## run the test suite (starts its own redis-server on a free port)
+# The suite starts many driver JVMs (deployed jobs, CLI runs): with the JVM cache (a JDK 25+) each starts warmer.
+test: setup $(VENV)/mview-jvm/stamp.json ## run the test suite (starts its own redis-server on a free port; builds the JVM cache first)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # No server beyond Redis: a test that uses one is e2e (tests/conftest.py).
