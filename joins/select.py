@@ -13,7 +13,7 @@ keys: a key live before gives a removed row with its values before (`_sign` -1),
 with its values after (`_sign` 1); a key that stays live but changes gives both. `_id` is the key's text
 (`joins.sides.key_text_sql`: values joined by `|`), `_time` null. A record delivered twice changes nothing.
 
-Per micro-batch N the job writes the views first, then the state (`SelectedIds.record(N, ...)`, or the table
+Per micro-batch N the job writes the views first, then the state (`SelectedIds.record`, or the table
 store's stage and advance), so a crash before the state is written replays N from the state before it with the
 same changes, and a replay after it finds nothing new (the views already hold N).
 """
@@ -74,11 +74,13 @@ class EventSelect:
 
 
 class SelectedIds:
-    """The ids an event select has selected, with their times: Delta table `key` of `lake`, appended once per
-    batch id (`txnAppId` `app_id`, `txnVersion` the batch id)."""
+    """The ids an event select has selected, with their times: Delta table `key` of `lake`, read as a set (`among`).
+    Appended without Delta's idempotent-write options: a batch appended again (replayed after a crash between this
+    append and Spark's commit of the batch, or by a driver that lost its lease) adds copies, which change no lookup;
+    so no append pays for the snapshot's whole state, which Delta reconstructs to check a `txnVersion`."""
 
-    def __init__(self, spark, lake: Lake, app_id: str, *, key: str):
-        self.spark, self.app_id, self.lake = spark, app_id, lake
+    def __init__(self, spark, lake: Lake, *, key: str):
+        self.spark, self.lake = spark, lake
         self.path = ensure_delta_table(spark, self.lake, "_id string, _t bigint", key=key)
 
     def among(self, candidates: DataFrame) -> DataFrame:
@@ -87,16 +89,9 @@ class SelectedIds:
         rows = self.spark.read.format("delta").load(self.path).select("_id")
         return rows.join(F.broadcast(candidates.select("_id")), "_id", "left_semi")
 
-    def record(self, batch_id: int, rows: DataFrame) -> None:
-        """Append the ids (and times) of `rows` (row changes), once per `batch_id`."""
-        (
-            rows.select("_id", F.col("_time").alias("_t"))
-            .write.format("delta")
-            .mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", batch_id)
-            .save(self.path)
-        )
+    def record(self, rows: DataFrame) -> None:
+        """Append the ids (and times) of `rows` (row changes)."""
+        rows.select("_id", F.col("_time").alias("_t")).write.format("delta").mode("append").save(self.path)
 
 
 @dataclass

@@ -2,9 +2,9 @@
 
 Source: the topic's log, one stream. Per micro-batch N:
 - an event topic: the batch's records, one per id, less the ids an earlier batch selected, are added rows; every
-  view gets them (`views.changes.ChangeViews`), then their ids are recorded (`joins.select.SelectedIds`, once per
-  N). A record whose id was selected before is counted as a duplicate (`duplicates` in `mview status`). A view
-  without a window keeps late records (it has no window that closed); a windowed view leaves out a record whose
+  view gets them (`views.changes.ChangeViews`), then their ids are recorded (`joins.select.SelectedIds`). A record
+  whose id was selected before is counted as a duplicate (`duplicates` in `mview status`). A view without a window
+  keeps late records (it has no window that closed); a windowed view leaves out a record whose
   time is behind the topic's watermark as of the log versions before its own (`_time < MAX_BEFORE -
   ALLOWED_LATENESS`, the log's stamp: the same in every run however it cuts the log), counted as `late`. The job's
   watermark after N (its windows close under it) is the topic's greatest time in the versions read so far minus
@@ -51,9 +51,7 @@ def _batch(
 
 def _events(run: JobRun, select: EventSelect, views: ChangeViews, windowed: bool):
     key = state_key(run.job, run.generation)
-    ids = SelectedIds(
-        run.spark, run.settings.lake, f"mview-{run.job}-g{run.generation}-ids", key=f"{key}/ids"
-    )
+    ids = SelectedIds(run.spark, run.settings.lake, key=f"{key}/ids")
     lateness = run.settings.allowed_lateness_ms if windowed else None
     time = quoted(select.topic.time)
 
@@ -75,7 +73,8 @@ def _events(run: JobRun, select: EventSelect, views: ChangeViews, windowed: bool
             ).first()
             watermark = None if top is None else top - lateness
         views.write(rows, batch_id, watermark=watermark)
-        ids.record(batch_id, rows)
+        if added:
+            ids.record(rows)
         return _batch(select.topic.name, records, added, 0, n - added, late)
 
     return process
