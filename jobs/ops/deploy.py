@@ -151,18 +151,20 @@ def _is_java(pid: int) -> bool:
         return False
 
 
-def dump_stacks(pid: int, wait_s: float = 2.0) -> None:
-    """Have the deployed driver `pid` write the stack of every thread to its log, its Python threads' (SIGUSR1,
-    which `jobs.ops.service.serve` hands to `faulthandler`) and its JVM's (SIGQUIT to each `java` process of its
-    process group: the JVM prints a thread dump to its stdout, the log, and runs on); waits `wait_s` for them to be
-    written. For a driver that does not stop: what each thread was waiting on."""
-    for member in _group_members(pid):
-        with contextlib.suppress(ProcessLookupError):
-            if member == pid:
-                os.kill(member, signal.SIGUSR1)
-            elif _is_java(member):
-                os.kill(member, signal.SIGQUIT)
-    time.sleep(wait_s)
+def dump_stacks(pid: int, wait_s: float = 1.0) -> None:
+    """Have the deployed driver `pid` write the stack of every thread to its log: its Python threads' (SIGUSR1,
+    which `jobs.ops.service.serve` hands to `faulthandler`), then, `wait_s` later (the two would interleave in the
+    file), its JVM's (SIGQUIT to each `java` process of its process group: the JVM prints a thread dump to its
+    stdout, the log, and runs on); waits `wait_s` again for that. For a driver that does not stop: what each thread
+    was waiting on."""
+    for signum, members in (
+        (signal.SIGUSR1, [pid]),
+        (signal.SIGQUIT, [m for m in _group_members(pid) if _is_java(m)]),
+    ):
+        for member in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signum)
+        time.sleep(wait_s)
 
 
 def pid_of(settings: Settings, job: str) -> int | None:
