@@ -1,12 +1,12 @@
 """`jobs.core.chain`: a job over another job's views (topics `from: {view: ...}`) reads the view's table log in the
 generation its job serves. An aggregate of a windowed aggregate, and a join of an unwindowed agg view with a count
-view, against the brute force
-(`timeline_demo.brute`: a view read as a table is its entries) after a random play cut into three pieces, late and
-duplicate records included, on a local lake and on HDFS; `mview replay` of the upstream job switches it to another
-generation and then runs each downstream job once, which rebuilds it from the new log into a new generation with the
-same lines; the old log is gone. A three-table chain (a join of a join's row view with a third table) with updates
-and removals on every table. An asof job's log view read as events by a select, an asof and an interval job, exact
-after every batch."""
+view, against the brute force (`timeline_demo.brute`: a view read as a table is its entries) after a random play cut
+into three pieces, late and duplicate records included, on HDFS (the same pipeline on a local lake:
+tests/jobs/ops/test_chain_deploy.py, deployed, killed and replayed); `mview replay` of the upstream job switches it
+to another generation and then runs each downstream job once, which rebuilds it from the new log into a new
+generation with the same lines; the old log is gone. A three-table chain (a join of a join's row view with a third
+table) with updates and removals on every table. An asof job's log view read as events by a select, an asof and an
+interval job, exact after every batch."""
 
 from __future__ import annotations
 
@@ -120,19 +120,11 @@ def _check(settings, pipeline, want, spark=None) -> None:
         assert list(got) == want.export(name), name
 
 
-@pytest.mark.parametrize(
-    "store",
-    [
-        pytest.param("local", marks=pytest.mark.slow),
-        pytest.param("hdfs", marks=[pytest.mark.e2e, pytest.mark.slow]),
-    ],
-)
+@pytest.mark.slow
 def test_an_aggregate_of_aggregates_equals_the_brute_force_and_follows_a_replay(
-    spark, tmp_path, redis_url, pipeline, store, request
+    spark, tmp_path, redis_url, pipeline, hdfs_server
 ):
-    lake = tmp_path / "lake"
-    if store == "hdfs":
-        lake = f"{request.getfixturevalue('hdfs_server').url}/chain-{uuid.uuid4().hex[:8]}"
+    lake = f"{hdfs_server.url}/chain-{uuid.uuid4().hex[:8]}"
     settings = make_settings(
         lake,
         redis_url,
