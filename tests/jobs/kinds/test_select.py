@@ -219,18 +219,22 @@ def test_a_batch_replayed_after_a_crash_has_the_effect_of_one(spark, tmp_path, r
 
 @pytest.mark.slow
 def test_an_event_delivered_again_in_a_later_batch_has_one_effect(spark, tmp_path, redis_url, tickets):
-    """The same id again, in a later batch: the first batch's copy stays, whatever the copy's time or fields."""
+    """The same id again, in a later batch: the first batch's copy stays, whatever the copy's time or fields. A
+    batch's records are counted with their copies, its own and earlier batches'."""
     base = {"ticket_id": "t1", "gate": "north", "zone": "A", "fee": 2.5, "bags": 1}
     hour = 3_600_000
+    x3 = {**base, "scan_id": "x3", "ts": T0 + hour}
     batches = [
         {"scans": [{**base, "scan_id": "x1", "ts": T0}, {**base, "scan_id": "x2", "ts": T0 + 5_000}]},
         {"scans": [{**base, "scan_id": "x1", "ts": T0, "gate": "south"}]},  # the same time, other fields
-        {"scans": [{**base, "scan_id": "x2", "ts": T0 + hour, "fee": 9.0}, {**base, "scan_id": "x3", "ts": T0 + hour}]},
+        {"scans": [{**base, "scan_id": "x2", "ts": T0 + hour, "fee": 9.0}, x3, dict(x3)]},
     ]  # fmt: skip
     settings = make_settings(tmp_path / "lake", redis_url, METRICS_PORT="off", MVIEW_PIPELINE=tickets.file)
+    events = []
     for batch in batches:
         _append(spark, settings, tickets, batch)
-        run(spark, settings, tickets, "gate_flow", once=True)
+        events.append(run(spark, settings, tickets, "gate_flow", once=True)["events"])
+    assert events == [2, 1, 3]
     want = _brute(tickets, batches)
     assert [(r["scan_id"], r["gate"], r["fee"]) for r in want.export("scan_row")] == [
         ("x1", "north", 2.5),
