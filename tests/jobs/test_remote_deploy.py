@@ -9,7 +9,8 @@ would. One deployment lives through both failures, one after the other:
 - then kill -9 of that driver mid-stream, and a deploy from the second place (no pid file, no local file of the
   first): the new driver takes the job's lease over (`jobs.core.lease`: the old driver's process is gone) and
   continues from the checkpoint in the lake; the timelines are exactly the reference's. From the second place
-  `mview status` sees the driver (its lease), a second deploy says it runs, and `mview stop` stops it.
+  `mview status` sees the driver (its lease), a second deploy says it runs, and `mview stop` stops it. On S3 no
+  log or status of either place holds the secret key.
 
 One store per run (`tests.devhelp.one_store`: MVIEW_TEST_STORE, by default HDFS and S3 on alternate days): above
 `changelog.storage.Lake` the wait, the lease's renewal and take-over and the checkpoint are the same code on both;
@@ -161,5 +162,12 @@ def test_an_outage_then_a_kill9_and_a_deploy_from_another_place_leave_the_timeli
         cli("second", "stop", JOB)
         assert not status_of(settings, JOB)["running"] and status_of(settings, JOB)["state"] == "stopped"
         assert timelines() == truth
+        if kind == "s3":  # the secret key reached no log or status of either place
+            secret = server.credentials["AWS_SECRET_ACCESS_KEY"]
+            logs = [p.log("first"), p.log("second")]
+            assert secret and all(logs)
+            assert (
+                secret not in "".join(logs) + st.stdout + st.stderr + cli("second", "status", "--json").stdout
+            )
     finally:
         cli("second", "stop", JOB, check=False)

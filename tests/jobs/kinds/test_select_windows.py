@@ -2,13 +2,13 @@
 the brute force of the contract's definitions (`timeline_demo.brute`): random plays with late and duplicate records
 ingested as files (one log version each), the job run after every file, then replayed in one batch (the same log
 cut into other batches gives the same lines, late drops included); export and query compared exactly, `late`
-counted; on a local lake and on HDFS."""
+counted; on a local lake (windowed views on HDFS: tests/jobs/core/test_chain.py, whose store-specific code, the
+`changelog.storage.Lake` primitives and Delta's commit, tests/changelog/test_storage.py holds on both stores)."""
 
 from __future__ import annotations
 
 import json
 import random
-import uuid
 
 import pytest
 
@@ -120,26 +120,17 @@ def _check(settings, pipeline, want) -> None:
             }
 
 
-@pytest.mark.parametrize(
-    "store, files",
-    [
-        pytest.param("local", 4, marks=pytest.mark.slow),  # batches and a replay: `make test`, not test-fast
-        pytest.param("hdfs", 3, marks=[pytest.mark.e2e, pytest.mark.slow]),
-    ],
-)
+@pytest.mark.slow  # batches and a replay: `make test`, not test-fast
 def test_windowed_views_equal_the_brute_force_however_the_log_is_cut_into_batches(
-    spark, tmp_path, redis_url, pipeline, store, files, request
+    spark, tmp_path, redis_url, pipeline
 ):
     """The job run after every file (one batch each), then a replay (the whole log in one batch, into generation 2):
     the same lines, late drops included."""
     rng = random.Random(7)
     records = _plays(rng, 240)
-    paths = _files(tmp_path, records, files, rng)
-    lake = tmp_path / "lake"
-    if store == "hdfs":
-        lake = f"{request.getfixturevalue('hdfs_server').url}/windows-{uuid.uuid4().hex[:8]}"
+    paths = _files(tmp_path, records, 4, rng)
     settings = make_settings(
-        lake,
+        tmp_path / "lake",
         redis_url,
         ALLOWED_LATENESS=f"{LATENESS_MS} ms",
         METRICS_PORT="off",
