@@ -25,10 +25,16 @@ from tests.pghelp import pg, pg_server  # noqa: F401
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`)."""
+    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`); then put the modules
+    with a `slow` or `e2e` test first, each module's tests in their order: `--dist loadfile` hands the workers whole
+    modules in this order, so the long ones start early and the short ones even out the end."""
+    heavy = set()
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("slow") or item.get_closest_marker("e2e"):
+            heavy.add(item.path)
+    items.sort(key=lambda item: item.path not in heavy)  # stable: the collection order within each group
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest tests
