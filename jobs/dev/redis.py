@@ -106,12 +106,17 @@ def _create_cluster(ports: list[int]) -> None:
 
 
 def _wait_answer(port: int) -> bool:
-    client = redis.Redis(port=port)
-    for _ in range(100):
+    """Whether a Redis answers PING on `port` within 5 s (a process there that is not one does not hold it up)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
         try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            time.sleep(0.05)
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    return True
+        except OSError:  # refused, reset or timed out
+            pass
+        time.sleep(0.05)
     return False
 
 
@@ -124,12 +129,24 @@ def _free(port: int) -> bool:
             return False
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the OS hands out for port 0 and outgoing connections (Linux's ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def _cluster_ports() -> list[int]:
-    """`CLUSTER_MASTERS` free ports whose cluster bus ports (port + 10000) are free too (so below 55536)."""
+    """`CLUSTER_MASTERS` free ports whose cluster bus ports (port + 10000) are free too, both below the OS's
+    ephemeral range where it can (ports 12768-32767 by default): a port is chosen before its node binds it, and in
+    that range a server started on port 0 or an outgoing connection could take it in between."""
     rng = random.Random()
+    top = _ephemeral_low() - 10000
+    lo, hi = (max(1024, top - 10000), top) if top - 1024 >= 1000 else (20000, 55000)
     ports: list[int] = []
     while len(ports) < CLUSTER_MASTERS:
-        p = rng.randrange(20000, 55000)
+        p = rng.randrange(lo, hi)
         if p not in ports and _free(p) and _free(p + 10000):
             ports.append(p)
     return ports
