@@ -50,19 +50,11 @@ class EventSelect:
 
     def candidates(self, records: DataFrame) -> DataFrame:
         """The batch's records (the topic's log columns, and the log's stamp `MAX_BEFORE` when they have it), one
-        per `_id`, with `_id` and `_time` (and the stamp: the earliest copy's); `_copies`, how many of the batch's
-        records have the id, and `_top`, the greatest of their times and stamps (so `_copies` summed is the batch's
-        size, and the greatest `_top` the batch's greatest time or stamp)."""
+        per `_id`, with `_id` and `_time` (and the stamp: the earliest copy's)."""
         t = self.topic
         stamp = (MAX_BEFORE,) if MAX_BEFORE in records.columns else ()
-        time = f"CAST({quoted(t.time)} AS bigint)"
-        top = f"greatest({time}, {MAX_BEFORE})" if stamp else time
-        ided = records.selectExpr(
-            *[quoted(n) for n in t.names], f"{identity_sql(t)} AS _id", *stamp, f"{top} AS _top"
-        )
-        per_id = {"_copies": F.count(F.lit(1)), "_top": F.max("_top")}
-        deduped = dedupe_records(ided, t, least=stamp, per_id=per_id)
-        return deduped.withColumn("_time", F.col(quoted(t.time)).cast("bigint"))
+        ided = records.selectExpr(*[quoted(n) for n in t.names], f"{identity_sql(t)} AS _id", *stamp)
+        return dedupe_records(ided, t, least=stamp).withColumn("_time", F.col(quoted(t.time)).cast("bigint"))
 
     def rows(
         self, candidates: DataFrame, seen: DataFrame | None, *, lateness_ms: int | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from changelog.current import quoted
@@ -48,15 +48,11 @@ def identity_sql(topic: Topic) -> str:
     return f"to_json(array({', '.join(f'CAST({quoted(n)} AS string)' for n in names)}))"
 
 
-def dedupe_records(
-    records: DataFrame, topic: Topic, *, least: tuple[str, ...] = (), per_id: dict[str, Column] | None = None
-) -> DataFrame:
+def dedupe_records(records: DataFrame, topic: Topic, *, least: tuple[str, ...] = ()) -> DataFrame:
     """One row per `_id` of `records` (`topic`'s fields and `_id`): a record delivered twice has the effect of one;
     of records sharing an id with different content, the smallest by (time, the other fields in declared order) is
     kept. Each column of `least` is carried as its least value among the id's copies, null the least of all (the
-    log's stamp `changelog.topics.MAX_BEFORE`: the earliest copy's; a copy in the log's first version has none).
-    `per_id`: column name -> an aggregate over the id's copies, carried as well."""
-    per_id = per_id or {}
+    log's stamp `changelog.topics.MAX_BEFORE`: the earliest copy's; a copy in the log's first version has none)."""
     others = [n for n in topic.names if n not in topic.identity and n != topic.time]
     order = [topic.time, *others, *topic.identity]  # the id fields last: equal in every copy of one id
     return (
@@ -64,9 +60,8 @@ def dedupe_records(
         .agg(
             F.min(F.struct(*[F.col(quoted(n)) for n in order])).alias("e"),
             *[F.when(~F.expr(f"bool_or({quoted(c)} IS NULL)"), F.min(quoted(c))).alias(c) for c in least],
-            *[agg.alias(name) for name, agg in per_id.items()],
         )
-        .select(*[F.col("e")[n].alias(n) for n in topic.names], "_id", *least, *per_id)
+        .select(*[F.col("e")[n].alias(n) for n in topic.names], "_id", *least)
     )
 
 

@@ -53,20 +53,24 @@ def _events(run: JobRun, select: EventSelect, views: ChangeViews, windowed: bool
     key = state_key(run.job, run.generation)
     ids = SelectedIds(run.spark, run.settings.lake, key=f"{key}/ids")
     lateness = run.settings.allowed_lateness_ms if windowed else None
+    time = quoted(select.topic.time)
 
     def process(batch_df, batch_id: int) -> Batch | None:
         candidates = select.candidates(batch_df).localCheckpoint(eager=True)
-        # the batch's size, and the topic's greatest time so far: the batch's, or before its first version (its stamp)
-        n, records, top = candidates.selectExpr("count(1)", "sum(_copies)", "max(_top)").first()
+        n = candidates.count()
         if n == 0:
             return None
         rows = select.rows(candidates, ids.among(candidates), lateness_ms=lateness).localCheckpoint(
             eager=True
         )
         if not windowed:
-            added, late, watermark = rows.count(), None, None
+            added, late, records, watermark = rows.count(), None, batch_df.count(), None
         else:
             added, late = rows.selectExpr("count(1)", "count_if(_late)").first()
+            # the topic's greatest time so far: the batch's, or before the batch's first version (its stamp)
+            records, top = batch_df.selectExpr(
+                "count(1)", f"max(greatest(CAST({time} AS bigint), {MAX_BEFORE}))"
+            ).first()
             watermark = None if top is None else top - lateness
         views.write(rows, batch_id, watermark=watermark)
         if added:
