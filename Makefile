@@ -72,11 +72,11 @@ spark-cluster-stop: setup ## stop the master and workers `make spark-cluster` st
 # alternates by day); the run's last lines say which, after the 15 slowest tests.
 # The suite starts many driver JVMs (deployed jobs, CLI runs): with the JVM cache (a JDK 25+) each starts warmer.
 test: setup $(VENV)/mview-jvm/stamp.json ## run the test suite (starts its own redis-server on a free port; builds the JVM cache first)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 # No server beyond Redis: a test that uses one is e2e (tests/conftest.py).
 test-fast: setup ## the suite without the slow and end-to-end tests: feedback in a few minutes
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not e2e" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not e2e" tests
 
 lint: setup ## ruff lint and format check
 	$(VENV)/bin/ruff check .

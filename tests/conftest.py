@@ -25,16 +25,18 @@ from tests.pghelp import pg, pg_server  # noqa: F401
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`); then put the modules
-    with a `slow` or `e2e` test first, each module's tests in their order: `--dist loadfile` hands the workers whole
-    modules in this order, so the long ones start early and the short ones even out the end."""
-    heavy = set()
+    """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`); then order the modules:
+    those with an `e2e` test first, then those with a `slow` one, then the rest, each module's tests in their order.
+    `make test` hands the two workers whole modules in this order (`--dist loadfile --no-loadscope-reorder`; xdist's
+    own order, most tests first, put the longest modules, one scenario each, last), so the long ones start early and
+    the short ones even out the end."""
+    rank: dict = {}
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
-        if item.get_closest_marker("slow") or item.get_closest_marker("e2e"):
-            heavy.add(item.path)
-    items.sort(key=lambda item: item.path not in heavy)  # stable: the collection order within each group
+        mine = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
+        rank[item.path] = min(rank.get(item.path, 2), mine)
+    items.sort(key=lambda item: rank[item.path])  # stable: the collection order within each rank
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest tests
