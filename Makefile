@@ -76,7 +76,7 @@ test: setup $(VENV)/mview-jvm/stamp.json ## run the test suite (starts its own r
 
 # No server beyond Redis: a test that uses one is e2e (tests/conftest.py).
 test-fast: setup ## the suite without the slow and end-to-end tests: feedback in a few minutes
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not e2e" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not e2e" tests
 
 lint: setup ## ruff lint and format check
 	$(VENV)/bin/ruff check .

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
     those with an `e2e` test first, then those with a `slow` one, then the rest, each module's tests in their order.
     `make test` hands the two workers whole modules in this order (`--dist loadfile --no-loadscope-reorder`; xdist's
     own order, most tests first, put the longest modules, one scenario each, last), so the long ones start early and
-    the short ones even out the end."""
+    the short ones even out the end; `make test-fast`, which has no e2e or slow test, keeps xdist's order."""
     rank: dict = {}
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
