@@ -54,13 +54,8 @@ def scratch_redis(workdir: Path) -> tuple[subprocess.Popen, int]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc, port
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    if _wait_answer(port):
+        return proc, port
     proc.terminate()
     raise RedisServerMissing(f"redis-server did not answer on port {port} within 5 s")
 
