@@ -135,7 +135,9 @@ def settings(tmp_path, redis_url) -> Settings:
 # system properties as their Spark settings; NO_CODEGEN turns off whole-stage code too): on batches of a few rows,
 # Spark generated and formatted the source of the projections outside whole-stage code anew in every task (Delta's
 # log replay over its wide action schema most), ~13% of a test JVM's CPU. A deployed job and the bench generate code.
-INTERPRETED_PLANS = "-Dspark.sql.codegen.factoryMode=NO_CODEGEN"
+# And they collect garbage with the serial collector, not G1: on two cores busy with two test workers, G1's
+# concurrent threads cost more CPU than its short pauses save (docs/bench.md, "The test suite's time").
+TEST_JVM_OPTIONS = "-Dspark.sql.codegen.factoryMode=NO_CODEGEN -XX:+UseSerialGC"
 
 
 @pytest.fixture(scope="session")
@@ -147,11 +149,11 @@ def spark(tmp_path_factory):
     lake = tmp_path_factory.mktemp("lake0")
     mine = "JAVA_TOOL_OPTIONS" not in os.environ  # unless you set it yourself
     if mine:
-        os.environ["JAVA_TOOL_OPTIONS"] = INTERPRETED_PLANS
+        os.environ["JAVA_TOOL_OPTIONS"] = TEST_JVM_OPTIONS
     s = get_spark(make_settings(lake, "redis://127.0.0.1:1/0", KAFKA_BOOTSTRAP="127.0.0.1:1"), "mview-tests")
     # Every JVM started after this one (deployed jobs, CLI commands, the cluster's) JIT-compiles with C1 only: each
     # lives a minute or two on a few records, where C2's compilations took ~40% of its CPU time and gave none back.
     if mine:
-        os.environ["JAVA_TOOL_OPTIONS"] = f"{INTERPRETED_PLANS} -XX:TieredStopAtLevel=1"
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{TEST_JVM_OPTIONS} -XX:TieredStopAtLevel=1"
     yield s
     s.stop()
