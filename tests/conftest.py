@@ -26,17 +26,24 @@ from tests.pghelp import pg, pg_server  # noqa: F401
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
     """Mark `e2e` every test whose fixtures include a server beyond Redis (`SERVER_FIXTURES`); then order the modules:
-    those with an `e2e` test first, then those with a `slow` one, then the rest, each module's tests in their order.
-    `make test` hands the two workers whole modules in this order (`--dist loadfile --no-loadscope-reorder`; xdist's
-    own order, most tests first, put the longest modules, one scenario each, last), so the long ones start early and
-    the short ones even out the end; `make test-fast`, which has no e2e or slow test, keeps xdist's order."""
+    those with an `e2e` test taking turns with those with a `slow` one, then the rest, each module's tests in their
+    order. `make test` hands the two workers whole modules in this order (`--dist loadfile --no-loadscope-reorder`;
+    xdist's own order, most tests first, put the longest modules, one scenario each, last), so the long ones start
+    early, an end-to-end scenario's extra JVMs tend to run beside a module of the worker's own JVM rather than beside
+    another scenario's, and the short modules even out the end; `make test-fast`, which has no e2e or slow test, keeps
+    xdist's order."""
     rank: dict = {}
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
         mine = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
         rank[item.path] = min(rank.get(item.path, 2), mine)
-    items.sort(key=lambda item: rank[item.path])  # stable: the collection order within each rank
+    turns: dict = {}
+    for path in dict.fromkeys(item.path for item in items):  # the collection order within each rank
+        turns[path] = (
+            (2, 0, 2) if rank[path] == 2 else (1, sum(rank[p] == rank[path] for p in turns), rank[path])
+        )
+    items.sort(key=lambda item: turns[item.path])  # stable: each module's tests keep their order
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest tests
@@ -135,9 +142,13 @@ def settings(tmp_path, redis_url) -> Settings:
 # system properties as their Spark settings; NO_CODEGEN turns off whole-stage code too): on batches of a few rows,
 # Spark generated and formatted the source of the projections outside whole-stage code anew in every task (Delta's
 # log replay over its wide action schema most), ~13% of a test JVM's CPU. A deployed job and the bench generate code.
-# And they collect garbage with the serial collector, not G1: on two cores busy with two test workers, G1's
-# concurrent threads cost more CPU than its short pauses save (docs/bench.md, "The test suite's time").
-TEST_JVM_OPTIONS = "-Dspark.sql.codegen.factoryMode=NO_CODEGEN -XX:+UseSerialGC"
+# And they collect garbage with the serial collector, not G1, and have C2 inline less and skip escape analysis: on two
+# cores busy with two test workers, G1's concurrent threads and C2's compilations (~25% of a session JVM's CPU) cost
+# more than they save on these small batches (docs/bench.md, "The test suite's time").
+TEST_JVM_OPTIONS = (
+    "-Dspark.sql.codegen.factoryMode=NO_CODEGEN -XX:+UseSerialGC"
+    " -XX:FreqInlineSize=100 -XX:MaxInlineLevel=9 -XX:-DoEscapeAnalysis"
+)
 
 
 @pytest.fixture(scope="session")
