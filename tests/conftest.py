@@ -38,11 +38,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
         mine = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
         rank[item.path] = min(rank.get(item.path, 2), mine)
-    turns: dict = {}
+    turns, taken = {}, [0, 0]
     for path in dict.fromkeys(item.path for item in items):  # the collection order within each rank
-        turns[path] = (
-            (2, 0, 2) if rank[path] == 2 else (1, sum(rank[p] == rank[path] for p in turns), rank[path])
-        )
+        if rank[path] == 2:
+            turns[path] = (2, 0, 2)
+        else:
+            turns[path] = (1, taken[rank[path]], rank[path])
+            taken[rank[path]] += 1
     items.sort(key=lambda item: turns[item.path])  # stable: each module's tests keep their order
 
 
